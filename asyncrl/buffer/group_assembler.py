@@ -1,0 +1,58 @@
+"""Collects each prompt's n scored samples; when the group is complete, computes advantages.
+
+Groups whose rewards have zero variance carry no signal (every advantage is 0) and are dropped
+here, counted (Skywork-OR1 section 3.1 rejection sampling, DAPO dynamic sampling). A repeated
+(group_id, sample_index) is ignored and counted, so a resent frame can never be trained twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrl.algo.advantages import group_advantages, is_zero_variance
+from asyncrl.types import Group, ScoredSample
+
+
+@dataclass
+class AssemblerStats:
+    samples_in: int = 0
+    duplicates: int = 0
+    groups_complete: int = 0
+    groups_zero_variance: int = 0
+    samples_zero_variance: int = 0
+
+
+class GroupAssembler:
+    def __init__(self, group_size: int, advantage: str = "grpo", eps: float = 1e-6,
+                 drop_zero_variance: bool = True):
+        self.group_size = group_size
+        self.advantage = advantage
+        self.eps = eps
+        self.drop_zero_variance = drop_zero_variance
+        self.stats = AssemblerStats()
+        self._open: dict[str, dict[int, ScoredSample]] = {}
+
+    @property
+    def num_open_groups(self) -> int:
+        return len(self._open)
+
+    def add(self, scored: ScoredSample) -> Group | None:
+        """Add one sample; return its group once all n samples are in and it is kept."""
+        s = scored.sample
+        members = self._open.setdefault(s.group_id, {})
+        if s.sample_index in members or s.sample_index >= self.group_size:
+            self.stats.duplicates += 1
+            return None
+        self.stats.samples_in += 1
+        members[s.sample_index] = scored
+        if len(members) < self.group_size:
+            return None
+        del self._open[s.group_id]
+        self.stats.groups_complete += 1
+        samples = [members[i] for i in range(self.group_size)]
+        rewards = [m.reward for m in samples]
+        if self.drop_zero_variance and is_zero_variance(rewards):
+            self.stats.groups_zero_variance += 1
+            self.stats.samples_zero_variance += len(samples)
+            return None
+        return Group(s.group_id, samples, group_advantages(rewards, self.advantage, self.eps))

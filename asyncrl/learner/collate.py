@@ -1,0 +1,57 @@
+"""Turn a micro-batch of SequenceChunks into padded tensors and flat loss-token indices.
+
+A chunk is fed as prompt + response[:loss_end]; the logit at position p predicts the token at
+p + 1, so response token j (absolute position P + j, P the prompt length) is scored by the logit
+row P + j - 1. Everything the loss needs is gathered into flat [T] vectors over loss tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.types import SequenceChunk
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor       # [B, L] int64, right-padded
+    attention_mask: torch.Tensor  # [B, L] int64
+    rows: torch.Tensor            # [T] batch row of each loss token
+    cols: torch.Tensor            # [T] logit column that predicts it
+    targets: torch.Tensor         # [T] the loss token ids
+    old_logprobs: torch.Tensor    # [T] behaviour logprobs
+    advantages: torch.Tensor      # [T]
+    versions: torch.Tensor        # [T] int64
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.targets.numel())
+
+
+def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
+    width = max(c.num_tokens for c in chunks)
+    ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(chunks), width), dtype=torch.long)
+    rows, cols, targets, old, adv, ver = [], [], [], [], [], []
+    for b, c in enumerate(chunks):
+        seq = c.prompt_ids + c.response_ids
+        ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[b, : len(seq)] = 1
+        p = len(c.prompt_ids)
+        for j in range(c.loss_start, c.loss_end):
+            rows.append(b)
+            cols.append(p + j - 1)
+            targets.append(c.response_ids[j])
+        old.extend(c.old_logprobs)
+        adv.extend([c.advantage] * c.num_loss_tokens)
+        ver.extend(c.versions)
+    return MicroBatch(
+        input_ids=ids, attention_mask=mask,
+        rows=torch.tensor(rows, dtype=torch.long), cols=torch.tensor(cols, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        old_logprobs=torch.tensor(old, dtype=torch.float32),
+        advantages=torch.tensor(adv, dtype=torch.float32),
+        versions=torch.tensor(ver, dtype=torch.long),
+    )

@@ -1,0 +1,38 @@
+"""End-of-run summary: reward over the first and last fifth of steps, and where things went."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fifth_means(values: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last fifth (at least one value each)."""
+    if not values:
+        raise ValueError("no values")
+    k = max(1, len(values) // 5)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def summarize(history: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    rewards = [h["reward/mean"] for h in history if h.get("reward/mean") is not None]
+    first, last = fifth_means(rewards) if rewards else (float("nan"), float("nan"))
+    stale = [h.get("staleness/max", 0) for h in history]
+    return {
+        "steps": len(history),
+        "wall_s": round(wall_s, 1),
+        "reward_first_fifth": round(first, 4),
+        "reward_last_fifth": round(last, 4),
+        "reward_gain": round(last - first, 4),
+        "max_staleness_seen": max(stale) if stale else 0,
+        "tokens_trained": sum(int(h.get("learner/loss_tokens", 0)) for h in history),
+    }
+
+
+def format_summary(s: dict[str, Any], run_dir: str) -> str:
+    return (
+        f"\nasyncrl run finished: {s['steps']} steps in {s['wall_s']}s\n"
+        f"  reward, first fifth of steps: {s['reward_first_fifth']:.3f}\n"
+        f"  reward, last fifth of steps:  {s['reward_last_fifth']:.3f}  ({s['reward_gain']:+.3f})\n"
+        f"  tokens trained: {s['tokens_trained']:,}   max staleness: {s['max_staleness_seen']}\n"
+        f"  run directory: {run_dir}\n"
+    )

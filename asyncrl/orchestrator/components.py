@@ -1,0 +1,90 @@
+"""Builds the run's processes under Ray: the learner rank and the rollout actors.
+
+Each gets only its own sub-config. Engines are created inside their actor's process (a factory
+travels, not an engine); on CPU the vLLM KV cache is sized through the actor's environment.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from typing import Any
+
+import ray
+
+from asyncrl.config import Config
+from asyncrl.learner.torch_learner import TorchLearner
+from asyncrl.rollout.actor import RolloutActor
+from asyncrl.rollout.engine import SamplingSpec
+
+
+def resolve_model_path(cfg: Config, log=print) -> str:
+    """`builtin:tiny` builds (or reuses from the cache) the locally made tiny model."""
+    if cfg.model.path.startswith("builtin:"):
+        name = cfg.model.path.split(":", 1)[1]
+        if name != "tiny":
+            raise ValueError(f"model.path {cfg.model.path!r}: the only built-in model is 'builtin:tiny'")
+        from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
+
+        return str(ensure_tiny_model(TinyModelSpec(), log=log))
+    return cfg.model.path
+
+
+def node_ip() -> str:
+    """This node's address as Ray sees it (loopback on a single-machine cluster)."""
+    return ray.util.get_node_ip_address()
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def engine_factory(cfg: Config, model_path: str, actor_id: int):
+    if cfg.rollout.engine == "fake":
+        from asyncrl.rollout.fake_engine import FakeEngine
+
+        return FakeEngine
+    from asyncrl.rollout.vllm_engine import VLLMEngine
+
+    return functools.partial(
+        VLLMEngine, model_path=model_path, dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
+        max_num_seqs=cfg.rollout.max_num_seqs, kv_cache_gib=cfg.rollout.kv_cache_gib,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sync_type=cfg.sync.type,
+        bucket_bytes=cfg.sync.bucket_mb << 20, seed=cfg.seed + actor_id)
+
+
+def start_rollout_actors(cfg: Config, model_path: str, sample_endpoint: str) -> list[Any]:
+    spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens)
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib)}
+    cls = ray.remote(RolloutActor)
+    actors = [
+        cls.options(num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
+                    runtime_env={"env_vars": env}, name=None).remote(
+            i, engine_factory(cfg, model_path, i), spec, cfg.rollout.group_size, sample_endpoint,
+            seed=cfg.seed)
+        for i in range(cfg.rollout.num_actors)
+    ]
+    ray.get([a.start.remote() for a in actors])
+    return actors
+
+
+def start_learner(cfg: Config, model_path: str, host: str) -> Any:
+    cls = ray.remote(TorchLearner)
+    return cls.options(num_cpus=cfg.learner.num_cpus, num_gpus=cfg.learner.num_gpus).remote(
+        model_path, cfg.learner, cfg.algo, cfg.buffer.token_budget, cfg.rollout.temperature,
+        dtype=cfg.model.dtype, seed=cfg.seed, host=host)
+
+
+def init_weight_sync(cfg: Config, learner: Any, actors: list[Any], host: str) -> dict[str, Any]:
+    """Join learner rank 0 and every engine into one group (all sides must rendezvous at once);
+    returns the bucket plan, which every later push reuses."""
+    port = free_port(host)
+    world = 1 + len(actors)
+    refs = [learner.init_weight_sync.remote(cfg.sync.type, host, port, world, cfg.sync.timeout_s,
+                                            cfg.sync.bucket_mb << 20)]
+    refs += [a.init_weight_sync.remote(host, port, i + 1, world, cfg.sync.timeout_s)
+             for i, a in enumerate(actors)]
+    ray.get(refs, timeout=cfg.sync.timeout_s + 30)
+    return ray.get(learner.weight_metadata.remote())

@@ -1,0 +1,220 @@
+"""The orchestrator: starts the components and runs the loops that connect them.
+
+    prompt source ─► [admission] ─submit (Ray)─► rollout actors ─samples (zmq)─► [ingest]
+                         ▲                            ▲                              │
+                         │ learner version            │ weights (gloo / NCCL)        ▼
+                         │                            │                    reward → group assembler
+    [step] ◄─────────────┴──── token buffer ◄─────────┴──────────────────────── → token buffer
+       │  batch (zmq) ─► learner ─► metrics, version + 1 ─► [push] every sync.every_steps
+
+One thread drives three loops, interleaved, each step of which is cheap and non-blocking:
+
+- rollout loop (actors, in their own processes): generates continuously; each actor runs the
+  prompts it was given and streams every sample as it finishes. Waits for: prompts. Unblocked by:
+  admission, which grants prompts when the staleness bound allows (orchestrator/admission.py).
+- ingest loop (here): scores each arriving sample, completes groups, computes advantages, drops
+  zero-variance groups, fills the token buffer. Waits for: samples on the zmq stream.
+- train loop (here + learner): when no step is running and the buffer holds Phi fresh loss
+  tokens, streams the batch to the learner and starts the step. Waits for: the buffer (data) and
+  the previous step. Unblocked by: ingest. After a step, every `sync.every_steps`, a drain push:
+  actors stop starting requests, finish the running ones, and receive the new weights while the
+  learner broadcasts them; the run's version advances only when every actor has applied them.
+
+A push that does not complete within `sync.timeout_s` raises naming the step and the peer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import ray
+
+from asyncrl.buffer.group_assembler import GroupAssembler
+from asyncrl.buffer.packing import split_for_ranks
+from asyncrl.buffer.token_buffer import TokenBuffer
+from asyncrl.config import Config, write_resolved
+from asyncrl.observe.console import ProgressDisplay
+from asyncrl.observe.metrics import MetricsWriter
+from asyncrl.observe.summary import format_summary, summarize
+from asyncrl.orchestrator import components
+from asyncrl.orchestrator.admission import admission_capacity, assign_prompts, prompts_per_step
+from asyncrl.orchestrator.step_stats import StepStats
+from asyncrl.reward.base import make_reward_fn
+from asyncrl.transport.codec import decode_sample, encode_batch
+from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
+from asyncrl.types import Batch, Sample, ScoredSample
+
+log = logging.getLogger(__name__)
+
+
+class Orchestrator:
+    def __init__(self, cfg: Config, log_fn=print):
+        self.cfg = cfg
+        self.say = log_fn
+        self.run_dir = cfg.run_dir
+        self.version = 0
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self._train_ref = None
+        self._step_started = 0.0
+        self._admitted = 0
+        self._pending: dict[str, list[int]] = {}  # group_id -> [actor, samples still to come]
+        self._in_flight = [0] * cfg.rollout.num_actors
+        self._kept_group_tokens = 0
+        self._kept_groups = 0
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.cfg
+        write_resolved(cfg, self.run_dir)
+        self.model_path = components.resolve_model_path(cfg, log=self.say)
+        from transformers import AutoTokenizer
+
+        from asyncrl.data.build import build_prompt_source
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.prompts = build_prompt_source(cfg.data, self.tokenizer, cfg.model.max_model_len - cfg.rollout.max_tokens)
+        self.reward_fn = make_reward_fn(cfg.reward.type)
+        self.assembler = GroupAssembler(cfg.rollout.group_size, cfg.algo.advantage,
+                                        cfg.algo.advantage_eps, cfg.algo.drop_zero_variance_groups)
+        self.buffer = TokenBuffer(cfg.buffer.token_budget, cfg.buffer.max_staleness)
+        self.host = components.node_ip()
+        self.samples = FrameReceiver(decode_sample, host=self.host)
+        t0 = time.monotonic()
+        self.say(f"starting learner and {cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
+        self.learner = components.start_learner(cfg, self.model_path, self.host)
+        self.actors = components.start_rollout_actors(cfg, self.model_path, self.samples.endpoint)
+        self.batch_senders = [FrameSender(ray.get(self.learner.batch_endpoint.remote()))]
+        self.weight_meta: dict[str, Any] = {}
+        if cfg.rollout.engine != "fake":
+            self.weight_meta = components.init_weight_sync(cfg, self.learner, self.actors, self.host)
+        self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
+        self.metrics = MetricsWriter(self.run_dir, cfg.observe.tensorboard, cfg.observe.wandb_project,
+                                     cfg.name, json.loads(cfg.model_dump_json()))
+        self.metrics.event(0, "start", model=self.model_path, actors=cfg.rollout.num_actors)
+        self.stats = StepStats()
+
+    # -- the loops ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.start()
+        display = ProgressDisplay(self.cfg.total_steps, self.cfg.observe.console)
+        t_start = time.monotonic()
+        try:
+            while self.step < self.cfg.total_steps:
+                self._ingest(self.samples.drain())
+                self._admit()
+                if self._train_ref is None:
+                    self._try_start_step()
+                elif ray.wait([self._train_ref], timeout=0)[0]:
+                    row = self._finish_step(ray.get(self._train_ref))
+                    display.update(row)
+                    continue
+                sample = self.samples.recv(timeout_s=0.01)
+                if sample is not None:
+                    self._ingest([sample])
+        finally:
+            display.close()
+        summary = summarize(self.history, time.monotonic() - t_start)
+        if self.cfg.save_final:
+            summary["final_policy"] = ray.get(self.learner.save.remote(str(self.run_dir / "final")))
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.say(format_summary(summary, str(self.run_dir)))
+        return summary
+
+    def _ingest(self, samples: list[Sample]) -> None:
+        for s in samples:
+            text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+            reward, info = self.reward_fn(text, s.metadata)
+            self.stats.add_sample(s, reward, info)
+            group = self.assembler.add(ScoredSample(s, reward, info))
+            pending = self._pending.get(s.group_id)
+            if pending is not None:
+                pending[1] -= 1
+                if pending[1] == 0:
+                    self._in_flight[pending[0]] -= 1
+                    del self._pending[s.group_id]
+            if group is not None:
+                self._kept_groups += 1
+                self._kept_group_tokens += sum(len(m.sample.response_ids) for m in group.samples)
+                self.buffer.add_group(group)
+
+    def _admit(self) -> None:
+        cfg = self.cfg
+        per_step = prompts_per_step(cfg.buffer.token_budget,
+                                    self._kept_group_tokens / self._kept_groups if self._kept_groups else None,
+                                    cfg.rollout.group_size, cfg.rollout.max_tokens)
+        capacity = admission_capacity(
+            cfg.buffer.max_staleness, self.version, per_step, self._admitted,
+            self.assembler.stats.groups_zero_variance, sum(self._in_flight),
+            starving=self.buffer.num_loss_tokens < cfg.buffer.token_budget)
+        if capacity == 0:
+            return
+        shares = assign_prompts(capacity, self._in_flight, cfg.rollout.max_in_flight_prompts)
+        for actor_id, k in enumerate(shares):
+            if k == 0:
+                continue
+            items = self.prompts.take(k)
+            for p in items:
+                self._pending[p.prompt_id] = [actor_id, cfg.rollout.group_size]
+            self._in_flight[actor_id] += k
+            self._admitted += k
+            self.actors[actor_id].submit.remote(items)
+
+    def _try_start_step(self) -> None:
+        chunks = self.buffer.next_batch(self.version)
+        if chunks is None:
+            return
+        step = self.step + 1
+        self.stats.add_batch(chunks, self.version)
+        for rank, part in enumerate(split_for_ranks(chunks, len(self.batch_senders))):
+            batch = Batch(step=step, rank=rank, chunks=part, num_loss_tokens_global=self.cfg.buffer.token_budget)
+            self.batch_senders[rank].send(encode_batch(batch))
+        self._step_started = time.monotonic()
+        self._train_ref = self.learner.train_step.remote(step)
+
+    def _finish_step(self, learner_metrics: dict[str, float]) -> dict[str, Any]:
+        self._train_ref = None
+        self.step += 1
+        self.version = int(learner_metrics["learner/version"])
+        train_s = time.monotonic() - self._step_started
+        sync = self._push() if self.step % self.cfg.sync.every_steps == 0 else {}
+        row = {"step": self.step, **learner_metrics, **sync, "timing/train_s": train_s,
+               **self.stats.flush(self.buffer, self.assembler, self.samples)}
+        self.history.append(row)
+        self.metrics.log(self.step, row)
+        return row
+
+    def _push(self) -> dict[str, float]:
+        """Drain push of the current version to every actor; raises on timeout, naming the peer."""
+        t0 = time.monotonic()
+        refs = [a.update_weights.remote(self.weight_meta, self.version) for a in self.actors]
+        learner_ref = self.learner.push_weights.remote() if self.weight_meta else None
+        names = {r: f"rollout actor {i}" for i, r in enumerate(refs)}
+        if learner_ref is not None:
+            refs.append(learner_ref)
+            names[learner_ref] = "learner rank 0"
+        done, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.sync.timeout_s)
+        if waiting:
+            raise TimeoutError(
+                f"weight push of version {self.version} (step {self.step}) did not finish within "
+                f"{self.cfg.sync.timeout_s}s; still waiting for: {', '.join(names[r] for r in waiting)}")
+        results = ray.get(refs)
+        out = {"sync/push_s": time.monotonic() - t0, "sync/version": self.version}
+        for r in results:
+            for k, v in (r or {}).items():
+                out[k] = max(out.get(k, 0.0), v)  # the slowest actor is what the step waited for
+        return out
+
+    def shutdown(self) -> None:
+        for a in getattr(self, "actors", []):
+            try:
+                ray.get(a.shutdown.remote(), timeout=30)
+            except Exception as e:  # shutting down anyway; say what failed
+                log.warning("actor shutdown failed: %r", e)
+        if hasattr(self, "metrics"):
+            self.metrics.close()

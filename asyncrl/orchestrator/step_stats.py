@@ -1,0 +1,72 @@
+"""Per-step accounting of what the orchestrator saw: rewards, lengths, staleness, throughput.
+
+Pure bookkeeping; `flush` turns what accumulated since the last step into namespaced metrics.
+Staleness is measured per trained token: lag = learner version that trains it - version that
+generated it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from asyncrl.types import Sample, SequenceChunk
+
+
+class StepStats:
+    def __init__(self) -> None:
+        self._t_last = time.monotonic()
+        self._reset()
+        self.total_samples = 0
+        self.total_gen_tokens = 0
+
+    def _reset(self) -> None:
+        self.rewards: list[float] = []
+        self.lengths: list[int] = []
+        self.finish = Counter()
+        self.outcomes = Counter()
+        self.lags: list[int] = []
+
+    def add_sample(self, s: Sample, reward: float, info: dict[str, Any]) -> None:
+        self.rewards.append(reward)
+        self.lengths.append(len(s.response_ids))
+        self.finish[s.finish_reason] += 1
+        self.outcomes[info.get("outcome", "unknown")] += 1
+        self.total_samples += 1
+        self.total_gen_tokens += len(s.response_ids)
+
+    def add_batch(self, chunks: list[SequenceChunk], learner_version: int) -> None:
+        for c in chunks:
+            self.lags.extend(learner_version - v for v in c.versions)
+
+    def flush(self, buffer, assembler, receiver) -> dict[str, Any]:
+        now = time.monotonic()
+        dt = max(now - self._t_last, 1e-9)
+        n = len(self.rewards)
+        out: dict[str, Any] = {
+            "reward/mean": sum(self.rewards) / n if n else None,
+            "reward/num_samples": n,
+            "rollout/response_len_mean": sum(self.lengths) / n if n else None,
+            "rollout/truncated_frac": self.finish["length"] / n if n else None,
+            "rollout/samples_total": self.total_samples,
+            "throughput/gen_tokens_per_s": sum(self.lengths) / dt,
+            "throughput/samples_per_s": n / dt,
+            "staleness/mean": sum(self.lags) / len(self.lags) if self.lags else 0.0,
+            "staleness/max": max(self.lags) if self.lags else 0,
+            "buffer/loss_tokens": buffer.num_loss_tokens,
+            "buffer/tokens_in": buffer.stats.tokens_in,
+            "buffer/tokens_out": buffer.stats.tokens_out,
+            "buffer/tokens_dropped_stale": buffer.stats.tokens_dropped_stale,
+            "buffer/responses_split": buffer.stats.responses_split,
+            "buffer/groups_zero_variance": assembler.stats.groups_zero_variance,
+            "buffer/groups_complete": assembler.stats.groups_complete,
+            "buffer/duplicate_samples": assembler.stats.duplicates,
+            "rollout/frames_dropped": receiver.num_dropped,
+            "timing/step_wall_s": dt,
+        }
+        for outcome, k in self.outcomes.items():
+            out[f"reward/outcome_{outcome}"] = k / n
+        self._t_last = now
+        self._reset()
+        return out

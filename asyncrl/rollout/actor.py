@@ -1,0 +1,148 @@
+"""RolloutActor: owns one inference engine, generates n samples per prompt, streams each finished
+sample the moment it finishes.
+
+The orchestrator submits prompts (admission control decides how many); each prompt becomes n
+independent requests so one slow sample never holds back its siblings. A weight update in drain
+mode closes the gate to new requests, waits for the in-flight ones to finish, loads the new
+weights, then reopens: every token of a sample therefore carries the version that was loaded
+when its request started.
+
+The class is plain asyncio; the orchestrator runs it as a Ray actor (`ray.remote(RolloutActor)`),
+and tests can drive it directly with a fake engine and an in-memory `emit`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.rollout.engine import InferenceEngine, SamplingSpec
+from asyncrl.types import PromptItem, Sample
+
+log = logging.getLogger(__name__)
+
+
+class RolloutActor:
+    def __init__(self, actor_id: int, engine_factory: Callable[[], InferenceEngine],
+                 spec: SamplingSpec, group_size: int, emit: Callable[[Sample], None] | str,
+                 seed: int = 0):
+        self.actor_id = actor_id
+        self._engine_factory = engine_factory
+        self.engine: InferenceEngine | None = None
+        self.spec = spec
+        self.group_size = group_size
+        self.seed = seed
+        self._emit_target = emit
+        self._emit: Callable[[Sample], None] | None = None
+        self.version = 0
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._active_requests = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._failures: list[BaseException] = []
+        self.stats = {"samples": 0, "tokens": 0, "prompts": 0, "updates": 0}
+
+    async def start(self) -> dict[str, Any]:
+        """Build and start the engine (in the actor's process) and the sample stream."""
+        t0 = time.monotonic()
+        self.engine = self._engine_factory()
+        await self.engine.start()
+        if isinstance(self._emit_target, str):
+            from asyncrl.transport.codec import encode_sample
+            from asyncrl.transport.zmq_stream import FrameSender
+
+            sender = FrameSender(self._emit_target)
+            self._emit = lambda s: sender.send(encode_sample(s))
+        else:
+            self._emit = self._emit_target
+        return {"actor_id": self.actor_id, "start_s": time.monotonic() - t0}
+
+    # -- generation ---------------------------------------------------------------------------
+
+    async def submit(self, prompts: list[PromptItem]) -> int:
+        """Queue prompts; returns how many prompts this actor has in flight afterwards."""
+        self._raise_failures()
+        for p in prompts:
+            self.stats["prompts"] += 1
+            for i in range(self.group_size):
+                task = asyncio.create_task(self._generate_one(p, i))
+                self._tasks.add(task)
+                task.add_done_callback(self._task_done)
+        return self.num_in_flight_prompts()
+
+    def num_in_flight_prompts(self) -> int:
+        return (len(self._tasks) + self.group_size - 1) // self.group_size
+
+    async def _generate_one(self, p: PromptItem, index: int) -> None:
+        await self._gate.wait()
+        self._active_requests += 1
+        self._idle.clear()
+        version = self.version
+        try:
+            request_id = f"{p.prompt_id}-{index}-a{self.actor_id}"
+            spec = SamplingSpec(self.spec.temperature, self.spec.top_p, self.spec.max_tokens,
+                                seed=zlib.crc32(f"{self.seed}/{request_id}".encode()))
+            out = await self.engine.generate(p.prompt_ids, spec, request_id)
+        finally:
+            self._active_requests -= 1
+            if self._active_requests == 0:
+                self._idle.set()
+        sample = Sample(
+            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
+            prompt_ids=p.prompt_ids, response_ids=out.token_ids, logprobs=out.logprobs,
+            versions=[version] * len(out.token_ids), finish_reason=out.finish_reason,
+            actor_id=self.actor_id, metadata=p.metadata)
+        self.stats["samples"] += 1
+        self.stats["tokens"] += len(out.token_ids)
+        self._emit(sample)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("generation failed on actor %d: %r", self.actor_id, task.exception())
+            self._failures.append(task.exception())
+
+    def _raise_failures(self) -> None:
+        if self._failures:
+            raise RuntimeError(f"actor {self.actor_id}: generation failed") from self._failures[0]
+
+    # -- weights ------------------------------------------------------------------------------
+
+    async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
+                               timeout_s: float) -> None:
+        await self.engine.init_weight_sync(host, port, rank, world_size, timeout_s)
+
+    async def update_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
+        """Drain update: stop starting requests, let in-flight ones finish, load, reopen."""
+        self._raise_failures()
+        if version <= self.version:
+            raise ValueError(f"actor {self.actor_id}: push of version {version} after {self.version}")
+        t0 = time.monotonic()
+        self._gate.clear()
+        try:
+            await self._idle.wait()
+            t1 = time.monotonic()
+            stats = await self.engine.load_weights(metadata, version)
+            self.version = version
+            self.stats["updates"] += 1
+        finally:
+            self._gate.set()
+        return {**stats, "sync/drain_s": t1 - t0, "sync/actor_update_s": time.monotonic() - t0}
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        return await self.engine.prompt_logprobs(token_ids)
+
+    def get_stats(self) -> dict[str, Any]:
+        return {**self.stats, "version": self.version, "in_flight_prompts": self.num_in_flight_prompts()}
+
+    async def shutdown(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self.engine is not None:
+            await self.engine.shutdown()

@@ -1,0 +1,47 @@
+"""The inference-engine edge: what a rollout actor needs from the engine it owns.
+
+`VLLMEngine` (rollout/vllm_engine.py) is the real one; `FakeEngine` (rollout/fake_engine.py)
+stands in for tests of scheduling logic. Everything outside those two files talks to this
+protocol and never imports vllm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class SamplingSpec:
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    """Behaviour logprob of each generated token, after temperature (what the sampler used)."""
+    finish_reason: str
+    """stop | length | abort"""
+
+
+class InferenceEngine(Protocol):
+    async def start(self) -> None: ...
+
+    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion: ...
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(token_i | tokens_<i) for i >= 1 under the engine's current weights (T = 1)."""
+        ...
+
+    async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
+                               timeout_s: float) -> None: ...
+
+    async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
+        """Receive one push (the learner broadcasts concurrently) and apply it in place."""
+        ...
+
+    async def shutdown(self) -> None: ...

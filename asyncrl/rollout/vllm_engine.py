@@ -1,0 +1,98 @@
+"""The real inference engine: one vLLM AsyncLLM (continuous batching) per rollout actor.
+
+Only this file (and the weight-sync adapters in asyncrl/sync/) import vllm. It is constructed
+inside the actor's process; on CPU the KV cache is sized explicitly (VLLM_CPU_KVCACHE_SPACE)
+so several engines and the learner fit on one machine.
+
+Behaviour logprobs are requested in vLLM's `processed_logprobs` mode: the logprob under the
+distribution the sampler actually used (after temperature), which is what the learner's ratio
+needs; the learner divides its logits by the same temperature.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from asyncrl.rollout.engine import Completion, SamplingSpec
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 128,
+                 max_num_seqs: int = 256, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5,
+                 sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0):
+        self.model_path = model_path
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.kv_cache_gib = kv_cache_gib
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.sync_type = sync_type
+        self.bucket_bytes = bucket_bytes
+        self.seed = seed
+        self.llm = None
+
+    async def start(self) -> None:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from asyncrl.sync import vllm_receiver
+
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            enforce_eager=True,
+            seed=self.seed,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+            **vllm_receiver.engine_kwargs(self.sync_type, self.bucket_bytes),
+        )
+        self.llm = AsyncLLM.from_engine_args(args)
+
+    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
+            seed=spec.seed, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = None
+        async for out in self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id):
+            final = out
+        seq = final.outputs[0]
+        token_ids = list(seq.token_ids)
+        logprobs = [pos[tok].logprob for tok, pos in zip(token_ids, seq.logprobs)]
+        reason = seq.finish_reason if seq.finish_reason in ("stop", "length") else "abort"
+        return Completion(token_ids, logprobs, reason)
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        final = None
+        async for out in self.llm.generate({"prompt_token_ids": token_ids}, params,
+                                           f"probe-{os.urandom(4).hex()}"):
+            final = out
+        # position 0 has no logprob; each later position holds at least the actual token
+        return [pos[tok].logprob for tok, pos in zip(token_ids[1:], final.prompt_logprobs[1:])]
+
+    async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
+                               timeout_s: float) -> None:
+        from asyncrl.sync import vllm_receiver
+
+        await vllm_receiver.init_receiver(self.llm, host, port, rank, world_size, timeout_s)
+
+    async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
+        from asyncrl.sync import vllm_receiver
+
+        return await vllm_receiver.receive_weights(self.llm, metadata, version)
+
+    async def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None

@@ -1,0 +1,128 @@
+"""The plain records that travel along asyncrl's data edges.
+
+prompt source ──PromptItem──► rollout actor ──Sample──► reward ──ScoredSample──► group assembler
+──Group──► token buffer ──Batch (of SequenceChunk)──► learner
+
+They are dataclasses of python scalars and lists (no tensors, no Ray handles) so every edge can
+encode them as msgpack, and every pure component can be tested with hand-built values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass
+class PromptItem:
+    """One prompt, already tokenized, as handed to a rollout actor."""
+
+    prompt_id: str
+    prompt_ids: list[int]
+    metadata: dict[str, Any]
+    """answer / ground truth, data_source, anything a verifier needs; travels with every sample."""
+
+
+@dataclass
+class Sample:
+    """One finished response, emitted by a rollout actor the moment it finishes."""
+
+    prompt_id: str
+    group_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    """Behaviour-policy logprob of every response token (as sampled, after temperature)."""
+    versions: list[int]
+    """Policy version that produced every response token (may change mid-sequence)."""
+    finish_reason: str
+    actor_id: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ValueError if the record is inconsistent (used on frames from the wire)."""
+        n = len(self.response_ids)
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"sample {self.group_id}/{self.sample_index}: {n} response tokens but "
+                f"{len(self.logprobs)} logprobs and {len(self.versions)} versions"
+            )
+        if not self.prompt_ids:
+            raise ValueError(f"sample {self.group_id}/{self.sample_index}: empty prompt")
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
+        if self.sample_index < 0:
+            raise ValueError(f"negative sample_index {self.sample_index}")
+
+
+@dataclass
+class ScoredSample:
+    """A sample with its reward (and whatever the verifier reported)."""
+
+    sample: Sample
+    reward: float
+    reward_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Group:
+    """All n samples of one prompt, with their advantages; only complete groups reach the buffer."""
+
+    group_id: str
+    samples: list[ScoredSample]
+    advantages: list[float]
+
+
+@dataclass
+class SequenceChunk:
+    """The part of one response that a batch trains on.
+
+    The model is fed `prompt_ids + response_ids[:loss_end]`; loss is taken on response tokens
+    `loss_start <= j < loss_end`. A response split across two batches appears in both, the
+    second chunk starting where the first ended (its earlier tokens are context, loss mask 0).
+    """
+
+    group_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    """Response tokens up to loss_end (later tokens are not needed by a causal model)."""
+    loss_start: int
+    old_logprobs: list[float]
+    """Behaviour logprobs of the loss tokens, len == loss_end - loss_start."""
+    versions: list[int]
+    """Versions of the loss tokens."""
+    advantage: float
+
+    @property
+    def loss_end(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return self.loss_end - self.loss_start
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class Batch:
+    """One optimizer step's data for one learner rank.
+
+    `num_loss_tokens_global` is Φ summed over ranks: losses normalize by it, never by the local
+    count, so the gradient does not depend on how the step was split.
+    """
+
+    step: int
+    rank: int
+    chunks: list[SequenceChunk]
+    num_loss_tokens_global: int
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(c.num_loss_tokens for c in self.chunks)

@@ -1,0 +1,51 @@
+from asyncrl.buffer.packing import micro_batches, split_for_ranks
+from asyncrl.orchestrator.admission import admission_capacity, assign_prompts, prompts_per_step
+from asyncrl.types import SequenceChunk
+
+
+def test_capacity_follows_the_staleness_formula():
+    # (eta + v + 1) * B - (admitted - rejected) = (1 + 3 + 1) * 4 - (15 - 2) = 7
+    assert admission_capacity(1, 3, 4.0, admitted=15, rejected=2, running=5, starving=False) == 7
+    # synchronous mode: only the current version's prompts
+    assert admission_capacity(0, 0, 4.0, admitted=4, rejected=0, running=4, starving=True) == 0
+    assert admission_capacity(0, 1, 4.0, admitted=4, rejected=0, running=0, starving=True) == 4
+    # never negative
+    assert admission_capacity(1, 0, 2.0, admitted=50, rejected=0, running=3, starving=False) == 0
+
+
+def test_starving_with_nothing_running_admits_a_step_anyway():
+    assert admission_capacity(1, 0, 2.5, admitted=50, rejected=0, running=0, starving=True) == 3
+
+
+def test_prompts_per_step_uses_observed_group_size():
+    assert prompts_per_step(512, 64.0, 8, 16) == 8.0
+    assert prompts_per_step(512, None, 8, 16) == 8.0  # prior: n * max_tokens / 2 = 64
+    assert prompts_per_step(10, 1000.0, 8, 16) == 1.0
+
+
+def test_assignment_goes_to_least_loaded_and_respects_the_cap():
+    assert assign_prompts(5, [3, 0], max_per_actor=10) == [1, 4]
+    assert assign_prompts(5, [2, 2], max_per_actor=3) == [1, 1]
+    assert sum(assign_prompts(7, [0, 0, 0], 100)) == 7
+
+
+def chunk(n_prompt, n_resp):
+    return SequenceChunk("g", 0, [1] * n_prompt, [2] * n_resp, 0, [0.0] * n_resp, [0] * n_resp, 1.0)
+
+
+def test_rank_split_balances_tokens_and_keeps_every_chunk():
+    chunks = [chunk(2, n) for n in (10, 9, 8, 3, 2, 1)]
+    parts = split_for_ranks(chunks, 2)
+    loads = [sum(c.num_tokens for c in p) for p in parts]
+    assert sorted(id(c) for p in parts for c in p) == sorted(id(c) for c in chunks)
+    # longest-first greedy on lengths 12,11,10,5,4,3: {12,5,4,3} and {11,10}
+    assert sorted(loads) == [21, 24]
+    assert max(loads) - min(loads) <= max(c.num_tokens for c in chunks)
+    assert split_for_ranks([], 3) == [[], [], []]
+
+
+def test_micro_batches_bound_tokens_but_keep_a_long_chunk_whole():
+    chunks = [chunk(2, 3), chunk(2, 3), chunk(2, 20), chunk(1, 1)]
+    mbs = micro_batches(chunks, max_tokens=10)
+    assert [len(m) for m in mbs] == [2, 1, 1]
+    assert [c for m in mbs for c in m] == chunks

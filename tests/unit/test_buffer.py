@@ -1,0 +1,124 @@
+import random
+
+import pytest
+
+from asyncrl.buffer.group_assembler import GroupAssembler
+from asyncrl.buffer.token_buffer import TokenBuffer
+from asyncrl.types import Group, Sample, ScoredSample
+
+
+def make_sample(gid, i, n_tokens, version=0, prompt_len=3):
+    return Sample(prompt_id=gid, group_id=gid, sample_index=i, prompt_ids=list(range(1, prompt_len + 1)),
+                  response_ids=[100 + j for j in range(n_tokens)], logprobs=[-0.1 * (j + 1) for j in range(n_tokens)],
+                  versions=[version] * n_tokens, finish_reason="stop", actor_id=0)
+
+
+def make_group(gid, lengths, version=0, advantages=None):
+    samples = [ScoredSample(make_sample(gid, i, n, version), reward=float(i % 2)) for i, n in enumerate(lengths)]
+    return Group(gid, samples, advantages or [float(i) for i in range(len(lengths))])
+
+
+def test_every_batch_has_exactly_the_budget():
+    buf = TokenBuffer(token_budget=10, max_staleness=5)
+    buf.add_group(make_group("g0", [4, 7, 5]))  # 16 tokens
+    batch = buf.next_batch(0)
+    assert sum(c.num_loss_tokens for c in batch) == 10
+    assert buf.num_loss_tokens == 6
+    assert buf.next_batch(0) is None  # 6 < 10: no partial batch
+    buf.add_group(make_group("g1", [4]))
+    assert sum(c.num_loss_tokens for c in buf.next_batch(0)) == 10
+    assert buf.num_loss_tokens == 0
+
+
+def test_split_response_continues_at_head_of_next_batch_with_context():
+    buf = TokenBuffer(token_budget=6, max_staleness=5)
+    buf.add_group(make_group("g", [4, 5], advantages=[1.5, -0.5]))
+    first = buf.next_batch(0)
+    assert [(c.sample_index, c.loss_start, c.loss_end) for c in first] == [(0, 0, 4), (1, 0, 2)]
+    buf.add_group(make_group("h", [10]))
+    second = buf.next_batch(0)
+    head = second[0]
+    # the rest of response 1: its first two tokens are context only, loss on tokens 2..4
+    assert (head.group_id, head.sample_index, head.loss_start, head.loss_end) == ("g", 1, 2, 5)
+    assert head.response_ids == [100, 101, 102, 103, 104]
+    assert head.old_logprobs == pytest.approx([-0.3, -0.4, -0.5])
+    assert head.advantage == -0.5
+    assert sum(c.num_loss_tokens for c in second) == 6
+    assert buf.stats.responses_split >= 1
+
+
+def test_no_token_lost_or_duplicated_over_many_batches():
+    rng = random.Random(0)
+    budget = 37
+    buf = TokenBuffer(token_budget=budget, max_staleness=100)
+    added = {}
+    for g in range(300):
+        lengths = [rng.randint(0, 20) for _ in range(4)]
+        buf.add_group(make_group(f"g{g}", lengths))
+        for i, n in enumerate(lengths):
+            for j in range(n):
+                added[(f"g{g}", i, j)] = 0
+    trained = {}
+    while (batch := buf.next_batch(0)) is not None:
+        assert sum(c.num_loss_tokens for c in batch) == budget
+        for c in batch:
+            for j in range(c.loss_start, c.loss_end):
+                key = (c.group_id, c.sample_index, j)
+                assert key not in trained, f"token {key} trained twice"
+                trained[key] = 1
+    leftover = buf.num_loss_tokens
+    assert len(trained) + leftover == len(added)
+    assert len(trained) == buf.stats.tokens_out
+    assert buf.stats.tokens_in == buf.stats.tokens_out + buf.stats.tokens_dropped_stale + leftover
+    assert leftover < budget
+
+
+def test_stale_tokens_are_never_trained_and_are_counted():
+    buf = TokenBuffer(token_budget=4, max_staleness=1)
+    buf.add_group(make_group("old", [3], version=0))
+    buf.add_group(make_group("new", [5], version=2))
+    batch = buf.next_batch(learner_version=2)  # version 0 lags by 2 > 1
+    assert [c.group_id for c in batch] == ["new"]
+    assert buf.stats.tokens_dropped_stale == 3
+    for c in batch:
+        assert all(2 - v <= 1 for v in c.versions)
+
+
+def test_mixed_version_response_keeps_only_its_fresh_suffix():
+    buf = TokenBuffer(token_budget=2, max_staleness=0)
+    s = make_sample("g", 0, 4)
+    s.versions = [0, 0, 1, 1]
+    buf.add_group(Group("g", [ScoredSample(s, 1.0)], [1.0]))
+    (chunk,) = buf.next_batch(learner_version=1)
+    assert (chunk.loss_start, chunk.loss_end, chunk.versions) == (2, 4, [1, 1])
+    assert buf.stats.tokens_dropped_stale == 2
+
+
+def test_empty_responses_are_counted_not_queued():
+    buf = TokenBuffer(token_budget=2, max_staleness=1)
+    buf.add_group(make_group("g", [0, 2]))
+    assert buf.num_responses == 1 and buf.stats.responses_empty == 1
+
+
+def test_assembler_drops_zero_variance_groups_and_counts_them():
+    asm = GroupAssembler(group_size=3)
+    for i in range(3):
+        out = asm.add(ScoredSample(make_sample("same", i, 2), reward=1.0))
+    assert out is None
+    assert asm.stats.groups_zero_variance == 1 and asm.stats.samples_zero_variance == 3
+    rewards = [1.0, 0.0, 0.0]
+    for i in range(3):
+        out = asm.add(ScoredSample(make_sample("mixed", i, 2), reward=rewards[i]))
+    assert out is not None and out.group_id == "mixed"
+    # population std of (1,0,0) = sqrt(2)/3; mean 1/3
+    std = (2 ** 0.5) / 3
+    assert out.advantages == pytest.approx([(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6)])
+    assert asm.num_open_groups == 0
+
+
+def test_assembler_ignores_duplicate_samples():
+    asm = GroupAssembler(group_size=2)
+    asm.add(ScoredSample(make_sample("g", 0, 2), 1.0))
+    assert asm.add(ScoredSample(make_sample("g", 0, 2), 1.0)) is None
+    assert asm.stats.duplicates == 1
+    assert asm.add(ScoredSample(make_sample("g", 1, 2), 0.0)) is not None

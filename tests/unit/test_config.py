@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.config import DEFAULT_CONFIG, ConfigError, load_config, parse_override, write_resolved
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_default_config_loads_and_is_the_tiny_cpu_one():
+    cfg = load_config()
+    assert DEFAULT_CONFIG.name == "tiny_cpu.yaml"
+    assert cfg.model.path == "builtin:tiny" and cfg.rollout.engine == "vllm"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    load_config(path)
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config(None, ["buffer.token_budget=1024", "algo.eps_high=0.4", "name=x", "observe.tensorboard=false"])
+    assert cfg.buffer.token_budget == 1024 and cfg.algo.eps_high == 0.4
+    assert cfg.name == "x" and cfg.observe.tensorboard is False
+
+
+@pytest.mark.parametrize("override, field", [
+    ("buffer.token_budget=-1", "buffer.token_budget"),
+    ("sync.type=carrier_pigeon", "sync.type"),
+    ("rollout.num_actors=0", "rollout.num_actors"),
+    ("algo.eps_low=abc", "algo.eps_low"),
+])
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert field in str(e.value)
+
+
+def test_unknown_field_lists_the_allowed_ones():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["buffer.token_budgett=3"])
+    assert "buffer.token_budgett" in str(e.value) and "token_budget" in str(e.value)
+
+
+def test_allowed_values_are_named_for_a_choice():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["sync.type=udp"])
+    assert "gloo" in str(e.value) and "nccl" in str(e.value)
+
+
+def test_jsonl_source_needs_a_path():
+    with pytest.raises(ConfigError, match="data.path"):
+        load_config(None, ["data.type=jsonl"])
+
+
+def test_malformed_override_and_missing_file():
+    with pytest.raises(ConfigError):
+        parse_override("no_equals_sign")
+    with pytest.raises(ConfigError):
+        parse_override("bad key=1")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("configs/nope.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["seed=7"])
+    out = write_resolved(cfg, tmp_path)
+    again = load_config(out)
+    assert again == cfg and yaml.safe_load(out.read_text())["seed"] == 7

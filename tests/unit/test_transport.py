@@ -1,0 +1,71 @@
+import msgpack
+import pytest
+
+from asyncrl.transport.codec import FrameError, decode_batch, decode_sample, encode_batch, encode_sample
+from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
+from asyncrl.types import Batch, Sample, SequenceChunk
+
+
+def sample(i=0):
+    return Sample(prompt_id="p1", group_id="p1", sample_index=i, prompt_ids=[5, 6, 7],
+                  response_ids=[8, 9, 2], logprobs=[-0.5, -0.25, -1.0], versions=[3, 3, 4],
+                  finish_reason="stop", actor_id=1, metadata={"answer": "12", "data_source": "tiny"})
+
+
+def test_sample_round_trip_is_exact():
+    s = sample()
+    assert decode_sample(encode_sample(s)) == s
+
+
+def test_batch_round_trip_is_exact():
+    c = SequenceChunk("g", 0, [1, 2], [3, 4, 5], loss_start=1, old_logprobs=[-0.5, -0.75],
+                      versions=[0, 1], advantage=-1.25)
+    b = Batch(step=4, rank=0, chunks=[c], num_loss_tokens_global=2)
+    assert decode_batch(encode_batch(b)) == b
+
+
+@pytest.mark.parametrize("frame", [
+    b"",
+    b"\xff\xfe garbage",
+    msgpack.packb([1, 2, 3]),
+    msgpack.packb({"v": 1, "kind": "batch"}),
+    msgpack.packb({"v": 99, "kind": "sample"}),
+])
+def test_malformed_frames_raise_frame_error(frame):
+    with pytest.raises(FrameError):
+        decode_sample(frame)
+
+
+def test_inconsistent_sample_is_rejected():
+    obj = msgpack.unpackb(encode_sample(sample()), raw=False)
+    obj["logprobs"] = obj["logprobs"][:4]  # one float32 for three tokens
+    with pytest.raises(FrameError, match="logprobs"):
+        decode_sample(msgpack.packb(obj, use_bin_type=True))
+    obj = msgpack.unpackb(encode_sample(sample()), raw=False)
+    obj["finish_reason"] = "exploded"
+    with pytest.raises(FrameError):
+        decode_sample(msgpack.packb(obj, use_bin_type=True))
+    obj = msgpack.unpackb(encode_sample(sample()), raw=False)
+    obj["response_ids"] = obj["response_ids"][:-1]  # not a whole number of int32
+    with pytest.raises(FrameError):
+        decode_sample(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_zmq_stream_delivers_valid_frames_and_counts_malformed_ones():
+    rx = FrameReceiver(decode_sample)
+    tx = FrameSender(rx.endpoint)
+    try:
+        tx.send(encode_sample(sample(0)))
+        tx.send(b"not msgpack at all")
+        tx.send(encode_sample(sample(1)))
+        got = []
+        while len(got) < 2:
+            item = rx.recv(timeout_s=5)
+            assert item is not None, "stream stalled"
+            got.append(item)
+        assert [s.sample_index for s in got] == [0, 1]
+        assert rx.num_dropped == 1 and rx.num_received == 3
+        assert rx.recv(timeout_s=0.05) is None
+    finally:
+        tx.close()
+        rx.close()
