@@ -10,9 +10,9 @@ from asyncrl.data.prompt_source import PromptSource, read_jsonl
 
 def build_prompt_source(cfg: DataConfig, tokenizer: Any, max_prompt_tokens: int) -> PromptSource:
     if cfg.type == "tiny_arith":
-        from asyncrl.tiny.task import iter_train_records
+        from asyncrl.tiny.task import TinyTaskSpec, all_problems, make_record
 
-        records = iter_train_records(seed=cfg.seed)
+        records = [make_record(*p) for p in all_problems(TinyTaskSpec(), "train")]
     elif cfg.type == "jsonl":
         records = read_jsonl(cfg.path)
     else:

@@ -65,6 +65,8 @@ class Orchestrator:
         self._in_flight = [0] * cfg.rollout.num_actors
         self._kept_group_tokens = 0
         self._kept_groups = 0
+        self._pushes = 0
+        self.probe_ids: list[int] | None = None  # the first sample seen: real text for this model
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -128,6 +130,8 @@ class Orchestrator:
 
     def _ingest(self, samples: list[Sample]) -> None:
         for s in samples:
+            if self.probe_ids is None and s.response_ids:
+                self.probe_ids = s.prompt_ids + s.response_ids
             text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
             reward, info = self.reward_fn(text, s.metadata)
             self.stats.add_sample(s, reward, info)
@@ -208,7 +212,29 @@ class Orchestrator:
         for r in results:
             for k, v in (r or {}).items():
                 out[k] = max(out.get(k, 0.0), v)  # the slowest actor is what the step waited for
+        self._pushes += 1
+        if self.cfg.sync.probe_every and self._pushes % self.cfg.sync.probe_every == 0 and self.probe_ids:
+            out["sync/probe_max_abs_diff"] = self.check_parity()
         return out
+
+    def check_parity(self) -> float:
+        """Max |actor - learner| logprob over the probe, over all actors; raises past tolerance.
+
+        This is what catches a push that silently did not change what an engine computes
+        (PLATFORM.md: tied embeddings and prepacked CPU weights)."""
+        ids = self.probe_ids
+        want = ray.get(self.learner.prompt_logprobs.remote(ids))
+        worst = 0.0
+        for i, got in enumerate(ray.get([a.prompt_logprobs.remote(ids) for a in self.actors])):
+            gap = max(abs(a - b) for a, b in zip(got, want))
+            worst = max(worst, gap)
+            if gap > self.cfg.sync.probe_tolerance:
+                self.metrics.event(self.step, "parity_failure", actor=i, gap=gap, version=self.version)
+                raise RuntimeError(
+                    f"after the push of version {self.version}, rollout actor {i}'s logprobs differ from "
+                    f"the learner's by {gap:.3g} nats (tolerance {self.cfg.sync.probe_tolerance}): "
+                    "the engine is not computing with the pushed weights")
+        return worst
 
     def shutdown(self) -> None:
         for a in getattr(self, "actors", []):
