@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    from asyncrl.compat import hide_broken_torch_extras
     from asyncrl.orchestrator.orchestrator import Orchestrator
 
+    hide_broken_torch_extras()  # before Ray starts: its workers inherit the environment
     connect_ray(cfg.ray.address, cfg.ray.num_cpus)
     orch = Orchestrator(cfg)
     try:

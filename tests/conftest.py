@@ -5,6 +5,10 @@ import pytest
 # vLLM-CPU must not claim most of the machine for its KV cache in any test.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+from asyncrl.compat import hide_broken_torch_extras  # noqa: E402
+
+hide_broken_torch_extras()
+
 
 @pytest.fixture(scope="session")
 def tiny_model_path():

@@ -15,6 +15,9 @@ import os
 
 
 async def sample(model: str, num: int, temperature: float, max_tokens: int, seed: int) -> dict:
+    from asyncrl.compat import hide_broken_torch_extras
+
+    hide_broken_torch_extras()
     from transformers import AutoTokenizer
 
     from asyncrl.reward.math_reward import MathReward

