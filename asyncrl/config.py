@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny_cpu.yaml"
 
@@ -151,6 +151,11 @@ class ObserveConfig(_Section):
     """Runs are written to <output_dir>/<name>/."""
     console: Literal["live", "lines", "off"] = "live"
     """live: a refreshing progress display (falls back to lines without a terminal)."""
+
+    @field_validator("console", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
     tensorboard: bool = True
     """Write TensorBoard event files beside the JSONL."""
     wandb_project: str | None = None
@@ -203,15 +208,35 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+def _parse_value(raw: str) -> Any:
+    """3 -> int, 1e-3 -> float, true/false -> bool, null -> None, [..]/{..} -> YAML, else str.
+
+    Unlike plain YAML 1.1, `off`, `no` and `on` stay strings (they are valid choices)."""
+    raw = raw.strip()
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none", "~"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    if raw[:1] in "[{":
+        return yaml.safe_load(raw)
+    return raw
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """`a.b=value` -> ("a.b", value parsed as YAML, so 3 is an int and true a bool)."""
+    """`a.b=value` -> ("a.b", typed value)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like section.field=value")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key or any(not part.isidentifier() for part in key.split(".")):
         raise ConfigError(f"override {text!r}: {key!r} is not a dotted field name")
-    return key, yaml.safe_load(raw) if raw.strip() else ""
+    return key, _parse_value(raw)
 
 
 def _explain(err: ValidationError) -> str:

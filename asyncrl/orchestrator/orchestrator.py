@@ -101,6 +101,7 @@ class Orchestrator:
                                      cfg.name, json.loads(cfg.model_dump_json()))
         self.metrics.event(0, "start", model=self.model_path, actors=cfg.rollout.num_actors)
         self.stats = StepStats()
+        self._last_step_t = self._last_warn_t = time.monotonic()
 
     # -- the loops ----------------------------------------------------------------------------
 
@@ -121,6 +122,7 @@ class Orchestrator:
                 sample = self.samples.recv(timeout_s=0.01)
                 if sample is not None:
                     self._ingest([sample])
+                self._warn_if_stalled()
         finally:
             display.close()
         summary = summarize(self.history, time.monotonic() - t_start)
@@ -129,6 +131,20 @@ class Orchestrator:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.say(format_summary(summary, str(self.run_dir)))
         return summary
+
+    def _warn_if_stalled(self, every_s: float = 60.0) -> None:
+        """Say why no step has happened for a while (the usual cause: every group is dropped
+        because all its rewards are equal, i.e. the task is too hard or too easy)."""
+        now = time.monotonic()
+        if now - max(self._last_step_t, self._last_warn_t) < every_s:
+            return
+        self._last_warn_t = now
+        a = self.assembler.stats
+        self.say(f"warning: no optimizer step for {now - self._last_step_t:.0f}s; "
+                 f"{self.samples.num_received} samples received, {a.groups_complete} groups complete, "
+                 f"{a.groups_zero_variance} dropped for zero reward variance, "
+                 f"{self.buffer.num_loss_tokens}/{self.cfg.buffer.token_budget} loss tokens buffered, "
+                 f"{sum(self._in_flight)} prompts in flight")
 
     def _ingest(self, samples: list[Sample]) -> None:
         for s in samples:
@@ -185,6 +201,7 @@ class Orchestrator:
 
     def _finish_step(self, learner_metrics: dict[str, float]) -> dict[str, Any]:
         self._train_ref = None
+        self._last_step_t = time.monotonic()
         self.step += 1
         self.version = int(learner_metrics["learner/version"])
         train_s = time.monotonic() - self._step_started

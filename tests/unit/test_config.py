@@ -19,6 +19,16 @@ def test_every_shipped_config_validates(path):
     load_config(path)
 
 
+def test_off_stays_a_choice_not_a_bool(tmp_path):
+    assert load_config(None, ["observe.console=off"]).observe.console == "off"
+    f = tmp_path / "c.yaml"
+    f.write_text("observe:\n  console: off\n")
+    assert load_config(f).observe.console == "off"
+    assert parse_override("a.b=1e-3") == ("a.b", 1e-3)
+    assert parse_override("a.b=null") == ("a.b", None)
+    assert parse_override("a.b=[1, 2]") == ("a.b", [1, 2])
+
+
 def test_dotted_overrides_are_typed():
     cfg = load_config(None, ["buffer.token_budget=1024", "algo.eps_high=0.4", "name=x", "observe.tensorboard=false"])
     assert cfg.buffer.token_budget == 1024 and cfg.algo.eps_high == 0.4
