@@ -55,7 +55,7 @@ class Orchestrator:
     def __init__(self, cfg: Config, log_fn=print):
         self.cfg = cfg
         self.say = log_fn
-        self.run_dir = cfg.run_dir
+        self.run_dir = cfg.run_dir.resolve()
         self.version = 0
         self.step = 0
         self.history: list[dict[str, Any]] = []
