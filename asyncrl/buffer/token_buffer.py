@@ -19,24 +19,19 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from asyncrl.types import Group, SequenceChunk
+from asyncrl.types import Group, Sample, SequenceChunk
 
 
 @dataclass
 class _Pending:
-    group_id: str
-    sample_index: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    sample: Sample
     advantage: float
     offset: int = 0
     """Response tokens already emitted (or dropped as stale)."""
 
     @property
     def remaining(self) -> int:
-        return len(self.response_ids) - self.offset
+        return len(self.sample.response_ids) - self.offset
 
 
 @dataclass
@@ -75,8 +70,7 @@ class TokenBuffer:
             if not s.response_ids:
                 self.stats.responses_empty += 1
                 continue
-            self._queue.append(_Pending(group.group_id, s.sample_index, s.prompt_ids,
-                                       s.response_ids, s.logprobs, s.versions, adv))
+            self._queue.append(_Pending(s, adv))
             self._num_tokens += len(s.response_ids)
             self.stats.tokens_in += len(s.response_ids)
 
@@ -86,7 +80,8 @@ class TokenBuffer:
         dropped = 0
         for p in list(self._queue):
             stale = 0
-            while p.offset + stale < len(p.versions) and p.versions[p.offset + stale] < oldest_ok:
+            versions = p.sample.versions
+            while p.offset + stale < len(versions) and versions[p.offset + stale] < oldest_ok:
                 stale += 1
             if stale:
                 p.offset += stale
@@ -108,10 +103,11 @@ class TokenBuffer:
             p = self._queue[0]
             take = min(need, p.remaining)
             start, end = p.offset, p.offset + take
+            s = p.sample
             chunks.append(SequenceChunk(
-                group_id=p.group_id, sample_index=p.sample_index, prompt_ids=p.prompt_ids,
-                response_ids=p.response_ids[:end], loss_start=start,
-                old_logprobs=p.logprobs[start:end], versions=p.versions[start:end],
+                group_id=s.group_id, sample_index=s.sample_index, prompt_ids=s.prompt_ids,
+                response_ids=s.response_ids[:end], loss_start=start,
+                old_logprobs=s.logprobs[start:end], versions=s.versions[start:end],
                 advantage=p.advantage))
             p.offset = end
             need -= take
