@@ -8,14 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.tiny import task
-from asyncrl.tiny.build import (
-    TinyModelSpec,
-    answer_probability,
-    ensure_tiny_model,
-    new_model,
-    soften,
-    train_records,
-)
+from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model, new_model, train_records
+from asyncrl.tiny.measure import answer_probability, soften
 from asyncrl.tiny.tokenizer import build_tokenizer
 
 SMALL = TinyModelSpec(
