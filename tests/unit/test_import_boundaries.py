@@ -1,0 +1,37 @@
+"""Heavy imports stay in adapter files: the core imports with vllm, ray and deepspeed blocked."""
+
+import subprocess
+import sys
+
+CORE = [
+    "asyncrl.config", "asyncrl.types", "asyncrl.algo.advantages", "asyncrl.algo.policy_loss",
+    "asyncrl.algo.token_stats", "asyncrl.buffer.token_buffer", "asyncrl.buffer.group_assembler",
+    "asyncrl.buffer.packing", "asyncrl.transport.codec", "asyncrl.transport.zmq_stream",
+    "asyncrl.data.prompt_source", "asyncrl.rollout.actor", "asyncrl.rollout.engine",
+    "asyncrl.rollout.fake_engine", "asyncrl.learner.collate", "asyncrl.learner.policy_step",
+    "asyncrl.learner.torch_learner", "asyncrl.orchestrator.admission", "asyncrl.sync.buckets",
+    "asyncrl.sync.gloo_sender", "asyncrl.sync.protocol", "asyncrl.observe.metrics",
+    "asyncrl.reward.math_reward", "asyncrl.tiny.task",
+]
+
+
+def test_core_modules_import_without_vllm_ray_or_deepspeed():
+    code = (
+        "import sys\n"
+        "for m in ('vllm', 'ray', 'deepspeed'): sys.modules[m] = None\n"
+        f"for m in {CORE!r}: __import__(m)\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_algo_is_pure_math():
+    code = (
+        "import sys\n"
+        "import asyncrl.algo.advantages, asyncrl.algo.policy_loss, asyncrl.algo.token_stats\n"
+        "bad = [m for m in ('vllm', 'ray', 'zmq', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
