@@ -102,6 +102,7 @@ class Orchestrator:
         self.metrics.event(0, "start", model=self.model_path, actors=cfg.rollout.num_actors)
         self.stats = StepStats()
         self._last_step_t = self._last_warn_t = time.monotonic()
+        self._wait_for_data_s = 0.0
 
     # -- the loops ----------------------------------------------------------------------------
 
@@ -193,6 +194,7 @@ class Orchestrator:
             return
         step = self.step + 1
         self.stats.add_batch(chunks, self.version)
+        self._wait_for_data_s = time.monotonic() - self._last_step_t
         for rank, part in enumerate(split_for_ranks(chunks, len(self.batch_senders))):
             batch = Batch(step=step, rank=rank, chunks=part, num_loss_tokens_global=self.cfg.buffer.token_budget)
             self.batch_senders[rank].send(encode_batch(batch))
@@ -207,6 +209,7 @@ class Orchestrator:
         train_s = time.monotonic() - self._step_started
         sync = self._push() if self.step % self.cfg.sync.every_steps == 0 else {}
         row = {"step": self.step, **learner_metrics, **sync, "timing/train_s": train_s,
+               "timing/wait_for_data_s": self._wait_for_data_s,
                **self.stats.flush(self.buffer, self.assembler, self.samples)}
         self.history.append(row)
         self.metrics.log(self.step, row)
@@ -256,6 +259,11 @@ class Orchestrator:
         return worst
 
     def shutdown(self) -> None:
+        if hasattr(self, "learner"):
+            try:
+                ray.get(self.learner.shutdown.remote(), timeout=30)
+            except Exception as e:  # shutting down anyway; say what failed
+                log.warning("learner shutdown failed: %r", e)
         for a in getattr(self, "actors", []):
             try:
                 ray.get(a.shutdown.remote(), timeout=30)
