@@ -1,0 +1,69 @@
+"""Asynchronous vs synchronous mode on the same config: optimizer steps and trained tokens per
+second, measured in one run (synchronous mode, max_staleness 0, is the baseline).
+
+    python tools/bench_async_vs_sync.py --steps 100 [section.field=value ...]
+
+Each mode starts its own Ray cluster and engines; start-up is excluded (rates are taken over
+the steps after the first `--warmup`). Prints a table and the ratio async / sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+
+def run_mode(staleness: int, steps: int, warmup: int, overrides: list[str]) -> dict:
+    import ray
+
+    from asyncrl.config import load_config
+    from asyncrl.orchestrator.orchestrator import Orchestrator
+
+    out = tempfile.mkdtemp(prefix="asyncrl-bench-")
+    cfg = load_config(None, [*overrides, f"buffer.max_staleness={staleness}", f"total_steps={steps}",
+                             "observe.console=off", "observe.tensorboard=false", "save_final=false",
+                             f"observe.output_dir={out}", f"name=staleness{staleness}"])
+    ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False)
+    orch = Orchestrator(cfg, log_fn=lambda _: None)
+    try:
+        orch.run()
+    finally:
+        orch.shutdown()
+        ray.shutdown()
+    timed = orch.history[warmup:]
+    wall = sum(h["timing/step_wall_s"] for h in timed)
+    rewards = [h["reward/mean"] for h in orch.history if h.get("reward/mean") is not None]
+    return {
+        "max_staleness": staleness,
+        "steps_per_s": len(timed) / wall,
+        "trained_tokens_per_s": sum(h["learner/loss_tokens"] for h in timed) / wall,
+        "wait_for_data_s_per_step": sum(h["timing/wait_for_data_s"] for h in timed) / len(timed),
+        "reward_last_10": sum(rewards[-10:]) / len(rewards[-10:]),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    from asyncrl.compat import hide_broken_torch_extras
+
+    hide_broken_torch_extras()
+    t0 = time.monotonic()
+    sync = run_mode(0, args.steps, args.warmup, args.overrides)
+    async_ = run_mode(1, args.steps, args.warmup, args.overrides)
+    print(f"{'mode':<22}{'steps/s':>10}{'tokens/s':>12}{'wait/step s':>13}{'reward(last10)':>16}")
+    for name, r in (("sync (staleness 0)", sync), ("async (staleness 1)", async_)):
+        print(f"{name:<22}{r['steps_per_s']:>10.2f}{r['trained_tokens_per_s']:>12,.0f}"
+              f"{r['wait_for_data_s_per_step']:>13.3f}{r['reward_last_10']:>16.3f}")
+    ratio = async_["steps_per_s"] / sync["steps_per_s"]
+    print(f"async / sync steps per second: {ratio:.2f}x   (bench took {time.monotonic() - t0:.0f}s)")
+    print(json.dumps({"sync": sync, "async": async_, "ratio": ratio}))
+
+
+if __name__ == "__main__":
+    main()
