@@ -1,17 +1,30 @@
-"""Group-relative advantages (pure, plain floats in and out).
+"""Group-relative advantages and truncation masks (pure, plain floats in and out).
 
-GRPO (DeepSeekMath): A_i = (r_i - mean(r)) / (std(r) + eps), std the population std over the
-group. Dr. GRPO drops the std. Every token of a response shares its response's advantage.
-A group whose rewards are all equal has no learning signal under either estimator; DAPO's dynamic
-sampling and Skywork-OR1 section 3.1 drop such groups rather than train on zeros.
+GRPO (DeepSeekMath; Skywork-OR1 eq. 2.5): A_i = (r_i - mean(r)) / (std(r) + eps), std the
+population std over the group. Dr. GRPO drops the std. RLOO uses the mean of the *other* samples
+as the baseline: A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean(r)). Every token of a
+response shares its response's advantage.
+
+A group whose rewards are all equal has no learning signal under any of these estimators;
+DAPO's dynamic sampling and Skywork-OR1 section 3.1 (rejection sampling) drop such groups rather
+than train on zeros (`is_zero_variance`, `groups_with_signal`).
+
+Deviations: `eps` is added to the std so an all-equal group gives zeros instead of 0/0; a
+single-sample group gets advantage 0 under RLOO (no other sample to form a baseline). The
+truncation masks of Skywork-OR1 section 3.2.3 are written for GRPO; `masked_group_advantages`
+applies the same masking to whichever estimator `kind` names.
 """
 
 from __future__ import annotations
 
 import math
 
+ADVANTAGE_KINDS = ("grpo", "drgrpo", "rloo")
+TRUNCATION_MASKS = ("none", "before", "after")
+
 
 def group_advantages(rewards: list[float], kind: str = "grpo", eps: float = 1e-6) -> list[float]:
+    """One advantage per reward of a group of responses to the same prompt."""
     if not rewards:
         raise ValueError("a group needs at least one reward")
     n = len(rewards)
@@ -22,9 +35,65 @@ def group_advantages(rewards: list[float], kind: str = "grpo", eps: float = 1e-6
     if kind == "grpo":
         std = math.sqrt(sum(c * c for c in centered) / n)
         return [c / (std + eps) for c in centered]
-    raise ValueError(f"unknown advantage estimator {kind!r} (allowed: grpo, drgrpo)")
+    if kind == "rloo":
+        if n == 1:
+            return [0.0]
+        return [c * n / (n - 1) for c in centered]
+    allowed = ", ".join(ADVANTAGE_KINDS)
+    raise ValueError(f"unknown advantage estimator {kind!r} (allowed: {allowed})")
+
+
+def masked_group_advantages(
+    rewards: list[float],
+    truncated: list[bool],
+    mask: str = "none",
+    kind: str = "grpo",
+    eps: float = 1e-6,
+) -> list[float]:
+    """Advantages of a group with the truncated-response mask of Skywork-OR1 section 3.2.3.
+
+    `truncated[i]` is True when response i hit the context length T (|y| > T) without finishing.
+
+    - "none" (No-Adv-Mask): "We do not employ any advantage mask strategy."
+    - "before" (Adv-Mask-Before): "The truncated responses are not involved in the group
+      advantage calculation for non-truncated responses, and the advantage of these truncated
+      responses are set to 0 (thus not contributing to the policy loss)":
+      A_ij = (r_ij - mean(R^_i)) / std(R^_i) if |y| <= T, else 0, where R^_i "is the accuracy
+      rewards group of non-truncated responses of prompt x_i".
+    - "after" (Adv-Mask-After): "The truncated responses are still involved in the group
+      advantage calculation for non-truncated responses, and the advantage of these truncated
+      responses are set to 0 (thus not contributing to the policy loss)":
+      A_ij = (r_ij - mean(R_i)) / std(R_i) if |y| <= T, else 0, where R_i "is the accuracy
+      rewards group of all responses of prompt x_i".
+
+    A fully truncated group gets all zeros under "before" and "after".
+    """
+    if len(rewards) != len(truncated):
+        raise ValueError(f"{len(rewards)} rewards but {len(truncated)} truncation flags")
+    if mask == "none":
+        return group_advantages(rewards, kind, eps)
+    if mask == "after":
+        adv = group_advantages(rewards, kind, eps)
+        return [0.0 if cut else a for a, cut in zip(adv, truncated)]
+    if mask == "before":
+        kept = [r for r, cut in zip(rewards, truncated) if not cut]
+        if not kept:
+            return [0.0] * len(rewards)
+        kept_adv = iter(group_advantages(kept, kind, eps))
+        return [0.0 if cut else next(kept_adv) for cut in truncated]
+    raise ValueError(f"unknown truncation mask {mask!r} (allowed: {', '.join(TRUNCATION_MASKS)})")
 
 
 def is_zero_variance(rewards: list[float], tol: float = 1e-12) -> bool:
     """True when every reward in the group is the same (single-sample groups included)."""
     return max(rewards) - min(rewards) <= tol
+
+
+def groups_with_signal(groups: list[list[float]], tol: float = 1e-12) -> list[int]:
+    """Indices of the groups to keep: those whose values are not all equal.
+
+    Pass rewards for DAPO's filter, or advantages after a truncation mask for Skywork-OR1's
+    criterion "exists j: A_ij != 0" (the same thing here: centred advantages that are all equal
+    are all zero).
+    """
+    return [i for i, rewards in enumerate(groups) if not is_zero_variance(rewards, tol)]

@@ -1,14 +1,22 @@
-"""Token logprobs and entropies from logits, computed in chunks of tokens (pure torch).
+"""Token logprobs and entropies over the vocabulary, computed in chunks of tokens (pure torch).
 
-Only the selected loss positions' logits reach here, and log-softmax is taken `chunk` rows at a
-time, so a [T, V] float32 log-softmax of the whole batch never exists at once besides the
-logits themselves. Logits are divided by the sampling temperature first so the learner scores
-the same distribution the actors sampled from.
+H_t = -sum_v pi(v | s_t) log pi(v | s_t) (DESIGN.md, "Entropy"). Logits are divided by the
+sampling temperature first so the learner scores the same distribution the actors sampled from.
+
+`token_logprobs_and_entropy` takes the selected loss positions' logits [T, V] and takes the
+log-softmax `chunk` rows at a time, so the [T, V] float32 log-softmax of the whole batch never
+exists at once besides the logits themselves. `token_logprobs_and_entropy_from_hidden` goes one
+step further: it takes the final hidden states [T, H] and the LM-head weight [V, H] and forms the
+logits chunk by chunk, so no [T, V] tensor exists at all. When gradients are needed each chunk
+runs under activation checkpointing: autograd keeps only the chunk's inputs, and the chunk's
+logits are recomputed during backward, one chunk at a time.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 def token_logprobs_and_entropy(
@@ -27,3 +35,55 @@ def token_logprobs_and_entropy(
         empty = logits.new_zeros(0, dtype=torch.float32)
         return empty, empty
     return torch.cat(logps), torch.cat(ents)
+
+
+def token_logprobs_and_entropy_from_hidden(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = 1024,
+    lm_head_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [T, H], lm_head_weight [V, H], targets [T] int -> (logprob [T], entropy [T]).
+
+    Results are in float32, or float64 when the inputs are float64. Peak extra memory is a few
+    [chunk, V] tensors, forward and backward, instead of several [T, V] ones.
+    """
+    if hidden.shape[0] != targets.shape[0]:
+        raise ValueError(f"{hidden.shape[0]} hidden rows for {targets.shape[0]} targets")
+    if hidden.shape[-1] != lm_head_weight.shape[-1]:
+        raise ValueError(f"hidden size {hidden.shape[-1]} vs LM head {tuple(lm_head_weight.shape)}")
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=dtype)
+        return empty, empty
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, lm_head_weight, lm_head_bias)
+    )
+    logps, ents = [], []
+    for start in range(0, hidden.shape[0], chunk):
+        args = (hidden[start : start + chunk], lm_head_weight, lm_head_bias,
+                targets[start : start + chunk], temperature, dtype)
+        if needs_grad:
+            logp, ent = checkpoint(_chunk_stats, *args, use_reentrant=False)
+        else:
+            logp, ent = _chunk_stats(*args)
+        logps.append(logp)
+        ents.append(ent)
+    return torch.cat(logps), torch.cat(ents)
+
+
+def _chunk_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = F.linear(hidden, weight, bias).to(dtype) / temperature  # [chunk, V]
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
