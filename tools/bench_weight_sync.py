@@ -145,6 +145,9 @@ async def bench_vllm(config: dict, named, bucket_bytes: int, reps: int) -> list[
     import os
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from asyncrl.compat import hide_broken_torch_extras
+
+    hide_broken_torch_extras()
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
