@@ -179,15 +179,25 @@ class Config(_Section):
     save_final: bool = True
     """Save the final policy (Hugging Face format) into the run directory."""
     model: ModelConfig = ModelConfig()
+    """The policy: where it is loaded from, dtype, context length."""
     data: DataConfig = DataConfig()
+    """Where prompts come from."""
     rollout: RolloutConfig = RolloutConfig()
+    """Rollout actors and how they sample."""
     reward: RewardConfig = RewardConfig()
+    """How responses are scored."""
     algo: AlgoConfig = AlgoConfig()
+    """Advantages, group filtering and the loss."""
     buffer: BufferConfig = BufferConfig()
+    """Token budget per step and the staleness bound."""
     learner: LearnerConfig = LearnerConfig()
+    """Learner ranks and their optimizer."""
     sync: SyncConfig = SyncConfig()
+    """Weight pushes from the learner to the engines."""
     observe: ObserveConfig = ObserveConfig()
+    """Where metrics go and how progress is shown."""
     ray: RayConfig = RayConfig()
+    """Which Ray cluster to use."""
 
     @property
     def run_dir(self) -> Path:

@@ -78,3 +78,21 @@ def test_resolved_config_round_trips(tmp_path):
     out = write_resolved(cfg, tmp_path)
     again = load_config(out)
     assert again == cfg and yaml.safe_load(out.read_text())["seed"] == 7
+
+
+def test_every_field_has_a_docstring():
+    from pydantic import BaseModel
+
+    from asyncrl.config import Config
+
+    missing = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            if not field.description:
+                missing.append(prefix + name)
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                walk(field.annotation, f"{prefix}{name}.")
+
+    walk(Config, "")
+    assert not missing, missing
