@@ -81,8 +81,16 @@ class RewardConfig(_Section):
 
 
 class AlgoConfig(_Section):
-    advantage: Literal["grpo", "drgrpo"] = "grpo"
-    """grpo: (r - mean) / (std + eps); drgrpo: r - mean."""
+    advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+    """grpo: (r - mean) / (std + eps); drgrpo: r - mean; rloo: r - mean of the others."""
+    truncation_mask: Literal["none", "before", "after"] = "none"
+    """Advantage mask for responses cut at max_tokens (Skywork-OR1 section 3.2.3)."""
+    no_eos_penalty: float = Field(0.0, ge=0)
+    """Subtracted from the reward of a response that never emits EOS (ProRL runs 4-5)."""
+    overlong_buffer: int | None = Field(None, gt=0)
+    """DAPO soft overlong punishment: tokens before max_tokens where the penalty ramps (None: off)."""
+    overlong_penalty_factor: float = Field(1.0, ge=0)
+    """Scale of DAPO's overlong penalty (1 in DAPO)."""
     advantage_eps: float = Field(1e-6, gt=0)
     """eps in the GRPO denominator."""
     drop_zero_variance_groups: bool = True
@@ -91,6 +99,8 @@ class AlgoConfig(_Section):
     """Lower clip bound: ratio clipped at 1 - eps_low."""
     eps_high: float = Field(0.28, ge=0)
     """Upper clip bound: 1 + eps_high (clip-higher when > eps_low)."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual clip: for A < 0 cap the token loss at -c * A (None: off)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Fixed entropy bonus coefficient alpha (loss -= alpha * entropy)."""
     aggregation: Literal["budget", "token_mean"] = "budget"

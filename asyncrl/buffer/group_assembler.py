@@ -1,6 +1,7 @@
 """Collects each prompt's n scored samples; when the group is complete, computes advantages.
 
-Groups whose rewards have zero variance carry no signal (every advantage is 0) and are dropped
+Truncated responses (finish reason `length`) can be masked out of the advantages (Skywork-OR1
+section 3.2.3: "before" / "after"). Groups whose rewards have zero variance carry no signal (every advantage is 0) and are dropped
 here, counted (Skywork-OR1 section 3.1 rejection sampling, DAPO dynamic sampling). A repeated
 (group_id, sample_index) is ignored and counted, so a resent frame can never be trained twice.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.algo.advantages import group_advantages, is_zero_variance
+from asyncrl.algo.advantages import is_zero_variance, masked_group_advantages
 from asyncrl.types import Group, ScoredSample
 
 
@@ -24,9 +25,10 @@ class AssemblerStats:
 
 class GroupAssembler:
     def __init__(self, group_size: int, advantage: str = "grpo", eps: float = 1e-6,
-                 drop_zero_variance: bool = True):
+                 drop_zero_variance: bool = True, truncation_mask: str = "none"):
         self.group_size = group_size
         self.advantage = advantage
+        self.truncation_mask = truncation_mask
         self.eps = eps
         self.drop_zero_variance = drop_zero_variance
         self.stats = AssemblerStats()
@@ -55,4 +57,6 @@ class GroupAssembler:
             self.stats.groups_zero_variance += 1
             self.stats.samples_zero_variance += len(samples)
             return None
-        return Group(s.group_id, samples, group_advantages(rewards, self.advantage, self.eps))
+        truncated = [m.sample.finish_reason == "length" for m in samples]
+        return Group(s.group_id, samples, masked_group_advantages(
+            rewards, truncated, self.truncation_mask, self.advantage, self.eps))

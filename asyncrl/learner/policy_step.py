@@ -29,14 +29,15 @@ def forward_backward(
     """Accumulate gradients for one step; `logits_fn(mb)` returns logits [B, L, V]."""
     norm = step_normalizer(algo.aggregation, token_budget, step_loss_tokens)
     sums = {"loss": 0.0, "pg": 0.0, "entropy": 0.0, "ratio": 0.0, "clip_low": 0.0,
-            "clip_high": 0.0, "abs_logp_diff": 0.0}
+            "clip_high": 0.0, "clip_dual": 0.0, "abs_logp_diff": 0.0}
     ratio_max, tokens = 0.0, 0
     for mb in micro_batches:
         if mb.num_loss_tokens == 0:
             continue
         logits = logits_fn(mb)[mb.rows, mb.cols]  # [T, V]
         logp, entropy = token_logprobs_and_entropy(logits, mb.targets, temperature, entropy_chunk)
-        pg, diag = clipped_policy_loss(logp, mb.old_logprobs, mb.advantages, algo.eps_low, algo.eps_high)
+        pg, diag = clipped_policy_loss(logp, mb.old_logprobs, mb.advantages, algo.eps_low, algo.eps_high,
+                                       dual_clip=algo.dual_clip)
         loss = aggregate(pg, norm) - algo.entropy_coef * aggregate(entropy, norm)
         loss.backward()
         with torch.no_grad():
@@ -46,6 +47,8 @@ def forward_backward(
             sums["ratio"] += float(diag["ratio"].sum())
             sums["clip_low"] += float(diag["clipped_low"].sum())
             sums["clip_high"] += float(diag["clipped_high"].sum())
+            if "clipped_dual" in diag:
+                sums["clip_dual"] += float(diag["clipped_dual"].sum())
             sums["abs_logp_diff"] += float((logp - mb.old_logprobs).abs().sum())
             ratio_max = max(ratio_max, float(diag["ratio"].max()))
             tokens += mb.num_loss_tokens
@@ -58,6 +61,7 @@ def forward_backward(
         "ratio/max": ratio_max,
         "clip/low_frac": sums["clip_low"] / t,
         "clip/high_frac": sums["clip_high"] / t,
+        "clip/dual_frac": sums["clip_dual"] / t,
         "loss/abs_logp_diff_behaviour": sums["abs_logp_diff"] / t,
         "learner/loss_tokens": tokens,
     }

@@ -32,6 +32,7 @@ from typing import Any
 
 import ray
 
+from asyncrl.algo.reward_shaping import shaped_reward
 from asyncrl.buffer.group_assembler import GroupAssembler
 from asyncrl.buffer.packing import split_for_ranks
 from asyncrl.buffer.token_buffer import TokenBuffer
@@ -84,7 +85,8 @@ class Orchestrator:
         self.prompts = build_prompt_source(cfg.data, self.tokenizer, cfg.model.max_model_len - cfg.rollout.max_tokens)
         self.reward_fn = make_reward_fn(cfg.reward.type)
         self.assembler = GroupAssembler(cfg.rollout.group_size, cfg.algo.advantage,
-                                        cfg.algo.advantage_eps, cfg.algo.drop_zero_variance_groups)
+                                        cfg.algo.advantage_eps, cfg.algo.drop_zero_variance_groups,
+                                        cfg.algo.truncation_mask)
         self.buffer = TokenBuffer(cfg.buffer.token_budget, cfg.buffer.max_staleness)
         self.host = components.node_ip()
         self.samples = FrameReceiver(decode_sample, host=self.host)
@@ -152,8 +154,13 @@ class Orchestrator:
             if self.probe_ids is None and s.response_ids:
                 self.probe_ids = s.prompt_ids + s.response_ids
             text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-            reward, info = self.reward_fn(text, s.metadata)
-            self.stats.add_sample(s, reward, info)
+            correct, info = self.reward_fn(text, s.metadata)
+            # the verifier's reward is what is reported; the shaped one is what is trained on
+            reward, info["shaping"] = shaped_reward(
+                correct, len(s.response_ids), s.finish_reason == "stop",
+                no_eos_penalty_value=self.cfg.algo.no_eos_penalty, max_length=self.cfg.rollout.max_tokens,
+                overlong_buffer=self.cfg.algo.overlong_buffer, overlong_factor=self.cfg.algo.overlong_penalty_factor)
+            self.stats.add_sample(s, correct, info)
             group = self.assembler.add(ScoredSample(s, reward, info))
             pending = self._pending.get(s.group_id)
             if pending is not None:

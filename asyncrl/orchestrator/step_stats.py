@@ -27,12 +27,15 @@ class StepStats:
         self.finish = Counter()
         self.outcomes = Counter()
         self.lags: list[int] = []
+        self.shaping: dict[str, float] = {}
 
     def add_sample(self, s: Sample, reward: float, info: dict[str, Any]) -> None:
         self.rewards.append(reward)
         self.lengths.append(len(s.response_ids))
         self.finish[s.finish_reason] += 1
         self.outcomes[info.get("outcome", "unknown")] += 1
+        for k, v in info.get("shaping", {}).items():
+            self.shaping[k] = self.shaping.get(k, 0.0) + v
         self.total_samples += 1
         self.total_gen_tokens += len(s.response_ids)
 
@@ -65,6 +68,8 @@ class StepStats:
             "rollout/frames_dropped": receiver.num_dropped,
             "timing/step_wall_s": dt,
         }
+        for key, total in self.shaping.items():
+            out[key] = total / n if n else None
         for outcome, k in self.outcomes.items():
             out[f"reward/outcome_{outcome}"] = k / n
         self._t_last = now

@@ -21,6 +21,8 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(tmp_path, small_mod
         f"model.path={small_model}", "rollout.engine=fake", "rollout.num_actors=2", "total_steps=8",
         "buffer.token_budget=48", f"buffer.max_staleness={staleness}", "algo.drop_zero_variance_groups=false",
         "observe.console=off", "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "save_final=false",
+        # shaping on: fake responses often run to max_tokens without EOS
+        "algo.no_eos_penalty=0.5", "algo.overlong_buffer=4", "algo.truncation_mask=after",
     ])
     ray.init(num_cpus=4, include_dashboard=False)
     orch = Orchestrator(cfg)
@@ -34,5 +36,9 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(tmp_path, small_mod
     assert [h["learner/version"] for h in orch.history] == list(range(1, 9))
     assert max(h["staleness/max"] for h in orch.history) <= staleness
     assert actor_versions == [8, 8]
+    # mean penalty per step: in [-0.5, 0], and below 0 whenever a response ran out of tokens
+    assert all(-0.5 <= h["reward/no_eos_penalty"] <= 0 for h in orch.history)
+    assert any(h["reward/no_eos_penalty"] < 0 for h in orch.history)
+    assert any(h["reward/overlong_penalty"] < 0 for h in orch.history)
     st = orch.buffer.stats
     assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.buffer.num_loss_tokens

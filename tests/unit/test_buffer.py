@@ -122,3 +122,24 @@ def test_assembler_ignores_duplicate_samples():
     assert asm.add(ScoredSample(make_sample("g", 0, 2), 1.0)) is None
     assert asm.stats.duplicates == 1
     assert asm.add(ScoredSample(make_sample("g", 1, 2), 0.0)) is not None
+
+
+def test_assembler_masks_truncated_responses_after_the_group_statistics():
+    # rewards (1, 0, 0, 1), response 3 truncated; "after": GRPO over all four, then 0 for it
+    asm = GroupAssembler(group_size=4, eps=0.0, truncation_mask="after")
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    out = None
+    for i, r in enumerate(rewards):
+        s = make_sample("g", i, 3)
+        s.finish_reason = "length" if i == 3 else "stop"
+        out = asm.add(ScoredSample(s, reward=r))
+    assert out.advantages == pytest.approx([1.0, -1.0, -1.0, 0.0])
+
+
+def test_assembler_rloo_advantages():
+    asm = GroupAssembler(group_size=3, advantage="rloo")
+    out = None
+    for i, r in enumerate([1.0, 0.0, 0.5]):
+        out = asm.add(ScoredSample(make_sample("g", i, 2), reward=r))
+    # r_i - mean of the other two
+    assert out.advantages == pytest.approx([1.0 - 0.25, 0.0 - 0.75, 0.5 - 0.5])

@@ -69,3 +69,20 @@ def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage_over_budget():
     assert m["ratio/mean"] == pytest.approx(1.0, abs=1e-5)
     assert m["loss/policy"] == pytest.approx(expected, abs=1e-5)
     assert m["clip/low_frac"] == 0 and m["clip/high_frac"] == 0
+
+
+def test_dual_clip_caps_negative_advantage_tokens_and_is_reported():
+    model = TinyLM()
+    cs = chunks()
+    for c in cs:  # behaviour logprobs far below the model's: huge ratios everywhere
+        c.old_logprobs = [-30.0] * c.num_loss_tokens
+    _, plain = grads(model, [cs], AlgoConfig())
+    _, dual = grads(model, [cs], AlgoConfig(dual_clip=3.0))
+    assert plain["clip/dual_frac"] == 0.0
+    neg_tokens = sum(c.num_loss_tokens for c in cs if c.advantage < 0)
+    total = sum(c.num_loss_tokens for c in cs)
+    assert dual["clip/dual_frac"] == pytest.approx(neg_tokens / total)
+    # capped: each negative-advantage token contributes exactly -3 * A to the loss sum
+    expected = (sum(-1.28 * c.advantage * c.num_loss_tokens for c in cs if c.advantage > 0)
+                + sum(-3.0 * c.advantage * c.num_loss_tokens for c in cs if c.advantage < 0)) / 64
+    assert dual["loss/policy"] == pytest.approx(expected, rel=1e-5)
