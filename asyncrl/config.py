@@ -103,8 +103,8 @@ class AlgoConfig(_Section):
     """Dual clip: for A < 0 cap the token loss at -c * A (None: off)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Fixed entropy bonus coefficient alpha (loss -= alpha * entropy)."""
-    aggregation: Literal["budget", "token_mean"] = "budget"
-    """budget: sum of token losses / Phi (C3PO); token_mean: / loss tokens in the step."""
+    aggregation: Literal["budget", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "budget"
+    """budget: sum / Phi (C3PO); token_mean: / step tokens; seq_mean_*: mean over the step's sequences."""
 
 
 class BufferConfig(_Section):

@@ -114,14 +114,16 @@ class SequenceChunk:
 class Batch:
     """One optimizer step's data for one learner rank.
 
-    `num_loss_tokens_global` is Φ summed over ranks: losses normalize by it, never by the local
-    count, so the gradient does not depend on how the step was split.
+    `num_loss_tokens_global` (Φ) and `num_sequences_global` count the whole step over all ranks:
+    losses normalize by them, never by local counts, so the gradient does not depend on how the
+    step was split.
     """
 
     step: int
     rank: int
     chunks: list[SequenceChunk]
     num_loss_tokens_global: int
+    num_sequences_global: int
 
     @property
     def num_loss_tokens(self) -> int:

@@ -15,8 +15,7 @@ symmetric clip (Skywork-OR1 eq. 2.4, 3.1). Two optional extensions, both off by 
   ratio on a negative-advantage token cannot blow up the loss.
 
 The aggregation that turns per-token terms into the step's loss divides by *global* counts
-(`aggregate` with Phi or the step's tokens; `token_weights` for all four modes, in
-aggregation.py and re-exported here), so micro-batching and ranks never change the gradient.
+(`token_weights` for all four modes, in aggregation.py and re-exported here), so micro-batching and ranks never change the gradient.
 """
 
 from __future__ import annotations
@@ -25,10 +24,7 @@ import torch
 
 from asyncrl.algo.aggregation import AGGREGATIONS, StepCounts, token_weights, weighted_sum
 
-__all__ = [
-    "AGGREGATIONS", "StepCounts", "aggregate", "clipped_policy_loss", "step_normalizer",
-    "token_weights", "weighted_sum",
-]
+__all__ = ["AGGREGATIONS", "StepCounts", "clipped_policy_loss", "token_weights", "weighted_sum"]
 
 
 def clipped_policy_loss(
@@ -85,18 +81,3 @@ def clipped_policy_loss(
         loss = loss * weight
     return loss, diag
 
-
-def aggregate(per_token: torch.Tensor, normalizer: int | float) -> torch.Tensor:
-    """Sum of per-token terms [T] over a global count (budget: Phi; token_mean: step tokens)."""
-    if normalizer <= 0:
-        raise ValueError(f"normalizer must be positive, got {normalizer}")
-    return per_token.sum() / normalizer
-
-
-def step_normalizer(aggregation: str, token_budget: int, step_loss_tokens: int) -> int:
-    """The denominator shared by every micro-batch and rank of one optimizer step."""
-    if aggregation == "budget":
-        return token_budget
-    if aggregation == "token_mean":
-        return step_loss_tokens
-    raise ValueError(f"unknown aggregation {aggregation!r} (allowed: budget, token_mean)")

@@ -1,8 +1,9 @@
 """One optimizer step's forward/backward over micro-batches, with the loss from asyncrl.algo.
 
-Every micro-batch's loss is divided by the same step-wide normalizer (Phi in budget mode), and
-gradients accumulate, so the step's gradient equals the full-batch gradient however the batch
-was cut. Returns the metrics of the step, summed or pooled over all its loss tokens.
+Every token's weight comes from the step's global counts (`StepCounts`: Phi, the step's loss
+tokens and sequences over all ranks), and gradients accumulate, so the step's gradient equals
+the full-batch gradient however the batch was cut. Returns the step's metrics, pooled over all
+its loss tokens.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from asyncrl.algo.policy_loss import aggregate, clipped_policy_loss, step_normalizer
+from asyncrl.algo.aggregation import StepCounts, token_weights, weighted_sum
+from asyncrl.algo.policy_loss import clipped_policy_loss
 from asyncrl.algo.token_stats import token_logprobs_and_entropy
 from asyncrl.config import AlgoConfig
 from asyncrl.learner.collate import MicroBatch
@@ -21,13 +23,11 @@ def forward_backward(
     logits_fn: Callable[[MicroBatch], torch.Tensor],
     micro_batches: list[MicroBatch],
     algo: AlgoConfig,
-    token_budget: int,
-    step_loss_tokens: int,
+    counts: StepCounts,
     temperature: float,
     entropy_chunk: int,
 ) -> dict[str, float]:
     """Accumulate gradients for one step; `logits_fn(mb)` returns logits [B, L, V]."""
-    norm = step_normalizer(algo.aggregation, token_budget, step_loss_tokens)
     sums = {"loss": 0.0, "pg": 0.0, "entropy": 0.0, "ratio": 0.0, "clip_low": 0.0,
             "clip_high": 0.0, "clip_dual": 0.0, "abs_logp_diff": 0.0}
     ratio_max, tokens = 0.0, 0
@@ -38,11 +38,13 @@ def forward_backward(
         logp, entropy = token_logprobs_and_entropy(logits, mb.targets, temperature, entropy_chunk)
         pg, diag = clipped_policy_loss(logp, mb.old_logprobs, mb.advantages, algo.eps_low, algo.eps_high,
                                        dual_clip=algo.dual_clip)
-        loss = aggregate(pg, norm) - algo.entropy_coef * aggregate(entropy, norm)
+        weights = token_weights(algo.aggregation, mb.seq_loss_tokens, counts, dtype=pg.dtype)
+        pg_share = weighted_sum(pg, weights)
+        loss = pg_share - algo.entropy_coef * weighted_sum(entropy, weights)
         loss.backward()
         with torch.no_grad():
             sums["loss"] += float(loss)
-            sums["pg"] += float(pg.sum())
+            sums["pg"] += float(pg_share)
             sums["entropy"] += float(entropy.sum())
             sums["ratio"] += float(diag["ratio"].sum())
             sums["clip_low"] += float(diag["clipped_low"].sum())
@@ -55,7 +57,7 @@ def forward_backward(
     t = max(tokens, 1)
     return {
         "loss/total": sums["loss"],
-        "loss/policy": sums["pg"] / norm,
+        "loss/policy": sums["pg"],
         "entropy/learner": sums["entropy"] / t,
         "ratio/mean": sums["ratio"] / t,
         "ratio/max": ratio_max,

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.algo.aggregation import StepCounts
 from asyncrl.buffer.packing import micro_batches
 from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.config import AlgoConfig, LearnerConfig
@@ -73,8 +74,8 @@ class TorchLearner:
         t1 = time.monotonic()
         self.optimizer.zero_grad(set_to_none=True)
         mbs = [collate(c, self.pad_id) for c in micro_batches(batch.chunks, self.cfg.micro_batch_tokens)]
-        metrics = forward_backward(self._logits, mbs, self.algo, self.token_budget,
-                                   batch.num_loss_tokens_global, self.temperature,
+        counts = StepCounts(batch.num_loss_tokens_global, batch.num_sequences_global, self.token_budget)
+        metrics = forward_backward(self._logits, mbs, self.algo, counts, self.temperature,
                                    self.cfg.entropy_chunk_tokens)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()

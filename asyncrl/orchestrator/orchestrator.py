@@ -203,7 +203,8 @@ class Orchestrator:
         self.stats.add_batch(chunks, self.version)
         self._wait_for_data_s = time.monotonic() - self._last_step_t
         for rank, part in enumerate(split_for_ranks(chunks, len(self.batch_senders))):
-            batch = Batch(step=step, rank=rank, chunks=part, num_loss_tokens_global=self.cfg.buffer.token_budget)
+            batch = Batch(step=step, rank=rank, chunks=part, num_loss_tokens_global=self.cfg.buffer.token_budget,
+                          num_sequences_global=len(chunks))
             self.batch_senders[rank].send(encode_batch(batch))
         self._step_started = time.monotonic()
         self._train_ref = self.learner.train_step.remote(step)

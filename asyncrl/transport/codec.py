@@ -115,6 +115,7 @@ def encode_batch(b: Batch) -> bytes:
             "step": b.step,
             "rank": b.rank,
             "num_loss_tokens_global": b.num_loss_tokens_global,
+            "num_sequences_global": b.num_sequences_global,
             "chunks": chunks,
         },
         use_bin_type=True,
@@ -145,4 +146,5 @@ def decode_batch(frame: bytes) -> Batch:
         rank=_typed(obj, "rank", int),
         chunks=chunks,
         num_loss_tokens_global=_typed(obj, "num_loss_tokens_global", int),
+        num_sequences_global=_typed(obj, "num_sequences_global", int),
     )

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from asyncrl.algo.advantages import group_advantages, is_zero_variance
-from asyncrl.algo.policy_loss import aggregate, clipped_policy_loss, step_normalizer
+from asyncrl.algo.aggregation import StepCounts, token_weights, weighted_sum
+from asyncrl.algo.policy_loss import clipped_policy_loss
 from asyncrl.algo.token_stats import token_logprobs_and_entropy
 
 
@@ -37,13 +38,15 @@ def test_clipped_term_has_zero_gradient_and_unclipped_has_ratio_times_adv():
 
 def test_budget_aggregation_divides_by_phi_whatever_the_split():
     per_token = torch.arange(10, dtype=torch.float64)
-    whole = aggregate(per_token, 16)
-    parts = aggregate(per_token[:3], 16) + aggregate(per_token[3:], 16)
+    counts = StepCounts(num_tokens=10, num_sequences=2, token_budget=16)
+    w = token_weights("budget", torch.full((10,), 5), counts, dtype=torch.float64)
+    whole = weighted_sum(per_token, w)
+    parts = weighted_sum(per_token[:3], w[:3]) + weighted_sum(per_token[3:], w[3:])
     assert float(whole) == pytest.approx(45 / 16) and float(parts) == pytest.approx(45 / 16)
-    assert step_normalizer("budget", 16, 10) == 16
-    assert step_normalizer("token_mean", 16, 10) == 10
+    tm = token_weights("token_mean", torch.full((10,), 5), counts, dtype=torch.float64)
+    assert float(weighted_sum(per_token, tm)) == pytest.approx(45 / 10)
     with pytest.raises(ValueError):
-        step_normalizer("nope", 16, 10)
+        token_weights("nope", torch.full((10,), 5), counts)
 
 
 def test_logprobs_and_entropy_match_direct_float64_computation():

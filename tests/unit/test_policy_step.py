@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from asyncrl.algo.aggregation import StepCounts
 from asyncrl.buffer.packing import micro_batches
 from asyncrl.config import AlgoConfig
 from asyncrl.learner.collate import collate
@@ -36,13 +37,13 @@ def chunks():
 
 def grads(model, mbs_chunks, algo):
     model.zero_grad()
-    total = sum(c.num_loss_tokens for mb in mbs_chunks for c in mb)
+    counts = StepCounts.from_sequence_lengths([c.num_loss_tokens for mb in mbs_chunks for c in mb], token_budget=64)
     metrics = forward_backward(lambda mb: model(mb.input_ids), [collate(c) for c in mbs_chunks], algo,
-                               token_budget=64, step_loss_tokens=total, temperature=1.0, entropy_chunk=5)
+                               counts, temperature=1.0, entropy_chunk=5)
     return [p.grad.clone() for p in model.parameters()], metrics
 
 
-@pytest.mark.parametrize("aggregation", ["budget", "token_mean"])
+@pytest.mark.parametrize("aggregation", ["budget", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
 def test_gradient_does_not_depend_on_micro_batching(aggregation):
     algo = AlgoConfig(aggregation=aggregation, entropy_coef=0.01)
     model = TinyLM()

@@ -20,7 +20,7 @@ def test_sample_round_trip_is_exact():
 def test_batch_round_trip_is_exact():
     c = SequenceChunk("g", 0, [1, 2], [3, 4, 5], loss_start=1, old_logprobs=[-0.5, -0.75],
                       versions=[0, 1], advantage=-1.25)
-    b = Batch(step=4, rank=0, chunks=[c], num_loss_tokens_global=2)
+    b = Batch(step=4, rank=0, chunks=[c], num_loss_tokens_global=2, num_sequences_global=1)
     assert decode_batch(encode_batch(b)) == b
 
 
