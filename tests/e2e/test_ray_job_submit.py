@@ -18,7 +18,8 @@ def ray_cli(*args, timeout=600, env=None):
 
 def test_ray_job_submit_runs_launch_to_completion(tmp_path, tiny_model_path):
     # Ray >= 2.5x turns on token auth for `ray start`; the job client must be told to use it.
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # the job's `python` must be this environment's, as it is for a user with the venv active
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     started = ray_cli("start", "--head", "--num-cpus", "4", "--port", "6391", "--dashboard-port", "8271", env=env)
     assert started.returncode == 0, started.stderr[-2000:]
     try:
