@@ -7,7 +7,6 @@ travels, not an engine); on CPU the vLLM KV cache is sized through the actor's e
 from __future__ import annotations
 
 import functools
-import socket
 from typing import Any
 
 import ray
@@ -17,6 +16,7 @@ from asyncrl.config import Config
 from asyncrl.learner.torch_learner import TorchLearner
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.sync.gloo_sender import free_port
 
 
 def resolve_model_path(cfg: Config, log=print) -> str:
@@ -34,12 +34,6 @@ def resolve_model_path(cfg: Config, log=print) -> str:
 def node_ip() -> str:
     """This node's address as Ray sees it (loopback on a single-machine cluster)."""
     return ray.util.get_node_ip_address()
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def engine_factory(cfg: Config, model_path: str, actor_id: int):

@@ -53,7 +53,7 @@ def broadcast(group: ProcessGroupGloo, tensor: torch.Tensor):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on `host` (for tests and single-machine runs)."""
+    """A currently free TCP port on `host` (the weight-sync rendezvous; tests)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
