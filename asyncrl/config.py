@@ -119,7 +119,7 @@ class SandboxConfig(_Section):
     """Largest file the program may write (RLIMIT_FSIZE), in MiB."""
     max_output_kb: int = Field(1024, gt=0)
     """Standard output kept per run; more is cut and the run fails as output_limit."""
-    compile_time_s: float = Field(30.0, gt=0)
+    compile_time_s: float = Field(15.0, gt=0)
     """Wall-clock limit of compiling a C++ solution."""
 
 
@@ -161,6 +161,18 @@ class RewardConfig(_Section):
         for source, name in v.items():
             _check_verifier_name(name, f"data source {source!r}: ")
         return v
+
+    @model_validator(mode="after")
+    def _one_run_fits_the_timeout(self) -> RewardConfig:
+        # the code verifier stops starting tests when the next could outlast timeout_s (so a sample
+        # keeps the tests it passed), but one compile plus one run must fit, or every slow
+        # solution is killed by the pool and loses everything
+        if "code" in (self.type, *self.by_source.values()):
+            sb = self.code.sandbox
+            if sb.compile_time_s + sb.wall_time_s >= self.timeout_s:
+                raise ValueError(f"reward.code.sandbox.compile_time_s + wall_time_s ({sb.compile_time_s} + "
+                                 f"{sb.wall_time_s}) must be below reward.timeout_s ({self.timeout_s})")
+        return self
 
 
 BUILTIN_VERIFIERS = ("math_verify", "code", "answer_tag", "multiple_choice")

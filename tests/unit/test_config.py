@@ -116,7 +116,16 @@ def test_override_indexes_a_list_of_sections():
     (["stages=[{max_tokens: 500}]"], "stages.0.max_tokens"),
     (["algo.entropy_control.measure=sometimes"], "algo.entropy_control.measure"),
     (["algo.kl.estimator=k4"], "algo.kl.estimator"),
+    (["reward.type=code", "reward.timeout_s=20"], "reward.code.sandbox.compile_time_s"),
+    (["reward.by_source={cc: code}", "reward.code.sandbox.wall_time_s=29"], "reward.timeout_s"),
+    (["reward.type=grader"], "reward.type"),
+    (["reward.by_source={gpqa: mcq}"], "gpqa"),
 ])
 def test_inconsistent_algorithm_switches_fail_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config(None, overrides)
+
+
+def test_a_code_run_that_fits_the_reward_timeout_is_accepted():
+    cfg = load_config(None, ["reward.type=code", "reward.timeout_s=26"])  # 15 + 10 < 26
+    assert cfg.reward.code.sandbox.compile_time_s + cfg.reward.code.sandbox.wall_time_s < cfg.reward.timeout_s
