@@ -1,8 +1,10 @@
-"""The reward edge: a verifier maps (response text, prompt metadata) to a reward in [0, 1].
+"""The reward edge: a verifier maps (response text, prompt metadata) to (reward, info).
 
-The orchestrator scores each sample as it arrives through `RewardFn`; the full reward system
-(registry by data_source, worker pool with hard timeouts, code sandbox) plugs in behind the
-same call.
+    sample ─► RewardPool (worker processes, hard timeout) ─► RewardRouter (by data_source) ─► verifier
+
+Real verifiers: math_reward.MathReward, code_reward.CodeReward (in sandbox.run_sandboxed),
+text_rewards.AnswerTagReward / MultipleChoiceReward, or a user function (registry.CustomReward);
+test ones: fault_injection. `info["outcome"]` names what happened, for the metrics.
 """
 
 from __future__ import annotations
@@ -14,11 +16,3 @@ class RewardFn(Protocol):
     def __call__(self, response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         """(reward, info) for one response; must not raise on bad input (reward 0 instead)."""
         ...
-
-
-def make_reward_fn(kind: str) -> RewardFn:
-    if kind == "math_verify":
-        from asyncrl.reward.math_reward import MathReward
-
-        return MathReward()
-    raise ValueError(f"unknown reward type {kind!r} (allowed: math_verify)")

@@ -43,13 +43,12 @@ from typing import Any, TypeVar
 
 from math_verify import LatexExtractionConfig, parse, verify
 
-MAX_ANSWER_CHARS = 1000
+from asyncrl.reward.answers import BOX as _BOX
+from asyncrl.reward.answers import MAX_ANSWER_CHARS, Unanswered, answer_region, gold_answers, last_boxed
+
 INFO_ANSWER_CHARS = 200
 DEFAULT_TIMEOUT_S = 10.0
 
-_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-_SPACES = re.compile(r"\s*")
-_BARE_ANSWER = re.compile(r"[^\s$]+")
 _MATH_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _EXTRACTION = [LatexExtractionConfig()]
 T = TypeVar("T")
@@ -64,87 +63,25 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_not_timeout_disabled)
 
 
-class _Unanswered(Exception):
-    """No usable answer in a response or gold field; carries the outcome to report."""
-
-    def __init__(self, outcome: str):
-        super().__init__(outcome)
-        self.outcome = outcome
-
-
 class _Deadline(BaseException):
     """Raised by the alarm; a BaseException so math-verify's `except Exception` lets it through."""
 
 
-def answer_region(response: str) -> str:
-    """The text after the reasoning: after the last `</think>`, all of it without think tags;
-    raises `_Unanswered` when the reasoning was opened and never closed."""
-    _, sep, tail = response.rpartition("</think>")
-    if sep:
-        return tail
-    if "<think>" in response:
-        raise _Unanswered("no_boxed")  # the reasoning never ended
-    return response
-
-
-def last_boxed(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str:
-    """Content of the last `\\boxed{...}`/`\\fbox{...}` (braces matched) or `\\boxed 5`, stripped;
-    raises `_Unanswered` when there is none (no_boxed), it never closes or is empty (parse_error)
-    or it is longer than max_chars (bad_input). Scans at most max_chars past the box."""
-    match = None
-    for match in _BOX.finditer(text):
-        pass
-    if match is None:
-        raise _Unanswered("no_boxed")
-    i = _SPACES.match(text, match.end()).end()
-    if i == len(text):
-        raise _Unanswered("parse_error")
-    if text[i] != "{":
-        bare = _BARE_ANSWER.match(text, i, i + max_chars + 1)
-        if bare is None:
-            raise _Unanswered("parse_error")
-        content = bare.group().rstrip(".,")
-    else:
-        depth, end, stop = 0, None, min(len(text), i + max_chars + 2)
-        for j in range(i, stop):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    end = j
-                    break
-        if end is None:
-            raise _Unanswered("bad_input" if stop - i > max_chars + 1 else "parse_error")
-        content = text[i + 1 : end]
-    if len(content) > max_chars:
-        raise _Unanswered("bad_input")
-    content = content.strip()
-    if not content:
-        raise _Unanswered("parse_error")
-    return content
-
-
 def normalize_gold(gold: Any) -> list[str]:
     """Gold answers as bare LaTeX: math delimiters unwrapped, a boxed gold replaced by its
-    content; raises `_Unanswered` when there is none (no_ground_truth) or one is unusable."""
-    golds = list(gold) if isinstance(gold, (list, tuple)) else [gold]
+    content; raises `Unanswered` when there is none (no_ground_truth) or one is unusable."""
     out = []
-    for g in golds:
-        if g is None:
-            continue
-        if isinstance(g, bool) or not isinstance(g, (str, int, float)):
-            raise _Unanswered("bad_input")
-        text = _unwrap_math(str(g))
+    for g in gold_answers(gold, bad="bad_input"):
+        text = _unwrap_math(g)
         if _BOX.search(text):
             try:
                 text = _unwrap_math(last_boxed(text, max_chars=len(text)))
-            except _Unanswered:
-                raise _Unanswered("bad_input") from None
+            except Unanswered:
+                raise Unanswered("bad_input") from None
         if text:
             out.append(text)
     if not out:
-        raise _Unanswered("no_ground_truth")
+        raise Unanswered("no_ground_truth")
     return out
 
 
@@ -208,17 +145,17 @@ class MathReward:
         info: dict[str, Any] = {}
         try:
             if not isinstance(metadata, dict):
-                raise _Unanswered("bad_input")
+                raise Unanswered("bad_input")
             golds = normalize_gold(metadata.get("answer"))
             if not isinstance(response, str) or not response.strip():
-                raise _Unanswered("bad_input")
-            answer = last_boxed(answer_region(response))
+                raise Unanswered("bad_input")
+            answer = last_boxed(answer_region(response, unfinished="no_boxed"))
             info["answer"] = answer[:INFO_ANSWER_CHARS]
             if _has_surrogate(answer) or any(_has_surrogate(g) for g in golds):
                 info["answer"] = info["answer"].encode("utf-8", "replace").decode("utf-8")
-                raise _Unanswered("bad_input")
+                raise Unanswered("bad_input")
             reward, outcome = run_with_deadline(lambda: self._grade(answer, golds), self.timeout_s)
-        except _Unanswered as e:
+        except Unanswered as e:
             reward, outcome = 0.0, e.outcome
         except _Deadline:
             reward, outcome = 0.0, "verify_timeout"

@@ -1,0 +1,168 @@
+"""The verifier registry: names from `RewardConfig` to verifiers, and the per-sample router.
+
+    metadata["data_source"] (else ["domain"]) ─► cfg.by_source.get(source, cfg.type) ─► verifier
+
+Names: math_verify, code, answer_tag, multiple_choice, or `import:package.module:function` for a
+user function called as `fn(response, metadata)` that returns (reward, info) or a bare number.
+Everything is imported and built when the router is built (once per reward worker, at start), so a
+misspelt module is a config error then, not a crash mid-run; heavy verifiers are imported only when
+a config names them.
+
+What the router returns, whatever the verifier did:
+
+- info always holds `outcome`, `verifier` (the name, None when none applies) and `data_source`.
+- A verifier that raises gives reward 0, outcome `verifier_error` and `error` (its repr, cut to
+  ERROR_CHARS); the reward pool also guards against hangs and crashes, this is defence in depth.
+- A reward that is not a real number or not finite (NaN, inf, a string, a tensor), or a result
+  that is not a number or a (reward, dict) pair, gives reward 0 and outcome `bad_reward`. Other
+  numbers (a bool counts as 0/1) pass through unclipped: a custom function may shape rewards below
+  0 or above 1 on purpose.
+- A source with no verifier (reward.type None and the source not in by_source) gives reward 0 and
+  outcome `no_verifier`; `check_sources` turns that into an error at start for a known dataset.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from asyncrl.config import BUILTIN_VERIFIERS, RewardConfig
+from asyncrl.reward.base import RewardFn
+from asyncrl.reward.text_rewards import AnswerTagReward, MultipleChoiceReward
+
+IMPORT_PREFIX = "import:"
+ERROR_CHARS = 500
+
+
+class CustomReward:
+    """A user function as a verifier: a bare number r becomes (r, {"outcome": "custom"}) and an
+    info without an outcome gets outcome "custom"; the router validates the rest."""
+
+    def __init__(self, fn: Callable[..., Any], path: str):
+        self.fn = fn
+        self.path = path
+
+    def __call__(self, response: str, metadata: dict[str, Any]) -> tuple[Any, Any]:
+        result = self.fn(response, metadata)
+        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+            info = dict(result[1])  # the function may return the same dict every time
+            info.setdefault("outcome", "custom")
+            return result[0], info
+        if isinstance(result, tuple):
+            return result
+        return result, {"outcome": "custom"}
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """The callable named by `package.module:function` (the attribute may be dotted); raises
+    ValueError naming the path when it cannot be imported or is not callable."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"reward function {path!r}: expected package.module:function")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or any error raised while the module runs
+        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r}: {e!r}") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"reward function {path!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"reward function {path!r}: {attr!r} is not callable")
+    return obj
+
+
+def build_verifier(name: str, cfg: RewardConfig) -> RewardFn:
+    """The verifier called `name` (see the module docstring); raises ValueError for an unknown
+    name or a user function that cannot be loaded."""
+    if name == "math_verify":
+        from asyncrl.reward.math_reward import MathReward
+
+        return MathReward()
+    if name == "code":
+        from asyncrl.reward.code_reward import CodeReward
+
+        return CodeReward(cfg.code, time_budget_s=0.9 * cfg.timeout_s)  # finish before the pool kills
+    if name == "answer_tag":
+        return AnswerTagReward()
+    if name == "multiple_choice":
+        return MultipleChoiceReward()
+    if name.startswith(IMPORT_PREFIX):
+        path = name[len(IMPORT_PREFIX):]
+        return CustomReward(load_function(path), path)
+    raise ValueError(f"unknown verifier {name!r} (allowed: {', '.join(BUILTIN_VERIFIERS)}, "
+                     f"or {IMPORT_PREFIX}package.module:function)")
+
+
+def route(cfg: RewardConfig, data_source: Any) -> str | None:
+    """The verifier name for a data source: its by_source entry, else the default (maybe None)."""
+    if isinstance(data_source, str) and data_source in cfg.by_source:
+        return cfg.by_source[data_source]
+    return cfg.type
+
+
+def check_sources(cfg: RewardConfig, sources: Iterable[str]) -> None:
+    """Raise ValueError listing every data source that no verifier would score (possible only
+    when reward.type is None); called at start with the dataset's sources."""
+    missing = sorted({str(s) for s in sources if route(cfg, s) is None})
+    if missing:
+        raise ValueError(f"no verifier for data source(s) {', '.join(map(repr, missing))}: add them "
+                         "to reward.by_source or set a default reward.type")
+
+
+def _source_of(metadata: Any) -> Any:
+    if not isinstance(metadata, dict):
+        return None
+    source = metadata.get("data_source")
+    return metadata.get("domain") if source is None else source
+
+
+def validate_result(result: Any) -> tuple[float, dict[str, Any]]:
+    """(reward, info) as the protocol promises, or (0, bad_reward) when the result breaks it."""
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+        return 0.0, {"outcome": "bad_reward", "error": f"not a (reward, info dict) pair: {_short(result)}"}
+    reward, info = result
+    if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        error = f"reward is not a finite number: {_short(reward)}"
+        return 0.0, {**info, "outcome": "bad_reward", "error": error}
+    info.setdefault("outcome", "unknown")
+    return float(reward), info
+
+
+def _short(obj: Any) -> str:
+    try:
+        text = repr(obj)
+    except Exception as e:  # a broken __repr__ must not break the report of the error
+        text = f"<unprintable {type(obj).__name__}: {type(e).__name__}>"
+    return text[:ERROR_CHARS]
+
+
+class RewardRouter:
+    """Scores each sample with the verifier its data source is routed to (`RewardFn`); builds
+    each named verifier once, so build it where it will run (in a reward worker)."""
+
+    def __init__(self, cfg: RewardConfig):
+        self.cfg = cfg
+        names = {cfg.type, *cfg.by_source.values()} - {None}
+        self.verifiers: dict[str, RewardFn] = {name: build_verifier(name, cfg) for name in sorted(names)}
+
+    def verifier_for(self, data_source: str) -> str | None:
+        """The verifier name for a data source, None when none applies."""
+        return route(self.cfg, data_source)
+
+    def __call__(self, response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        source = _source_of(metadata)
+        name = route(self.cfg, source)
+        if name is None:
+            reward, info = 0.0, {"outcome": "no_verifier"}
+        else:
+            try:
+                reward, info = validate_result(self.verifiers[name](response, metadata))
+            except Exception as e:  # a verifier bug costs this sample, not the run
+                reward, info = 0.0, {"outcome": "verifier_error", "error": _short(e)}
+        info["verifier"] = name
+        info["data_source"] = source
+        return reward, info
