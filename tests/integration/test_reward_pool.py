@@ -1,0 +1,92 @@
+"""The reward pool with real worker processes: results come back, hangs are cut at the timeout,
+crashes and exceptions cost one sample's reward, workers are replaced, nothing is lost."""
+
+import time
+
+import pytest
+
+from asyncrl.reward.fault_injection import scripted
+from asyncrl.reward.pool import RewardPool
+
+
+def scripted_factory():
+    return scripted
+
+
+def collect(pool, n, limit_s=30.0):
+    out, t0 = [], time.monotonic()
+    while len(out) < n:
+        assert time.monotonic() - t0 < limit_s, f"only {len(out)} of {n} results"
+        out.extend(pool.poll(0.05))
+    return {r.key: r for r in out}
+
+
+@pytest.fixture
+def pool():
+    p = RewardPool(scripted_factory, num_workers=2, timeout_s=1.0)
+    yield p
+    p.close()
+
+
+def test_results_come_back_for_every_submission(pool):
+    for i in range(20):
+        pool.submit(i, "text", {"reward": i / 20})
+    got = collect(pool, 20)
+    assert sorted(got) == list(range(20))
+    assert all(got[i].reward == pytest.approx(i / 20) and got[i].info["outcome"] == "scripted" for i in got)
+    assert pool.stats.completed == pool.stats.submitted == 20 and pool.num_pending == 0
+
+
+def test_a_hang_is_cut_at_the_timeout_and_the_rest_goes_on(pool):
+    pool.submit("hang", "x", {"behave": "hang"})
+    for i in range(6):
+        pool.submit(i, "x", {"reward": 1.0})
+    t0 = time.monotonic()
+    got = collect(pool, 7)
+    assert got["hang"].reward == 0.0 and got["hang"].info["outcome"] == "timeout"
+    assert 1.0 <= got["hang"].latency_s < 4.0 and time.monotonic() - t0 < 6.0
+    assert all(got[i].reward == 1.0 for i in range(6))  # served by the other worker meanwhile
+    assert pool.stats.timeouts == 1 and pool.stats.workers_started == 3
+    pool.submit("after", "x", {"reward": 0.5})  # the replacement works
+    assert collect(pool, 1)["after"].reward == 0.5
+
+
+def test_crashes_and_exceptions_cost_one_sample_each(pool):
+    pool.submit("crash", "x", {"behave": "crash"})
+    pool.submit("raise", "x", {"behave": "raise"})
+    pool.submit("ok", "x", {"reward": 1.0})
+    got = collect(pool, 3)
+    assert got["crash"].reward == 0.0 and got["crash"].info["outcome"] == "worker_crash"
+    assert got["raise"].reward == 0.0 and got["raise"].info["outcome"] == "verifier_error"
+    assert "verifier bug" in got["raise"].info["error"]
+    assert got["ok"].reward == 1.0
+    assert pool.stats.crashes == 1 and pool.stats.outcomes["verifier_error"] == 1
+
+
+def test_close_leaves_no_worker_alive():
+    pool = RewardPool(scripted_factory, num_workers=2, timeout_s=5.0)
+    pool.submit("hang", "x", {"behave": "hang"})
+    pool.poll(0.2)
+    procs = [w.proc for w in pool._workers]
+    pool.close()
+    assert not any(p.is_alive() for p in procs)
+
+
+def test_a_worker_deaf_to_sigterm_is_killed_without_blocking_the_caller():
+    pool = RewardPool(scripted_factory, num_workers=1, timeout_s=0.5, kill_grace_s=1.0)
+    try:
+        pool.submit("stubborn", "x", {"behave": "stubborn"})
+        pool.submit("next", "x", {"reward": 1.0})
+        stuck = pool._workers[0].proc
+        out, slowest_poll, t0 = [], 0.0, time.monotonic()
+        while len(out) < 2 or stuck.is_alive():
+            assert time.monotonic() - t0 < 10, "the stubborn worker was never killed"
+            t = time.monotonic()
+            out += pool.poll(0.05)
+            slowest_poll = max(slowest_poll, time.monotonic() - t)
+        got = {r.key: r for r in out}
+        assert got["stubborn"].info["outcome"] == "timeout" and got["next"].reward == 1.0
+        assert stuck.exitcode == -9  # SIGTERM was ignored, SIGKILL after the grace
+        assert slowest_poll < 0.5  # the pool never waited for it
+    finally:
+        pool.close()
