@@ -53,6 +53,13 @@ class PromptSource:
     def record_key(self, index: int) -> str:
         return f"{self.source_name}/{index}"
 
+    def data_sources(self) -> set[str] | None:
+        """The records' data_source / domain values (None for a streamed source), so a reward
+        registry can reject a source it has no verifier for before the run starts."""
+        if not isinstance(self._records, list):
+            return None
+        return {_data_source(rec) for rec in self._records}
+
     def exclude(self, keys: Iterable[str]) -> int:
         """Never hand out these records again (this epoch included); returns how many were newly
         excluded. Keys of other sources are ignored, so a mixture can pass every key to every source."""
@@ -117,7 +124,7 @@ class PromptSource:
                 continue
             meta = dict(rec.get("metadata") or {})
             meta["answer"] = rec.get("answer", rec.get("ground_truth"))
-            meta["data_source"] = rec.get("data_source", rec.get("domain", "unknown"))
+            meta["data_source"] = _data_source(rec)
             meta["record_key"] = self.record_key(index)
             if "tests" in rec:
                 meta["tests"] = rec["tests"]
@@ -163,6 +170,10 @@ class MixturePromptSource:
         keys = set(keys)
         return sum(s.exclude(keys) for s in self.sources)
 
+    def data_sources(self) -> set[str] | None:
+        found = [s.data_sources() for s in self.sources]
+        return None if any(f is None for f in found) else set().union(*found)
+
     def next(self) -> PromptItem:
         live = [i for i, s in enumerate(self.sources) if s.num_available != 0]
         if not live:
@@ -175,6 +186,10 @@ class MixturePromptSource:
 
     def take(self, n: int) -> list[PromptItem]:
         return [self.next() for _ in range(n)]
+
+
+def _data_source(rec: dict[str, Any]) -> str:
+    return str(rec.get("data_source", rec.get("domain", "unknown")))
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -83,6 +83,10 @@ class StageTracker:
         self._rewards: deque[float] = deque(maxlen=stages[0].until_window)
 
     @property
+    def stages(self) -> list[ResolvedStage]:
+        return list(self._stages)
+
+    @property
     def current(self) -> ResolvedStage:
         return self._stages[self._index]
 

@@ -12,8 +12,10 @@ One thread drives three loops, interleaved, each step of which is cheap and non-
 - rollout loop (actors, in their own processes): generates continuously; each actor runs the
   prompts it was given and streams every sample as it finishes. Waits for: prompts. Unblocked by:
   admission, which grants prompts when the staleness bound allows (orchestrator/admission.py).
-- ingest loop (here): scores each arriving sample, completes groups, computes advantages, drops
-  zero-variance groups, fills the token buffer. Waits for: samples on the zmq stream.
+- ingest loop (here): hands each arriving sample to the reward pool (worker processes, a hard
+  timeout per sample), and as rewards come back completes groups, computes advantages, drops
+  zero-variance groups, fills the token buffer. Waits for: samples on the zmq stream, rewards.
+  A verifier that hangs or crashes costs its sample's reward (0, counted), never the loop.
 - train loop (here + learner): when no step is running and the buffer holds Phi fresh loss
   tokens, streams the batch to the learner and starts the step. Waits for: the buffer (data) and
   the previous step. Unblocked by: ingest. After a step, every `sync.every_steps`, a drain push:
@@ -30,6 +32,7 @@ they were admitted with) and forwards reference-reset requests to the learner: c
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -50,7 +53,8 @@ from asyncrl.orchestrator import components
 from asyncrl.orchestrator.admission import (admission_capacity, assign_prompts, prompts_per_step,
                                             rollout_batch_capacity)
 from asyncrl.orchestrator.step_stats import StepStats
-from asyncrl.reward.base import make_reward_fn
+from asyncrl.reward.pool import RewardPool, RewardResult
+from asyncrl.reward.registry import RewardRouter, check_functions, check_sources
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.transport.codec import decode_sample, encode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
@@ -94,7 +98,12 @@ class Orchestrator:
         self.stage = self.stages.current
         self.pass_rates = PassRateTracker()
         self.prompts = self._stage_source(self.stage)
-        self.reward_fn = make_reward_fn(cfg.reward.type)
+        check_functions(cfg.reward)
+        if cfg.reward.type is None:  # no default verifier: every dataset's sources must be routed
+            for st in self.stages.stages:
+                check_sources(cfg.reward, self._stage_source(st).data_sources() or set())
+        self.rewards = RewardPool(functools.partial(RewardRouter, cfg.reward), cfg.reward.num_workers,
+                                  cfg.reward.timeout_s)
         self.assembler = GroupAssembler(self.stage.group_size, cfg.algo.advantage,
                                         cfg.algo.advantage_eps, cfg.algo.drop_zero_variance_groups,
                                         cfg.algo.truncation_mask)
@@ -136,6 +145,7 @@ class Orchestrator:
                 sample = self.samples.recv(timeout_s=0.01)
                 if sample is not None:
                     self._ingest([sample])
+                self._score(self.rewards.poll())
                 self._warn_if_stalled()
         finally:
             display.close()
@@ -158,14 +168,23 @@ class Orchestrator:
                  f"{self.samples.num_received} samples received, {a.groups_complete} groups complete, "
                  f"{a.groups_zero_variance} dropped for zero reward variance, "
                  f"{self.buffer.num_loss_tokens}/{self.stage.token_budget} loss tokens buffered, "
-                 f"{sum(self._in_flight)} prompts in flight")
+                 f"{sum(self._in_flight)} prompts in flight, {self.rewards.num_pending} samples awaiting "
+                 f"rewards ({self.rewards.stats.timeouts} reward timeouts so far)")
 
     def _ingest(self, samples: list[Sample]) -> None:
+        """Samples as they arrive: off to the reward pool. Their prompt stays in flight until the
+        rewards are back, so admission (the staleness bound) also bounds the samples awaiting
+        rewards: generation cannot outrun a slow verifier without limit."""
         for s in samples:
             if self.probe_ids is None and s.response_ids:
                 self.probe_ids = s.prompt_ids + s.response_ids
-            text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-            correct, info = self.reward_fn(text, s.metadata)
+            self.rewards.submit(s, self.tokenizer.decode(s.response_ids, skip_special_tokens=True), s.metadata)
+
+    def _score(self, results: list[RewardResult]) -> None:
+        """Rewards as they come back: shaping, stats, pass rates, groups, the token buffer."""
+        for r in results:
+            s: Sample = r.key
+            correct, info = r.reward, r.info
             # a group finishing after a stage boundary keeps the settings it was sampled with
             group_size, max_tokens = self._admitted_with.get(s.group_id, (None, self.stage.max_tokens))
             # the verifier's reward is what is reported; the shaped one is what is trained on
@@ -173,7 +192,7 @@ class Orchestrator:
                 correct, len(s.response_ids), s.finish_reason == "stop",
                 no_eos_penalty_value=self.cfg.algo.no_eos_penalty, max_length=max_tokens,
                 overlong_buffer=self.cfg.algo.overlong_buffer, overlong_factor=self.cfg.algo.overlong_penalty_factor)
-            self.stats.add_sample(s, correct, info)
+            self.stats.add_sample(s, correct, info, r.latency_s)
             if "record_key" in s.metadata:
                 self.pass_rates.add(s.metadata["record_key"], correct >= 1.0)
             group = self.assembler.add(ScoredSample(s, reward, info), group_size)
@@ -247,6 +266,7 @@ class Orchestrator:
         row = {"step": self.step, **learner_metrics, **sync, "timing/train_s": train_s,
                "timing/wait_for_data_s": self._wait_for_data_s, "kl/reset": float(reset_reason is not None),
                **self.stats.flush(self.buffer, self.assembler, self.samples), **self.stages.metrics(),
+               **self.rewards.metrics(),
                "data/prompts_filtered": len(self._excluded)}
         self.history.append(row)
         self.metrics.log(self.step, row)
@@ -362,5 +382,7 @@ class Orchestrator:
                 ray.get(a.shutdown.remote(), timeout=30)
             except Exception as e:  # shutting down anyway; say what failed
                 log.warning("actor shutdown failed: %r", e)
+        if hasattr(self, "rewards"):
+            self.rewards.close()
         if hasattr(self, "metrics"):
             self.metrics.close()

@@ -29,9 +29,17 @@ class StepStats:
         self.outcomes = Counter()
         self.lags: list[int] = []
         self.shaping: dict[str, float] = {}
+        self.by_source: dict[str, list[float]] = {}
+        self.latencies: list[float] = []
+        self.sandbox = Counter()
 
-    def add_sample(self, s: Sample, reward: float, info: dict[str, Any]) -> None:
+    def add_sample(self, s: Sample, reward: float, info: dict[str, Any], latency_s: float = 0.0) -> None:
         self.rewards.append(reward)
+        self.by_source.setdefault(str(s.metadata.get("data_source", "unknown")), []).append(reward)
+        self.latencies.append(latency_s)
+        for key, k in info.items():  # the code verifier's per-test sandbox outcomes: tests_<status>
+            if key.startswith("tests_") and key not in ("tests_total", "tests_run") and isinstance(k, int):
+                self.sandbox[key.removeprefix("tests_")] += k
         self.lengths.append(len(s.response_ids))
         self.finish[s.finish_reason] += 1
         self.outcomes[info.get("outcome", "unknown")] += 1
@@ -70,6 +78,13 @@ class StepStats:
             out[key] = total / n if n else None
         for outcome, k in self.outcomes.items():
             out[f"reward/outcome_{outcome}"] = k / n
+        for source, values in self.by_source.items():
+            out[f"reward/by_source/{source}"] = sum(values) / len(values)
+        if self.latencies:
+            out["reward/latency_mean_s"] = sum(self.latencies) / len(self.latencies)
+            out["reward/latency_max_s"] = max(self.latencies)
+        for status, k in self.sandbox.items():
+            out[f"reward/sandbox_tests_{status}"] = k
         self._t_last = now
         self._reset()
         return out

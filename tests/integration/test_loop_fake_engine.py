@@ -45,13 +45,9 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(tmp_path, small_mod
 
 
 class RecordingOrchestrator(Orchestrator):
-    """Scores with a stand-in verifier (prompts with an even record index are always solved) and
-    records every sample it ingests; everything else is the real loop."""
+    """The real loop, recording every sample it ingests."""
 
-    def start(self):
-        super().start()
-        self.seen = []
-        self.reward_fn = lambda text, meta: (float(int(meta["record_key"].rsplit("/", 1)[1]) % 2 == 0), {})
+    seen: list = []
 
     def _ingest(self, samples):
         self.seen.extend((s.prompt_id, s.metadata["record_key"], s.temperature, s.sample_index,
@@ -65,10 +61,13 @@ def test_stages_switch_sampling_budget_and_filter_solved_prompts(tmp_path, small
     cfg = load_config(None, [
         f"model.path={small_model}", "rollout.engine=fake", "total_steps=6", f"stages={stages}",
         "buffer.max_staleness=0", "algo.drop_zero_variance_groups=false", "observe.console=off",
+        # a stand-in verifier: prompts with an even record index are always solved
+        "reward.type=import:asyncrl.reward.fault_injection:solves_even_records",
         "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "save_final=false",
     ])
     ray.init(num_cpus=4, include_dashboard=False)
     orch = RecordingOrchestrator(cfg)
+    orch.seen = []
     try:
         orch.run()
     finally:

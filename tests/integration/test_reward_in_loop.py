@@ -1,0 +1,64 @@
+"""The reward pool is what the loop uses: with a verifier that hangs on one sample in 32, the real
+loop (Ray, a vLLM-CPU actor, the learner) keeps its step rate, and those samples get reward 0 and
+are counted as timeouts. The same run with the plain math verifier is the baseline.
+
+The settings are the rule of README's reward section at test scale: the pool has more workers than
+hangs in flight (samples/s x hang fraction x timeout ~ 1 here, 4 workers), and the staleness bound
+leaves the buffer room to fill Phi from other groups while a hung group waits out its timeout,
+which here (0.5 s) is about half a step."""
+
+import pytest
+import ray
+
+from asyncrl.config import load_config
+from asyncrl.orchestrator.orchestrator import Orchestrator
+
+STEPS = 8
+
+
+def run(tmp_path, model, name, reward_type):
+    cfg = load_config(None, [
+        f"model.path={model}", "buffer.token_budget=1024", "buffer.max_staleness=2", f"total_steps={STEPS}",
+        f"reward.type={reward_type}",
+        "reward.timeout_s=0.5", "reward.num_workers=4", "observe.console=off", "observe.tensorboard=false",
+        f"observe.output_dir={tmp_path}", f"name={name}", "save_final=false",
+    ])
+    orch = Orchestrator(cfg)
+    try:
+        orch.run()
+        return orch.history, orch.rewards.stats
+    finally:
+        orch.shutdown()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model_path):
+    out = tmp_path_factory.mktemp("runs")
+    ray.init(num_cpus=4, include_dashboard=False)
+    try:
+        yield (run(out, tiny_model_path, "plain", "math_verify"),
+               run(out, tiny_model_path, "hang", "import:asyncrl.reward.fault_injection:hang_on_some"))
+    finally:
+        ray.shutdown()
+
+
+def steady_step_s(history):
+    """Mean wall time of a step after the first (which includes warm-up)."""
+    walls = [h["timing/step_wall_s"] for h in history[1:]]
+    return sum(walls) / len(walls)
+
+
+def test_hanging_verifier_costs_rewards_not_steps(runs):
+    (plain, plain_stats), (hang, hang_stats) = runs
+    assert len(hang) == STEPS
+    assert plain_stats.timeouts == 0 and hang_stats.timeouts > 0
+    # every hung sample came back as a timeout with reward 0, and nothing was lost
+    assert hang_stats.outcomes["timeout"] == hang_stats.timeouts
+    assert hang[-1]["reward/pool_timeouts"] >= 1
+    # the rows count them among the step's samples (some may come back after the last step)
+    counted = round(sum(h.get("reward/outcome_timeout", 0) * h["reward/num_samples"] for h in hang))
+    assert 1 <= counted <= hang_stats.timeouts
+    ratio = steady_step_s(plain) / steady_step_s(hang)
+    print(f"steady step {steady_step_s(plain):.2f} s plain, {steady_step_s(hang):.2f} s with hangs "
+          f"({hang_stats.timeouts} timeouts): step rate ratio {ratio:.2f}")
+    assert ratio > 0.7, (steady_step_s(plain), steady_step_s(hang))
