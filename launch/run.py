@@ -35,8 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.config import ConfigError, load_config
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from asyncrl.reward.registry import check_functions
+
     try:
         cfg = load_config(args.config, args.overrides)
+        check_functions(cfg.reward)  # before Ray starts: a misspelt reward function fails in a second
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -46,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
 
     hide_broken_torch_extras()  # before Ray starts: its workers inherit the environment
     connect_ray(cfg.ray.address, cfg.ray.num_cpus)
-    orch = Orchestrator(cfg)
+    try:
+        orch = Orchestrator(cfg)
+    except ConfigError as e:  # checks that need the data or imports: sources, reward functions
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         orch.run()
     finally:

@@ -66,7 +66,11 @@ def _worker_main(conn: Connection, factory: Callable[[], RewardFn]) -> None:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    verifier = factory()
+    try:
+        verifier = factory()
+    except Exception as e:  # a replacement would fail the same way: the pool stops the run
+        conn.send(("failed", repr(e)[:1000]))
+        return
     conn.send(("ready",))
     while True:
         msg = conn.recv()
@@ -104,12 +108,21 @@ class RewardPool:
         self._ids = itertools.count()
         self._queue: deque[tuple[int, Any, str, dict[str, Any]]] = deque()
         self._dying: list[tuple[Any, float]] = []  # (process, when to SIGKILL it)
+        self._early: list[RewardResult] = []  # collected by wait_ready, returned by the next poll
         self._workers = [self._start_worker() for _ in range(num_workers)]
 
     @property
     def num_pending(self) -> int:
         """Calls submitted and not yet returned by poll (queued or running)."""
         return len(self._queue) + sum(w.task is not None for w in self._workers)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every worker has built its verifier (for benchmarks: start-up is not what
+        they measure); True if all have. Results that arrive meanwhile are kept for `poll`."""
+        deadline = time.monotonic() + timeout_s
+        while not all(w.ready for w in self._workers) and time.monotonic() < deadline:
+            self._early.extend(self.poll(0.05))
+        return all(w.ready for w in self._workers)
 
     def submit(self, key: Any, response: str, metadata: dict[str, Any]) -> None:
         self.stats.submitted += 1
@@ -118,7 +131,7 @@ class RewardPool:
 
     def poll(self, timeout_s: float = 0.0) -> list[RewardResult]:
         """Results that are ready (waiting up to timeout_s for the first), timeouts and crashes."""
-        out: list[RewardResult] = []
+        out, self._early = self._early, []
         conns = [w.conn for w in self._workers if w.task is not None or not w.ready]
         if conns:
             wait(conns, timeout=timeout_s)
@@ -135,6 +148,8 @@ class RewardPool:
                 if msg[0] == "ready":
                     w.ready = True
                     continue
+                if msg[0] == "failed":
+                    raise RuntimeError(f"a reward worker could not build its verifier: {msg[1]}")
                 task_id, reward, info, latency = msg
                 _, key, _ = w.task
                 w.task = None

@@ -18,7 +18,8 @@ What the router returns, whatever the verifier did:
   numbers (a bool counts as 0/1) pass through unclipped: a custom function may shape rewards below
   0 or above 1 on purpose.
 - A source with no verifier (reward.type None and the source not in by_source) gives reward 0 and
-  outcome `no_verifier`; `check_sources` turns that into an error at start for a known dataset.
+  outcome `no_verifier`; `check_sources` turns that into an error at start for a known dataset,
+  and `check_functions` imports the user functions there.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from asyncrl.config import BUILTIN_VERIFIERS, RewardConfig
+from asyncrl.config import BUILTIN_VERIFIERS, ConfigError, RewardConfig
 from asyncrl.reward.base import RewardFn
 from asyncrl.reward.text_rewards import AnswerTagReward, MultipleChoiceReward
 
@@ -105,12 +106,25 @@ def route(cfg: RewardConfig, data_source: Any) -> str | None:
 
 
 def check_sources(cfg: RewardConfig, sources: Iterable[str]) -> None:
-    """Raise ValueError listing every data source that no verifier would score (possible only
+    """Raise ConfigError listing every data source that no verifier would score (possible only
     when reward.type is None); called at start with the dataset's sources."""
     missing = sorted({str(s) for s in sources if route(cfg, s) is None})
     if missing:
-        raise ValueError(f"no verifier for data source(s) {', '.join(map(repr, missing))}: add them "
-                         "to reward.by_source or set a default reward.type")
+        raise ConfigError(f"no verifier for data source(s) {', '.join(map(repr, missing))}: add them "
+                          "to reward.by_source or set a default reward.type")
+
+
+def check_functions(cfg: RewardConfig) -> None:
+    """Import every user reward function the config names, raising ConfigError naming the field
+    for one that cannot be loaded; at start, in the driver, so it is not a worker's crash later.
+    (The built-in verifiers are imported where they run, in the reward workers.)"""
+    fields = [("reward.type", cfg.type)] + [(f"reward.by_source.{k}", v) for k, v in cfg.by_source.items()]
+    for where, name in fields:
+        if name is not None and name.startswith(IMPORT_PREFIX):
+            try:
+                load_function(name[len(IMPORT_PREFIX):])
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e}") from e
 
 
 def _source_of(metadata: Any) -> Any:

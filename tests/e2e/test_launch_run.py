@@ -4,7 +4,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,8 +36,15 @@ def test_launch_run_trains_saves_and_the_policy_generates_in_vllm(tmp_path, tiny
     assert 0.0 <= result["accuracy"] <= 1.0
 
 
-def test_bad_config_fails_fast_naming_the_field():
-    proc = subprocess.run([sys.executable, "launch/run.py", "buffer.token_budget=-5"], cwd=ROOT,
+@pytest.mark.parametrize("override, named", [
+    ("buffer.token_budget=-5", "buffer.token_budget"),
+    ("reward.type=import:asyncrl.no_such_module:score", "reward.type: reward function"),
+    ("reward.by_source={gsm8k: answer_tagg}", "unknown verifier 'answer_tagg'"),
+])
+def test_bad_config_fails_fast_naming_the_field(override, named):
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "launch/run.py", override], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "buffer.token_budget" in proc.stderr
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert named in proc.stderr
+    assert time.monotonic() - start < 60  # before Ray or any engine starts

@@ -29,6 +29,7 @@ def pool():
 
 
 def test_results_come_back_for_every_submission(pool):
+    assert pool.wait_ready(30) and pool.stats.workers_started == 2
     for i in range(20):
         pool.submit(i, "text", {"reward": i / 20})
     got = collect(pool, 20)
@@ -88,5 +89,20 @@ def test_a_worker_deaf_to_sigterm_is_killed_without_blocking_the_caller():
         assert got["stubborn"].info["outcome"] == "timeout" and got["next"].reward == 1.0
         assert stuck.exitcode == -9  # SIGTERM was ignored, SIGKILL after the grace
         assert slowest_poll < 0.5  # the pool never waited for it
+    finally:
+        pool.close()
+
+
+def failing_factory():
+    raise ImportError("no module named 'grader'")
+
+
+def test_a_verifier_that_cannot_be_built_stops_the_pool_with_its_error():
+    pool = RewardPool(failing_factory, num_workers=1, timeout_s=1.0)
+    try:
+        pool.submit("x", "x", {})
+        with pytest.raises(RuntimeError, match="could not build its verifier: ImportError"):
+            collect(pool, 1, limit_s=10)
+        assert pool.stats.workers_started == 1  # no restart loop
     finally:
         pool.close()

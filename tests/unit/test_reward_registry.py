@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from asyncrl.config import RewardConfig
+from asyncrl.config import ConfigError, RewardConfig
 from asyncrl.reward.math_reward import MathReward
-from asyncrl.reward.registry import RewardRouter, build_verifier, check_sources
+from asyncrl.reward.registry import RewardRouter, build_verifier, check_functions, check_sources
 from asyncrl.reward.text_rewards import AnswerTagReward, MultipleChoiceReward
 
 USER_MODULE = "asyncrl_test_user_rewards"
@@ -187,6 +187,15 @@ def test_check_sources_names_every_unrouted_source():
 
 def test_check_sources_passes_with_a_default():
     check_sources(RewardConfig(type="answer_tag"), ["anything", "else"])
+
+
+def test_check_functions_imports_user_functions_and_names_the_field():
+    check_functions(RewardConfig(type="import:asyncrl.reward.fault_injection:scripted"))
+    check_functions(RewardConfig(by_source={"x": "math_verify"}))  # built-ins are not imported here
+    with pytest.raises(ConfigError, match=r"reward\.by_source\.zebra: .*cannot import module 'nope_mod'"):
+        check_functions(RewardConfig(by_source={"zebra": "import:nope_mod:fn"}))
+    with pytest.raises(ConfigError, match=r"reward\.type: .*has no attribute 'missing'"):
+        check_functions(RewardConfig(type="import:asyncrl.reward.fault_injection:missing"))
 
 
 # ------------------------------------------------------------------ user functions
