@@ -114,7 +114,7 @@ class RewardPool:
     @property
     def num_pending(self) -> int:
         """Calls submitted and not yet returned by poll (queued or running)."""
-        return len(self._queue) + sum(w.task is not None for w in self._workers)
+        return len(self._queue) + len(self._early) + sum(w.task is not None for w in self._workers)
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Wait until every worker has built its verifier (for benchmarks: start-up is not what
