@@ -1,13 +1,14 @@
 """RewardPool: rewards computed in worker processes while generation goes on, each call with a
 hard timeout, so a verifier that hangs or crashes can never stall the run.
 
-    submit(key, response, metadata) ─► queue ─► idle worker (one call at a time) ─► poll() results
+    submit(key, response, metadata) ─► queue ─► [dispatcher thread] ─► idle worker ─► poll() results
 
 Each worker builds its verifier once (`factory`, e.g. the RewardRouter of the run's config) and
-then answers one call at a time over a pipe. The parent never blocks on a worker: `poll` collects
-finished results, and for a call past `timeout_s` it kills the worker and yields reward 0 with
-outcome `timeout`; a worker that died mid-call yields outcome `worker_crash`. Either way a fresh
-worker replaces it and the pool's counters say how often it happened.
+then answers one call at a time over a pipe. A dispatcher thread in the parent hands each call
+to an idle worker and collects its answer; the caller never blocks on a worker: `poll` returns
+the finished results, and for a call past `timeout_s` the dispatcher kills the worker and yields
+reward 0 with outcome `timeout`; a worker that died mid-call yields outcome `worker_crash`.
+Either way a fresh worker replaces it and the pool's counters say how often it happened.
 
 Workers come from a forkserver that has already imported the verifiers and warmed their caches
 (reward/preload.py), so a replacement starts in milliseconds, warm, instead of re-importing sympy;
@@ -26,7 +27,9 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import signal
+import socket
 import sys
+import threading
 import time
 import types
 from collections import Counter, deque
@@ -108,38 +111,88 @@ class RewardPool:
         self._ids = itertools.count()
         self._queue: deque[tuple[int, Any, str, dict[str, Any]]] = deque()
         self._dying: list[tuple[Any, float]] = []  # (process, when to SIGKILL it)
-        self._early: list[RewardResult] = []  # collected by wait_ready, returned by the next poll
+        # Everything above and below is shared with the dispatcher thread, under this lock.
+        self._lock = threading.Condition()
+        self._results: list[RewardResult] = []  # finished, until the next poll
+        self._error: BaseException | None = None  # what stopped the dispatcher, raised by poll
+        self._closing = False
+        self._wake_r, self._wake_w = socket.socketpair()  # submit and close interrupt its wait
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._workers = [self._start_worker() for _ in range(num_workers)]
+        self._thread = threading.Thread(target=self._dispatcher, name="reward-pool", daemon=True)
+        self._thread.start()
 
     @property
     def num_pending(self) -> int:
-        """Calls submitted and not yet returned by poll (queued or running)."""
-        return len(self._queue) + len(self._early) + sum(w.task is not None for w in self._workers)
+        """Calls submitted and not yet returned by poll (queued, running or finished)."""
+        with self._lock:
+            return len(self._queue) + len(self._results) + sum(w.task is not None for w in self._workers)
+
+    @property
+    def num_queued(self) -> int:
+        """Calls waiting for a free worker: when nonzero, the verifiers are a bottleneck."""
+        return len(self._queue)
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Wait until every worker has built its verifier (for benchmarks: start-up is not what
-        they measure); True if all have. Results that arrive meanwhile are kept for `poll`."""
-        deadline = time.monotonic() + timeout_s
-        while not all(w.ready for w in self._workers) and time.monotonic() < deadline:
-            self._early.extend(self.poll(0.05))
-        return all(w.ready for w in self._workers)
+        they measure); True if all have."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._error is not None or all(w.ready for w in self._workers), timeout_s)
+            return all(w.ready for w in self._workers)
 
     def submit(self, key: Any, response: str, metadata: dict[str, Any]) -> None:
-        self.stats.submitted += 1
-        self._queue.append((next(self._ids), key, response, metadata))
-        self._dispatch()
+        with self._lock:
+            self.stats.submitted += 1
+            self._queue.append((next(self._ids), key, response, metadata))
+        self._wake()
 
     def poll(self, timeout_s: float = 0.0) -> list[RewardResult]:
-        """Results that are ready (waiting up to timeout_s for the first), timeouts and crashes."""
-        out, self._early = self._early, []
-        conns = [w.conn for w in self._workers if w.task is not None or not w.ready]
-        if conns:
-            wait(conns, timeout=timeout_s)
-        for i, w in enumerate(self._workers):
-            out.extend(self._collect(i, w))
-        self._dispatch()
-        self._reap()
+        """Results that are ready, timeouts and crashes included (waiting up to timeout_s for the
+        first). Raises what stopped the pool, e.g. a worker that cannot build its verifier."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._results or self._error is not None, timeout_s)
+            if self._error is not None:
+                raise RuntimeError(f"the reward pool stopped: {self._error}") from self._error
+            out, self._results = self._results, []
         return out
+
+    # -- the dispatcher thread ------------------------------------------------------------------
+    # A worker gets its next call the moment it answers, not when the training loop next polls
+    # (every ~10 ms, longer under load): with short verifier calls that left workers idle most
+    # of the time. It waits on the workers' pipes, the wake-up socket and the nearest deadline.
+
+    def _dispatcher(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closing:
+                        return
+                    self._dispatch()
+                    conns = [w.conn for w in self._workers if w.task is not None or not w.ready]
+                    timeout = self._next_deadline() - time.monotonic()
+                wait([*conns, self._wake_r], timeout=min(max(timeout, 0.0), 0.1))
+                with contextlib.suppress(BlockingIOError):
+                    self._wake_r.recv(4096)
+                with self._lock:
+                    for i, w in enumerate(self._workers):
+                        self._results.extend(self._collect(i, w))
+                    self._dispatch()
+                    self._reap()
+                    self._lock.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller by poll
+            with self._lock:
+                self._error = e
+                self._lock.notify_all()
+
+    def _next_deadline(self) -> float:
+        times = [w.task[2] + self.timeout_s for w in self._workers if w.task is not None]
+        times += [kill_at for _, kill_at in self._dying]
+        return min(times, default=time.monotonic() + 0.1)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"x")
 
     def _collect(self, i: int, w: _Worker) -> list[RewardResult]:
         try:
@@ -191,7 +244,7 @@ class RewardPool:
                 try:
                     w.conn.send((task_id, response, metadata))
                 except (BrokenPipeError, OSError):
-                    pass  # the worker is gone; the next poll reports it as a crash
+                    pass  # the worker is gone; the next collect reports it as a crash
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
@@ -225,6 +278,10 @@ class RewardPool:
                 "reward/pool_pending": self.num_pending, "reward/pool_workers_started": s.workers_started}
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True
+        self._wake()
+        self._thread.join(5.0)
         for w in self._workers:
             try:
                 w.conn.send(None)
@@ -238,6 +295,8 @@ class RewardPool:
         while self._dying and time.monotonic() < deadline:
             self._reap()
             time.sleep(0.01)
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 @contextlib.contextmanager

@@ -14,6 +14,9 @@ WARM_UP = [  # (response, gold): fraction vs decimal, polynomial, set, interval,
     (r"\boxed{\frac{1}{2}}", "0.5"), (r"\boxed{x^2+1}", "1+x^2"), (r"\boxed{\{1,2\}}", r"\{2,1\}"),
     (r"\boxed{(0,1]}", "(0, 1]"), (r"\boxed{(1,2)}", "(1, 2)"), (r"\boxed{\sqrt{2}\pi}", r"\pi\sqrt{2}"),
     (r"\boxed{3 \text{ cm}}", "3"), (r"\boxed{2.5\%}", "0.025"),
+    # letters in a number, what a policy early in training writes: symbols times numbers against
+    # a number cost ~0.2 s cold, enough to time out a worker on a busy machine
+    (r"\boxed{a7}", "15"), (r"\boxed{2c/4}", "3"), (r"\boxed{2P5}", "7"), (r"\boxed{e{z}}", "2"),
 ]
 
 
