@@ -22,14 +22,24 @@ def prompts_per_step(token_budget: int, tokens_per_kept_group: float | None, gro
 
 
 def admission_capacity(max_staleness: int, learner_version: int, prompts_per_step: float,
-                       admitted: int, rejected: int, running: int, starving: bool) -> int:
+                       admitted: int, rejected: int, generating: int, starving: bool,
+                       held_by_verifiers: int = 0) -> int:
     """How many more prompts may be admitted now.
 
-    `starving` (the buffer cannot fill a step) with nothing running would deadlock a too-low
-    estimate, so then one step's worth is admitted regardless.
+    `held_by_verifiers`: generated groups whose rewards are still being computed, up to the
+    number of reward workers (the most that hung verifiers can hold at once), or 0 when samples
+    are queued for a worker (then the verifiers are the bottleneck and more generation would only
+    pile up). They do not count against the bound: a group waiting out a hung verifier's timeout
+    would otherwise keep the actors short of a step's worth for as long. At most that many
+    groups are admitted beyond the bound; the buffer still drops whatever ends up too stale.
+
+    `starving`: the buffer cannot fill a step, and not because samples are queued for the
+    verifiers. With nothing generating, a too-low estimate of B would deadlock, so then one
+    step's worth is admitted regardless.
     """
-    cap = math.floor((max_staleness + learner_version + 1) * prompts_per_step) - (admitted - rejected)
-    if starving and running == 0:
+    cap = (math.floor((max_staleness + learner_version + 1) * prompts_per_step)
+           - (admitted - rejected - held_by_verifiers))
+    if starving and generating == 0:
         cap = max(cap, math.ceil(prompts_per_step))
     return max(cap, 0)
 

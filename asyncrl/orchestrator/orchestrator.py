@@ -74,8 +74,9 @@ class Orchestrator:
         self._train_ref = None
         self._step_started = 0.0
         self._admitted = 0
-        self._pending: dict[str, list[int]] = {}  # group_id -> [actor, samples still to come]
-        self._in_flight = [0] * cfg.rollout.num_actors
+        # group_id -> [actor, samples still to generate, samples still to score]
+        self._pending: dict[str, list[int]] = {}
+        self._in_flight = [0] * cfg.rollout.num_actors  # groups each actor is still generating
         self._kept_group_tokens = 0
         self._kept_groups = 0
         self._pushes = 0
@@ -168,16 +169,21 @@ class Orchestrator:
                  f"{self.samples.num_received} samples received, {a.groups_complete} groups complete, "
                  f"{a.groups_zero_variance} dropped for zero reward variance, "
                  f"{self.buffer.num_loss_tokens}/{self.stage.token_budget} loss tokens buffered, "
-                 f"{sum(self._in_flight)} prompts in flight, {self.rewards.num_pending} samples awaiting "
+                 f"{sum(self._in_flight)} prompts generating, {self.rewards.num_pending} samples awaiting "
                  f"rewards ({self.rewards.stats.timeouts} reward timeouts so far)")
 
     def _ingest(self, samples: list[Sample]) -> None:
-        """Samples as they arrive: off to the reward pool. Their prompt stays in flight until the
-        rewards are back, so admission (the staleness bound) also bounds the samples awaiting
-        rewards: generation cannot outrun a slow verifier without limit."""
+        """Samples as they arrive: off to the reward pool. A group frees its actor's slot when
+        its last sample arrives; until it is scored it counts against the staleness bound unless
+        the verifiers hold it (admission.py), so generation cannot outrun slow verifiers."""
         for s in samples:
             if self.probe_ids is None and s.response_ids:
                 self.probe_ids = s.prompt_ids + s.response_ids
+            pending = self._pending.get(s.group_id)
+            if pending is not None:
+                pending[1] -= 1
+                if pending[1] == 0:
+                    self._in_flight[pending[0]] -= 1
             self.rewards.submit(s, self.tokenizer.decode(s.response_ids, skip_special_tokens=True), s.metadata)
 
     def _score(self, results: list[RewardResult]) -> None:
@@ -198,9 +204,8 @@ class Orchestrator:
             group = self.assembler.add(ScoredSample(s, reward, info), group_size)
             pending = self._pending.get(s.group_id)
             if pending is not None:
-                pending[1] -= 1
-                if pending[1] == 0:
-                    self._in_flight[pending[0]] -= 1
+                pending[2] -= 1
+                if pending[2] == 0:
                     del self._pending[s.group_id]
                     self._admitted_with.pop(s.group_id, None)
             if group is not None:
@@ -214,17 +219,20 @@ class Orchestrator:
                                     self._kept_group_tokens / self._kept_groups if self._kept_groups else None,
                                     stage.group_size, stage.max_tokens)
         if cfg.buffer.rollout_batch_prompts is None:
+            verifiers_behind = self.rewards.num_queued > 0  # then more generation would only queue up
             capacity = admission_capacity(
                 cfg.buffer.max_staleness, self.version, per_step, self._admitted,
                 self.assembler.stats.groups_zero_variance, sum(self._in_flight),
-                starving=self.buffer.num_loss_tokens < stage.token_budget)
+                starving=self.buffer.num_loss_tokens < stage.token_budget and not verifiers_behind,
+                held_by_verifiers=0 if verifiers_behind else min(
+                    len(self._pending) - sum(self._in_flight), cfg.reward.num_workers))
         else:
             d_r = cfg.buffer.rollout_batch_prompts
             steps_per_batch = (d_r / cfg.buffer.minibatch_prompts if cfg.buffer.minibatch_prompts
                                else d_r / per_step) * cfg.buffer.num_reuse
             capacity = rollout_batch_capacity(
                 cfg.buffer.max_staleness, self.buffer.steps_left + (self._train_ref is not None),
-                steps_per_batch, d_r, sum(self._in_flight) + self.buffer.num_collecting_groups)
+                steps_per_batch, d_r, len(self._pending) + self.buffer.num_collecting_groups)
         if capacity == 0:
             return
         shares = assign_prompts(capacity, self._in_flight, cfg.rollout.max_in_flight_prompts)
@@ -233,7 +241,7 @@ class Orchestrator:
                 continue
             items = self.prompts.take(k)
             for p in items:
-                self._pending[p.prompt_id] = [actor_id, stage.group_size]
+                self._pending[p.prompt_id] = [actor_id, stage.group_size, stage.group_size]
                 self._admitted_with[p.prompt_id] = (stage.group_size, stage.max_tokens)
             self._in_flight[actor_id] += k
             self._admitted += k

@@ -5,16 +5,16 @@ from asyncrl.types import SequenceChunk
 
 def test_capacity_follows_the_staleness_formula():
     # (eta + v + 1) * B - (admitted - rejected) = (1 + 3 + 1) * 4 - (15 - 2) = 7
-    assert admission_capacity(1, 3, 4.0, admitted=15, rejected=2, running=5, starving=False) == 7
+    assert admission_capacity(1, 3, 4.0, admitted=15, rejected=2, generating=5, starving=False) == 7
     # synchronous mode: only the current version's prompts
-    assert admission_capacity(0, 0, 4.0, admitted=4, rejected=0, running=4, starving=True) == 0
-    assert admission_capacity(0, 1, 4.0, admitted=4, rejected=0, running=0, starving=True) == 4
+    assert admission_capacity(0, 0, 4.0, admitted=4, rejected=0, generating=4, starving=True) == 0
+    assert admission_capacity(0, 1, 4.0, admitted=4, rejected=0, generating=0, starving=True) == 4
     # never negative
-    assert admission_capacity(1, 0, 2.0, admitted=50, rejected=0, running=3, starving=False) == 0
+    assert admission_capacity(1, 0, 2.0, admitted=50, rejected=0, generating=3, starving=False) == 0
 
 
-def test_starving_with_nothing_running_admits_a_step_anyway():
-    assert admission_capacity(1, 0, 2.5, admitted=50, rejected=0, running=0, starving=True) == 3
+def test_starving_with_nothing_generating_admits_a_step_anyway():
+    assert admission_capacity(1, 0, 2.5, admitted=50, rejected=0, generating=0, starving=True) == 3
 
 
 def test_prompts_per_step_uses_observed_group_size():
@@ -70,3 +70,13 @@ def test_rollout_batch_capacity_looks_ahead_by_the_staleness_bound():
     # next seal now, and the one after 4 steps later is also within the bound -> two batches
     assert rollout_batch_capacity(4, 0, 4, 16, waiting=0) == 32
     assert rollout_batch_capacity(4, 5, 4, 16, waiting=0) == 0
+
+
+def test_groups_held_by_verifiers_do_not_count_against_the_bound():
+    # bound: (1 + 3 + 1) * 4 = 20; 20 admitted, none rejected: full, unless 3 of them sit in verifiers
+    assert admission_capacity(1, 3, 4.0, admitted=20, rejected=0, generating=2, starving=False) == 0
+    assert admission_capacity(1, 3, 4.0, admitted=20, rejected=0, generating=2, starving=False,
+                              held_by_verifiers=3) == 3
+    # with rejections too: 20 - (23 - 2 - 3) = 2
+    assert admission_capacity(1, 3, 4.0, admitted=23, rejected=2, generating=0, starving=False,
+                              held_by_verifiers=3) == 2
