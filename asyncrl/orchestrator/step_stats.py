@@ -19,6 +19,7 @@ class StepStats:
     def __init__(self) -> None:
         self._t_last = time.monotonic()
         self._reset()
+        self._seen: set[str] = set()  # every key a row has had: later rows carry them too
         self.total_samples = 0
         self.total_gen_tokens = 0
 
@@ -85,6 +86,12 @@ class StepStats:
             out["reward/latency_max_s"] = max(self.latencies)
         for status, k in self.sandbox.items():
             out[f"reward/sandbox_tests_{status}"] = k
+        # One schema for every row, so a column never vanishes from metrics.jsonl or a plot: a
+        # key seen before is a count of 0, an outcome fraction of 0, or None (no samples: no mean).
+        for key in self._seen - out.keys():
+            counted = key.startswith("reward/sandbox_tests_") or (n and key.startswith("reward/outcome_"))
+            out[key] = 0 if counted else None
+        self._seen |= out.keys()
         self._t_last = now
         self._reset()
         return out

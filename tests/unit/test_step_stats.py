@@ -44,6 +44,13 @@ def test_reward_metrics_per_source_latency_and_sandbox_outcomes():
     sandbox = {k: v for k, v in row.items() if k.startswith("reward/sandbox_tests_")}
     assert sandbox == {"reward/sandbox_tests_passed": 2, "reward/sandbox_tests_failed": 1,
                        "reward/sandbox_tests_timeout": 1, "reward/sandbox_tests_memory": 1}
-    after = stats.flush(BUFFER, ASSEMBLER, RECEIVER)  # counted once, then reset
-    assert after["reward/num_samples"] == 0 and not any(k.startswith("reward/sandbox") for k in after)
-    assert "reward/latency_mean_s" not in after and stats.total_samples == 4
+    # counted once, then reset; the columns stay (a plot needs every row to have them)
+    after = stats.flush(BUFFER, ASSEMBLER, RECEIVER)
+    assert after.keys() == row.keys() and after["reward/num_samples"] == 0 and stats.total_samples == 4
+    assert {k: v for k, v in after.items() if k.startswith("reward/sandbox_tests_")} == dict.fromkeys(sandbox, 0)
+    assert after["reward/latency_mean_s"] is None and after["reward/by_source/code"] is None
+    assert after["reward/outcome_timeout"] is None  # no samples: no fraction
+    stats.add_sample(sample("math"), 1.0, {"outcome": "verified"}, latency_s=0.01)
+    third = stats.flush(BUFFER, ASSEMBLER, RECEIVER)
+    assert third["reward/outcome_timeout"] == 0 and third["reward/outcome_verified"] == 1.0
+    assert third["reward/by_source/math"] == 1.0 and third["reward/by_source/code"] is None
