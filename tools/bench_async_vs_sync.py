@@ -11,37 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
+
+from loop_bench import run_loop
 
 
 def run_mode(staleness: int, steps: int, warmup: int, overrides: list[str]) -> dict:
-    import ray
-
-    from asyncrl.config import load_config
-    from asyncrl.orchestrator.orchestrator import Orchestrator
-
-    out = tempfile.mkdtemp(prefix="asyncrl-bench-")
-    cfg = load_config(None, [*overrides, f"buffer.max_staleness={staleness}", f"total_steps={steps}",
-                             "observe.console=off", "observe.tensorboard=false", "save_final=false",
-                             f"observe.output_dir={out}", f"name=staleness{staleness}"])
-    ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False)
-    orch = Orchestrator(cfg, log_fn=lambda _: None)
-    try:
-        orch.run()
-    finally:
-        orch.shutdown()
-        ray.shutdown()
-    timed = orch.history[warmup:]
-    wall = sum(h["timing/step_wall_s"] for h in timed)
-    rewards = [h["reward/mean"] for h in orch.history if h.get("reward/mean") is not None]
-    return {
-        "max_staleness": staleness,
-        "steps_per_s": len(timed) / wall,
-        "trained_tokens_per_s": sum(h["learner/loss_tokens"] for h in timed) / wall,
-        "wait_for_data_s_per_step": sum(h["timing/wait_for_data_s"] for h in timed) / len(timed),
-        "reward_last_10": sum(rewards[-10:]) / len(rewards[-10:]),
-    }
+    r = run_loop(f"staleness{staleness}", steps, warmup, [*overrides, f"buffer.max_staleness={staleness}"])
+    del r["orchestrator"]
+    return {"max_staleness": staleness, **r}
 
 
 def main() -> None:
@@ -50,9 +28,6 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
-    from asyncrl.compat import hide_broken_torch_extras
-
-    hide_broken_torch_extras()
     t0 = time.monotonic()
     sync = run_mode(0, args.steps, args.warmup, args.overrides)
     async_ = run_mode(1, args.steps, args.warmup, args.overrides)
