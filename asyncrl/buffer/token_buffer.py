@@ -1,6 +1,8 @@
 """Token-level replay buffer: every optimizer step gets exactly Phi loss tokens (Ring-lite C3PO).
 
-Responses queue in arrival order. A batch takes whole responses while they fit; the response
+Responses queue oldest policy version first, in arrival order among equals: a group that arrives
+late (its rewards waited out a verifier's timeout) is trained before fresher tokens instead of
+going stale behind them. A batch takes whole responses while they fit; the response
 that does not fit contributes the prefix of its loss tokens that fills Phi, and the rest of it
 opens the next batch (its prompt and earlier response tokens are fed again as context, with loss
 mask 0). So a batch never holds more or fewer than Phi loss tokens, and every token is trained
@@ -70,9 +72,20 @@ class TokenBuffer:
             if not s.response_ids:
                 self.stats.responses_empty += 1
                 continue
-            self._queue.append(_Pending(s, adv))
+            self._insert(_Pending(s, adv))
             self._num_tokens += len(s.response_ids)
             self.stats.tokens_in += len(s.response_ids)
+
+    def _insert(self, p: _Pending) -> None:
+        """Behind every response of the same or an older first version (usually: at the end). A
+        response split by the last batch keeps the head, so its rest opens the next batch."""
+        version = p.sample.versions[0]
+        i = len(self._queue)
+        while i > 1 and self._queue[i - 1].sample.versions[0] > version:
+            i -= 1
+        if i == 1 and self._queue[0].offset == 0 and self._queue[0].sample.versions[0] > version:
+            i = 0
+        self._queue.insert(i, p)
 
     def drop_stale(self, learner_version: int) -> int:
         """Skip tokens older than learner_version - max_staleness; returns how many."""

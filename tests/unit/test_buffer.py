@@ -47,6 +47,29 @@ def test_split_response_continues_at_head_of_next_batch_with_context():
     assert buf.stats.responses_split >= 1
 
 
+def test_a_late_group_of_an_older_version_is_trained_before_fresher_tokens():
+    # its rewards waited out a verifier timeout: behind the fresh group it would be stale by step 3
+    buf = TokenBuffer(token_budget=4, max_staleness=1)
+    buf.add_group(make_group("fresh", [4], version=2))
+    buf.add_group(make_group("late", [4], version=1))
+    order = [c.group_id for c in buf.next_batch(2)] + [c.group_id for c in buf.next_batch(3)]
+    assert order == ["late", "fresh"] and buf.stats.tokens_dropped_stale == 0
+    # equal versions keep arrival order
+    for gid in ("a", "b", "c"):
+        buf.add_group(make_group(gid, [4], version=3))
+    assert [buf.next_batch(3)[0].group_id for _ in range(3)] == ["a", "b", "c"]
+
+
+def test_a_split_response_keeps_the_head_when_an_older_group_arrives():
+    buf = TokenBuffer(token_budget=6, max_staleness=5)
+    buf.add_group(make_group("g", [4, 5], version=1))
+    buf.next_batch(1)  # g/0 whole and 2 tokens of g/1
+    buf.add_group(make_group("old", [3, 4], version=0))
+    second = buf.next_batch(1)
+    assert [(c.group_id, c.sample_index, c.loss_start, c.loss_end) for c in second] == [
+        ("g", 1, 2, 5), ("old", 0, 0, 3)]
+
+
 def test_no_token_lost_or_duplicated_over_many_batches():
     rng = random.Random(0)
     budget = 37
