@@ -63,7 +63,7 @@ def test_hanging_verifier_costs_rewards_not_steps(runs):
     ratio = steady_step_s(plain) / steady_step_s(hang)
     print(f"steady step {steady_step_s(plain):.2f} s plain, {steady_step_s(hang):.2f} s with hangs "
           f"({hang_stats.timeouts} timeouts): step rate ratio {ratio:.2f}")
-    # A stall guard, not the speed figure (tools/bench_reward_faults.py measures that: 0.86 over
+    # A stall guard, not the speed figure (tools/bench_reward_faults.py measures that: 1.04 over
     # three alternating rounds). The bugs it catches (samples piling up unscored, a worker
     # re-importing the script on every replacement, a hung group holding the actor idle until its
     # timeout) made steps 2 to 100x slower; one 12-step run varies by +-30% on 2 shared cores.
