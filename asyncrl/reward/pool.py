@@ -305,7 +305,11 @@ def _main_hidden():
     functions defined there can be unpickled; a worker needs nothing from it (the factory must be
     importable), and for a script that imports torch and Ray that costs seconds per worker, which
     under a short timeout turns one hang into a cascade. (Python 3.11's forkserver `__main__`
-    preload, meant to do it once, never receives the script's path.)"""
+    preload, meant to do it once, never receives the script's path.)
+
+    Replacements start on the dispatcher thread, so for the few milliseconds of `proc.start` the
+    main thread also sees the empty `__main__`; what it could do with it then, pickling a function
+    defined in the script, cloudpickle does by value either way."""
     main = sys.modules["__main__"]
     sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__, no __spec__: skipped
     try:
