@@ -135,3 +135,14 @@ class Batch:
     @property
     def num_loss_tokens(self) -> int:
         return sum(c.num_loss_tokens for c in self.chunks)
+
+
+@dataclass
+class StepResult:
+    """What a learner returns for one optimizer step: the policy version it now holds (the
+    orchestrator checks it against its own count), the step's metrics, and events worth a line
+    in events.jsonl (e.g. a reference reset and why)."""
+
+    version: int
+    metrics: dict[str, float]
+    events: list[dict[str, Any]] = field(default_factory=list)

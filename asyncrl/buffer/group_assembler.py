@@ -8,7 +8,8 @@ here, counted (Skywork-OR1 section 3.1 rejection sampling, DAPO dynamic sampling
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from asyncrl.algo.advantages import is_zero_variance, masked_group_advantages
 from asyncrl.types import Group, ScoredSample
@@ -37,6 +38,18 @@ class GroupAssembler:
     @property
     def num_open_groups(self) -> int:
         return len(self._open)
+
+    def discard(self, group_id: str) -> int:
+        """Forget a group's samples so far (its prompt is being regenerated); returns how many."""
+        return len(self._open.pop(group_id, {}))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Only the counters: open groups are not saved, their prompts are regenerated."""
+        return {"stats": asdict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats = AssemblerStats(**state["stats"])
+        self._open.clear()
 
     def add(self, scored: ScoredSample, group_size: int | None = None) -> Group | None:
         """Add one sample; return its group once all n samples are in and it is kept.

@@ -1,7 +1,8 @@
 """Rollout-batch update schedule (Skywork-OR1 section 4, eq. 4.1) on top of Phi-token steps.
 
 Kept groups collect until D_R (rollout_batch_prompts) are held; then exactly D_R of them, in
-arrival order, are *sealed* into a rollout batch feeding N_SGD = D_R / D_T * N_reuse optimizer
+admission order (the ledger's sequence number, so a batch's content and order do not depend on
+which verifier answered first), are *sealed* into a rollout batch feeding N_SGD = D_R / D_T * N_reuse optimizer
 steps (`algo.schedule.num_sgd_steps`); later groups collect for the next one. A batch is sealed
 only when the previous one has nothing left that can fill a step.
 
@@ -33,11 +34,14 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from asyncrl.algo.schedule import num_sgd_steps
-from asyncrl.buffer.token_buffer import BufferStats
-from asyncrl.types import Group, Sample, SequenceChunk
+from asyncrl.buffer.admission import rollout_batch_capacity
+from asyncrl.buffer.base import (AdmissionView, BufferStats, ResponseCursor, cut_budget, group_from_state,
+                                 group_to_state, stale_prefix, stats_from_state)
+from asyncrl.types import Group, SequenceChunk
 
 
 @dataclass
@@ -49,28 +53,8 @@ class RolloutBatchStats(BufferStats):
     """Prompt mode: mini-batches left with no loss token (skipped)."""
 
 
-@dataclass
-class _Planned:
-    """One pass's visit of one response: tokens [offset, len) still to emit."""
-
-    sample: Sample
-    advantage: float
-    offset: int
-
-    @property
-    def remaining(self) -> int:
-        return len(self.sample.response_ids) - self.offset
-
-    def chunk(self, end: int) -> SequenceChunk:
-        s, start = self.sample, self.offset
-        return SequenceChunk(
-            group_id=s.group_id, sample_index=s.sample_index, prompt_ids=s.prompt_ids,
-            response_ids=s.response_ids[:end], loss_start=start, old_logprobs=s.logprobs[start:end],
-            versions=s.versions[start:end], advantage=self.advantage, temperature=s.temperature)
-
-
 class RolloutBatchBuffer:
-    """Same duck type as TokenBuffer: add_group, next_batch, num_loss_tokens, stats, token_budget."""
+    """A `Buffer` (buffer/base.py) that trains each sealed rollout batch for N_SGD steps."""
 
     def __init__(self, token_budget: int, max_staleness: int, rollout_batch_prompts: int,
                  minibatch_prompts: int | None = None, num_reuse: int = 1, seed: int = 0):
@@ -85,10 +69,10 @@ class RolloutBatchBuffer:
         self.num_reuse = num_reuse
         self.seed = seed
         self.stats = RolloutBatchStats()
-        self._collecting: list[Group] = []
+        self._collecting: list[tuple[int, Group]] = []  # (admission sequence number, group)
         self._collecting_tokens = 0
-        self._stream: deque[_Planned] = deque()  # token mode: all sealed passes, concatenated
-        self._steps: deque[list[_Planned]] = deque()  # prompt mode: one entry per planned step
+        self._stream: deque[ResponseCursor] = deque()  # token mode: all sealed passes, concatenated
+        self._steps: deque[list[ResponseCursor]] = deque()  # prompt mode: one entry per planned step
         self._planned_tokens = 0
 
     @property
@@ -107,13 +91,18 @@ class RolloutBatchBuffer:
     def num_collecting_groups(self) -> int:
         return len(self._collecting)
 
-    def add_group(self, group: Group) -> None:
+    def add_group(self, group: Group, seq: int | None = None) -> None:
+        """`seq`: the group's admission sequence number (the sealing order); None: after every
+        group added so far."""
         lengths = [len(m.sample.response_ids) for m in group.samples]
         self.stats.responses_in += len(lengths)
         self.stats.responses_empty += lengths.count(0)
         self.stats.tokens_in += sum(lengths)
         self._collecting_tokens += sum(lengths)
-        self._collecting.append(group)
+        if seq is None:
+            seq = self._collecting[-1][0] + 1 if self._collecting else 0
+        self._collecting.append((seq, group))
+        self._collecting.sort(key=lambda e: e[0])
 
     def next_batch(self, learner_version: int) -> list[SequenceChunk] | None:
         """One optimizer step's chunks (Phi loss tokens in token mode, D_T groups in prompt
@@ -123,7 +112,7 @@ class RolloutBatchBuffer:
         if not self._can_fill_step():
             return None
         if self.minibatch_prompts is None:
-            chunks = self._cut_budget()
+            chunks = cut_budget(self._stream, self.token_budget, self.stats)
         else:
             chunks = [p.chunk(len(p.sample.response_ids)) for p in self._steps.popleft()]
         num_tokens = sum(c.num_loss_tokens for c in chunks)
@@ -132,23 +121,29 @@ class RolloutBatchBuffer:
         self.stats.batches_out += 1
         return chunks
 
+    def admission_capacity(self, view: AdmissionView) -> int:
+        """Enough prompts for every rollout batch that will be sealed within the staleness bound."""
+        d_r = self.rollout_batch_prompts
+        per_batch = d_r / self.minibatch_prompts if self.minibatch_prompts else d_r / view.prompts_per_step
+        return rollout_batch_capacity(self.max_staleness, self.steps_left + view.step_running,
+                                      per_batch * self.num_reuse, d_r, view.waiting + len(self._collecting))
+
     def _can_fill_step(self) -> bool:
         if self.minibatch_prompts is None:
             return self._planned_tokens >= self.token_budget
         return bool(self._steps)
 
     def _seal(self, learner_version: int) -> None:
-        groups = self._collecting[:self.rollout_batch_prompts]
+        groups = [g for _, g in self._collecting[:self.rollout_batch_prompts]]
         del self._collecting[:self.rollout_batch_prompts]
         oldest_ok = learner_version - self.max_staleness
-        kept: list[list[tuple[Sample, float, int]]] = []  # per group: (sample, advantage, first kept)
+        kept: list[list[tuple]] = []  # per group: (sample, advantage, first kept token)
         for g in groups:
             kept.append([])
             for scored, adv in zip(g.samples, g.advantages):
                 s = scored.sample
                 self._collecting_tokens -= len(s.response_ids)
-                # the stale prefix, found as TokenBuffer does (first token young enough ends it)
-                stale = next((j for j, v in enumerate(s.versions) if v >= oldest_ok), len(s.versions))
+                stale = stale_prefix(s.versions, 0, oldest_ok)
                 self.stats.tokens_dropped_stale += stale
                 if stale == len(s.response_ids):
                     self.stats.responses_all_stale += stale > 0
@@ -162,28 +157,30 @@ class RolloutBatchBuffer:
             random.Random(f"{self.seed}/{batch_index}/{pass_index}").shuffle(order)
             self._planned_tokens += pass_tokens
             if self.minibatch_prompts is None:
-                self._stream.extend(_Planned(*r) for i in order for r in kept[i])
+                self._stream.extend(ResponseCursor(*r) for i in order for r in kept[i])
                 continue
             for lo in range(0, len(order), self.minibatch_prompts):
-                step = [_Planned(*r) for i in sorted(order[lo:lo + self.minibatch_prompts])
+                step = [ResponseCursor(*r) for i in sorted(order[lo:lo + self.minibatch_prompts])
                         for r in kept[i]]
                 if step:
                     self._steps.append(step)
                 else:
                     self.stats.minibatches_skipped += 1
 
-    def _cut_budget(self) -> list[SequenceChunk]:
-        """Exactly token_budget loss tokens from the head of the stream (TokenBuffer's cut)."""
-        need = self.token_budget
-        chunks: list[SequenceChunk] = []
-        while need:
-            p = self._stream[0]
-            take = min(need, p.remaining)
-            chunks.append(p.chunk(p.offset + take))
-            p.offset += take
-            need -= take
-            if p.remaining == 0:
-                self._stream.popleft()
-            else:
-                self.stats.responses_split += 1
-        return chunks
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "rollout_batch", "token_budget": self.token_budget, "stats": asdict(self.stats),
+                "collecting": [[seq, group_to_state(g)] for seq, g in self._collecting],
+                "stream": [p.to_state() for p in self._stream],
+                "steps": [[p.to_state() for p in step] for step in self._steps]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "rollout_batch":
+            raise ValueError(f"a {state.get('kind')!r} buffer's state cannot load into a rollout-batch buffer")
+        self.token_budget = state["token_budget"]
+        self.stats = stats_from_state(RolloutBatchStats, state["stats"])
+        self._collecting = [(seq, group_from_state(g)) for seq, g in state["collecting"]]
+        self._collecting_tokens = sum(len(m.sample.response_ids) for _, g in self._collecting for m in g.samples)
+        self._stream = deque(ResponseCursor.from_state(p) for p in state["stream"])
+        self._steps = deque([ResponseCursor.from_state(p) for p in step] for step in state["steps"])
+        self._planned_tokens = (sum(p.remaining for p in self._stream)
+                                + sum(p.remaining for step in self._steps for p in step))

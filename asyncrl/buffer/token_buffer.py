@@ -11,7 +11,8 @@ exactly once.
 Staleness: when learner version v takes a batch, a token produced by policy version w is only
 trained if v - w <= max_staleness. Versions never decrease along a response, so the stale tokens
 of a response are a prefix: they are skipped (counted as dropped) and the fresh rest is kept.
-Admission control upstream keeps this rare; the buffer makes it a guarantee.
+Admission control upstream (`admission_capacity`, AReaL's bound) keeps this rare; the buffer makes
+it a guarantee.
 
 Accounting invariant: tokens_in == tokens_out + tokens_dropped_stale + num_loss_tokens.
 """
@@ -19,32 +20,13 @@ Accounting invariant: tokens_in == tokens_out + tokens_dropped_stale + num_loss_
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict
+from typing import Any
 
-from asyncrl.types import Group, Sample, SequenceChunk
-
-
-@dataclass
-class _Pending:
-    sample: Sample
-    advantage: float
-    offset: int = 0
-    """Response tokens already emitted (or dropped as stale)."""
-
-    @property
-    def remaining(self) -> int:
-        return len(self.sample.response_ids) - self.offset
-
-
-@dataclass
-class BufferStats:
-    tokens_in: int = 0
-    tokens_out: int = 0
-    tokens_dropped_stale: int = 0
-    responses_in: int = 0
-    responses_empty: int = 0
-    responses_split: int = 0
-    batches_out: int = 0
+from asyncrl.buffer.base import (AdmissionView, BufferStats, ResponseCursor, cut_budget, stale_prefix,
+                                 stats_from_state)
+from asyncrl.buffer.admission import admission_capacity
+from asyncrl.types import Group, SequenceChunk
 
 
 class TokenBuffer:
@@ -54,7 +36,7 @@ class TokenBuffer:
         self.token_budget = token_budget
         self.max_staleness = max_staleness
         self.stats = BufferStats()
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[ResponseCursor] = deque()
         self._num_tokens = 0
 
     @property
@@ -65,18 +47,19 @@ class TokenBuffer:
     def num_responses(self) -> int:
         return len(self._queue)
 
-    def add_group(self, group: Group) -> None:
+    def add_group(self, group: Group, seq: int | None = None) -> None:
+        """`seq` (admission order) is not used: the queue keeps version, then arrival, order."""
         for scored, adv in zip(group.samples, group.advantages):
             s = scored.sample
             self.stats.responses_in += 1
             if not s.response_ids:
                 self.stats.responses_empty += 1
                 continue
-            self._insert(_Pending(s, adv))
+            self._insert(ResponseCursor(s, adv))
             self._num_tokens += len(s.response_ids)
             self.stats.tokens_in += len(s.response_ids)
 
-    def _insert(self, p: _Pending) -> None:
+    def _insert(self, p: ResponseCursor) -> None:
         """Behind every response of the same or an older first version (usually: at the end). A
         response split by the last batch keeps the head, so its rest opens the next batch."""
         version = p.sample.versions[0]
@@ -92,10 +75,7 @@ class TokenBuffer:
         oldest_ok = learner_version - self.max_staleness
         dropped = 0
         for p in list(self._queue):
-            stale = 0
-            versions = p.sample.versions
-            while p.offset + stale < len(versions) and versions[p.offset + stale] < oldest_ok:
-                stale += 1
+            stale = stale_prefix(p.sample.versions, p.offset, oldest_ok)
             if stale:
                 p.offset += stale
                 dropped += stale
@@ -110,25 +90,28 @@ class TokenBuffer:
         self.drop_stale(learner_version)
         if self._num_tokens < self.token_budget:
             return None
-        need = self.token_budget
-        chunks: list[SequenceChunk] = []
-        while need:
-            p = self._queue[0]
-            take = min(need, p.remaining)
-            start, end = p.offset, p.offset + take
-            s = p.sample
-            chunks.append(SequenceChunk(
-                group_id=s.group_id, sample_index=s.sample_index, prompt_ids=s.prompt_ids,
-                response_ids=s.response_ids[:end], loss_start=start,
-                old_logprobs=s.logprobs[start:end], versions=s.versions[start:end],
-                advantage=p.advantage, temperature=s.temperature))
-            p.offset = end
-            need -= take
-            if p.remaining == 0:
-                self._queue.popleft()
-            else:
-                self.stats.responses_split += 1
+        chunks = cut_budget(self._queue, self.token_budget, self.stats)
         self._num_tokens -= self.token_budget
         self.stats.tokens_out += self.token_budget
         self.stats.batches_out += 1
         return chunks
+
+    def admission_capacity(self, view: AdmissionView) -> int:
+        """AReaL's bound, (eta + v + 1) * B minus what is accepted or running (admission.py)."""
+        return admission_capacity(
+            self.max_staleness, view.learner_version, view.prompts_per_step, view.accepted_or_running,
+            view.generating,
+            starving=self.num_loss_tokens < self.token_budget and not view.verifiers_behind,
+            held_by_verifiers=0 if view.verifiers_behind else view.held_by_verifiers)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "token", "token_budget": self.token_budget, "stats": asdict(self.stats),
+                "queue": [p.to_state() for p in self._queue]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "token":
+            raise ValueError(f"a {state.get('kind')!r} buffer's state cannot load into a token buffer")
+        self.token_budget = state["token_budget"]
+        self.stats = stats_from_state(BufferStats, state["stats"])
+        self._queue = deque(ResponseCursor.from_state(p) for p in state["queue"])
+        self._num_tokens = sum(p.remaining for p in self._queue)

@@ -348,6 +348,13 @@ class ObserveConfig(_Section):
     """Log to this W&B project too (wandb must be installed)."""
 
 
+class CheckpointConfig(_Section):
+    every_steps: int = Field(50, ge=0)
+    """Write a checkpoint every this many optimizer steps (0: only when the run is stopped by a signal)."""
+    keep: int = Field(2, ge=1)
+    """Newest checkpoints kept under runs/<name>/checkpoints/; older ones are deleted."""
+
+
 class RayConfig(_Section):
     address: str | None = None
     """Cluster to join; None joins the one `ray job submit` provides or starts a local one."""
@@ -384,6 +391,11 @@ class Config(_Section):
     """Where metrics go and how progress is shown."""
     ray: RayConfig = RayConfig()
     """Which Ray cluster to use."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """When the run saves what it needs to resume."""
+    resume: str | None = None
+    """`auto`: continue from the newest complete checkpoint of this run's directory (start fresh if
+    there is none); a path: from that checkpoint directory; None: start fresh."""
     stages: list[StageConfig] = []
     """Training stages in order (empty: one stage with the sections above)."""
 

@@ -5,8 +5,9 @@ Records come from the built-in synthetic task or a jsonl file (fields: `prompt` 
 becomes a `PromptItem` whose metadata carries what verifiers need, plus a `record_key`
 (`<source_name>/<index in the file>`) that names the record the same way in every epoch, so the
 pass rates of a stage can be tied back to records (online filtering, Skywork-OR1 section 3.1).
-File records are shuffled once per epoch with the seed; `position` (records drawn so far,
-including those skipped as too long, excluding excluded ones) is what a checkpoint stores.
+File records are shuffled once per epoch with the seed; the cursor (epoch, offset into that
+epoch's order) and `position` (records drawn so far, including those skipped as too long,
+excluding excluded ones) are what a checkpoint stores (`state_dict`).
 
 `MixturePromptSource` draws each prompt from one of several sources with a seeded RNG in
 proportion to weights: a stage's dataset mixture (Skywork-OR1 3.2.2, Ring-lite 3.4).
@@ -35,7 +36,8 @@ class PromptSource:
         self._records = records
         self.source_name = source_name
         self._excluded: set[int] = set()
-        self._iter = self._cycle()
+        self._stream = None if isinstance(records, list) else iter(records)
+        self._epoch, self._offset, self._order = 0, 0, None
         self.position = 0
         self.num_skipped_too_long = 0
 
@@ -76,24 +78,42 @@ class PromptSource:
                 num_new += 1
         return num_new
 
-    def _cycle(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        # Exclusions are checked at yield time, so they apply to the rest of the current epoch too;
-        # the shuffle covers every index, so excluding records never changes the others' order.
-        if not isinstance(self._records, list):
-            for i, rec in enumerate(self._records):
+    def _next_record(self) -> tuple[int, dict[str, Any]]:
+        # Exclusions are checked when a record is drawn, so they apply to the rest of the current
+        # epoch too; the shuffle covers every index, so excluding records never changes the others' order.
+        if self._stream is not None:
+            while True:
+                i, rec = self._offset, next(self._stream)
+                self._offset += 1
                 if i not in self._excluded:
-                    yield i, rec
-            return
+                    return i, rec
         if not self._records:
             raise ValueError("the prompt source has no records")
-        epoch = 0
         while True:
-            order = list(range(len(self._records)))
-            random.Random(f"{self._seed}/{epoch}").shuffle(order)
-            for i in order:
-                if i not in self._excluded:
-                    yield i, self._records[i]
-            epoch += 1
+            if self._order is None:
+                self._order = list(range(len(self._records)))
+                random.Random(f"{self._seed}/{self._epoch}").shuffle(self._order)
+            if self._offset == len(self._order):
+                self._epoch, self._offset, self._order = self._epoch + 1, 0, None
+                continue
+            i = self._order[self._offset]
+            self._offset += 1
+            if i not in self._excluded:
+                return i, self._records[i]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "epoch": self._epoch, "offset": self._offset,
+                "excluded": sorted(self._excluded), "num_skipped_too_long": self.num_skipped_too_long}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where the saved source stopped (a streamed source is read again up to there)."""
+        self.position = state["position"]
+        self._epoch, self._offset, self._order = state["epoch"], state["offset"], None
+        self._excluded = set(state["excluded"])
+        self.num_skipped_too_long = state["num_skipped_too_long"]
+        if self._stream is not None:
+            for _ in range(self._offset):
+                next(self._stream)
 
     def _tokenize(self, rec: dict[str, Any]) -> list[int]:
         if "messages" in rec:
@@ -111,7 +131,7 @@ class PromptSource:
             if available == 0:
                 raise ValueError(f"online filtering removed every prompt of source {self.source_name!r} "
                                  f"(all {self.num_excluded} records were excluded as solved)")
-            index, rec = next(self._iter)
+            index, rec = self._next_record()
             self.position += 1
             ids = self._tokenize(rec)
             if self._max_prompt_tokens is not None and len(ids) > self._max_prompt_tokens:
@@ -169,6 +189,18 @@ class MixturePromptSource:
     def exclude(self, keys: Iterable[str]) -> int:
         keys = set(keys)
         return sum(s.exclude(keys) for s in self.sources)
+
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss = self._rng.getstate()
+        return {"rng": [version, list(internal), gauss], "sources": [s.state_dict() for s in self.sources]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["sources"]) != len(self.sources):
+            raise ValueError(f"saved mixture has {len(state['sources'])} sources, this one {len(self.sources)}")
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        for source, st in zip(self.sources, state["sources"]):
+            source.load_state_dict(st)
 
     def data_sources(self) -> set[str] | None:
         found = [s.data_sources() for s in self.sources]

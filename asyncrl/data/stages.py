@@ -117,6 +117,16 @@ class StageTracker:
     def metrics(self) -> dict[str, float]:
         return {"stage/index": self._index, "stage/start_step": self.stage_start_step}
 
+    def state_dict(self) -> dict:
+        return {"index": self._index, "stage_start_step": self.stage_start_step, "rewards": list(self._rewards)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not 0 <= state["index"] < len(self._stages):
+            raise ValueError(f"saved stage index {state['index']} but the config has {len(self._stages)} stages")
+        self._index = state["index"]
+        self.stage_start_step = state["stage_start_step"]
+        self._rewards = deque(state["rewards"], maxlen=self.current.until_window)
+
 
 class PassRateTracker:
     """Correct / drawn samples per record key, over the samples of one stage."""
@@ -138,3 +148,9 @@ class PassRateTracker:
 
     def reset(self) -> None:
         self._counts.clear()
+
+    def state_dict(self) -> dict:
+        return {"counts": {k: list(v) for k, v in self._counts.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._counts = {k: list(v) for k, v in state["counts"].items()}

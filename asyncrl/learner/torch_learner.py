@@ -7,8 +7,9 @@ a Ray actor; tests can use it in-process.
 
 The learner owns the algorithm's state: the adaptive entropy controller (its e_k is this rank's
 entropy of the current policy over the step's loss tokens; with several ranks it must be
-all-reduced first), the reference policy and its resets. `algo_state` / `load_algo_state`
-carry that state in and out of checkpoints.
+all-reduced first), the reference policy and its resets. `save_checkpoint` / `load_checkpoint`
+write and read the whole rank: policy (Hugging Face format), optimizer, reference policy,
+algorithm state, version and torch RNG, so a resumed run's next step is bit-identical on CPU.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from asyncrl.learner.policy_step import forward_backward
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
+from asyncrl.types import StepResult
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ class TorchLearner:
         alpha = ctl.update(measured)
         return alpha, {**ctl.metrics(), "entropy_control/measured": measured, "entropy_control/target": ctl.target}
 
-    def train_step(self, step: int, reset_reference: bool = False) -> dict[str, float]:
+    def train_step(self, step: int, reset_reference: bool = False) -> StepResult:
         """Receive this step's batch, do one optimizer step, advance the version; then reset the
         reference if a trigger fires (`reset_reference` is a request from the run's operator)."""
         t0 = time.monotonic()
@@ -120,20 +122,20 @@ class TorchLearner:
         metrics.update({
             "entropy/coef": alpha,
             "learner/grad_norm": float(grad_norm),
-            "learner/version": self.version,
             "learner/optimizer_steps": self._optimizer_steps(),
             "timing/learner_wait_batch_s": t1 - t0,
             "timing/learner_compute_s": time.monotonic() - t1,
         })
+        events = []
         if self.reference is not None:
             kl = self.algo.kl
             fire, why = should_reset_reference(step, metrics["kl/mean"], kl.reset_every, kl.reset_kl_threshold,
                                                requested=reset_reference)
             if fire:
                 self.reset_reference()
-                metrics["event/reference_reset"] = why
+                events.append({"event": "reference_reset", "reason": why, "kl": metrics["kl/mean"]})
             metrics["kl/num_resets"] = self.reference.num_resets
-        return metrics
+        return StepResult(self.version, metrics, events)
 
     def _optimizer_steps(self) -> int:
         """Adam's step count (it restarts at 0 when the optimizer state is reset)."""
@@ -202,6 +204,30 @@ class TorchLearner:
         self.tokenizer.save_pretrained(out)
         (out / "algo_state.json").write_text(json.dumps(self.algo_state(), indent=2))
         return str(out)
+
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """The policy in HF format under `path/policy`, everything else in `path/learner.pt`."""
+        t0 = time.monotonic()
+        self.save(str(Path(path) / "policy"))
+        torch.save({"version": self.version, "optimizer": self.optimizer.state_dict(),
+                    "reference": self.reference.model.state_dict() if self.reference else None,
+                    "algo": self.algo_state(), "torch_rng": torch.get_rng_state()},
+                   Path(path) / "learner.pt")
+        return {"version": self.version, "save_s": time.monotonic() - t0}
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restore what `save_checkpoint` wrote; the policy weights come from `path/policy`,
+        which the learner must have been built from. Returns the restored version."""
+        state = torch.load(Path(path) / "learner.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None:
+            if state["reference"] is None:
+                raise ValueError(f"{path} holds no reference policy, but this run's algo.kl needs one")
+            self.reference.model.load_state_dict(state["reference"])
+        self.load_algo_state(state["algo"])
+        torch.set_rng_state(state["torch_rng"])
+        self.version = int(state["version"])
+        return self.version
 
     def shutdown(self) -> None:
         if self.sender is not None:

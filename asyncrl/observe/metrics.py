@@ -31,6 +31,15 @@ class MetricsWriter:
 
             self._wandb = wandb.init(project=wandb_project, name=run_name, config=config)
 
+    @staticmethod
+    def truncate(run_dir: Path, last_step: int) -> None:
+        """Keep only the rows up to `last_step` (a resumed run writes the later ones again)."""
+        path = run_dir / "metrics.jsonl"
+        if path.exists():
+            rows = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line)["step"] <= last_step]
+            path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         record = {"step": step, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v)

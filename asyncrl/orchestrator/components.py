@@ -12,13 +12,13 @@ from typing import Any
 import ray
 
 from asyncrl.compat import child_env
+from asyncrl.buffer.base import Buffer
 from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
 from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.config import BufferConfig, Config
 from asyncrl.learner.torch_learner import TorchLearner
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.sync.gloo_sender import free_port
 
 
 def resolve_model_path(cfg: Config, log=print) -> str:
@@ -33,7 +33,7 @@ def resolve_model_path(cfg: Config, log=print) -> str:
     return cfg.model.path
 
 
-def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> TokenBuffer | RolloutBatchBuffer:
+def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> Buffer:
     """Streaming Phi-token buffer, or the D_R / D_T / N_reuse rollout-batch schedule."""
     if cfg.rollout_batch_prompts is None:
         return TokenBuffer(token_budget, cfg.max_staleness)
@@ -60,19 +60,19 @@ def engine_factory(cfg: Config, model_path: str, actor_id: int):
         bucket_bytes=cfg.sync.bucket_mb << 20, seed=cfg.seed + actor_id)
 
 
-def start_rollout_actors(cfg: Config, model_path: str, sample_endpoint: str) -> list[Any]:
+def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, actor_id: int,
+                        rpc_dir: str | None = None) -> Any:
+    """Create one actor (its engine starts with `actor.start.remote()`). `rpc_dir` keeps vLLM's
+    IPC sockets in the run's own directory, removed at shutdown, so a killed engine leaves none in /tmp."""
     spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib), **child_env()}
-    cls = ray.remote(RolloutActor)
-    actors = [
-        cls.options(num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
-                    runtime_env={"env_vars": env}, name=None).remote(
-            i, engine_factory(cfg, model_path, i), spec, cfg.rollout.group_size, sample_endpoint,
-            seed=cfg.seed)
-        for i in range(cfg.rollout.num_actors)
-    ]
-    ray.get([a.start.remote() for a in actors])
-    return actors
+    if rpc_dir:
+        env["VLLM_RPC_BASE_PATH"] = rpc_dir
+    return ray.remote(RolloutActor).options(
+        num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
+        runtime_env={"env_vars": env}).remote(
+        actor_id, engine_factory(cfg, model_path, actor_id), spec, cfg.rollout.group_size, sample_endpoint,
+        seed=cfg.seed)
 
 
 def start_learner(cfg: Config, model_path: str, host: str) -> Any:
@@ -81,16 +81,3 @@ def start_learner(cfg: Config, model_path: str, host: str) -> Any:
                        runtime_env={"env_vars": child_env()}).remote(
         model_path, cfg.learner, cfg.algo,
         dtype=cfg.model.dtype, seed=cfg.seed, host=host)
-
-
-def init_weight_sync(cfg: Config, learner: Any, actors: list[Any], host: str) -> dict[str, Any]:
-    """Join learner rank 0 and every engine into one group (all sides must rendezvous at once);
-    returns the bucket plan, which every later push reuses."""
-    port = free_port(host)
-    world = 1 + len(actors)
-    refs = [learner.init_weight_sync.remote(cfg.sync.type, host, port, world, cfg.sync.timeout_s,
-                                            cfg.sync.bucket_mb << 20)]
-    refs += [a.init_weight_sync.remote(host, port, i + 1, world, cfg.sync.timeout_s)
-             for i, a in enumerate(actors)]
-    ray.get(refs, timeout=cfg.sync.timeout_s + 30)
-    return ray.get(learner.weight_metadata.remote())

@@ -3,128 +3,131 @@
     prompt source ─► [admission] ─submit (Ray)─► rollout actors ─samples (zmq)─► [ingest]
                          ▲                            ▲                              │
                          │ learner version            │ weights (gloo / NCCL)        ▼
-                         │                            │                    reward → group assembler
-    [step] ◄─────────────┴──── token buffer ◄─────────┴──────────────────────── → token buffer
-       │  batch (zmq) ─► learner ─► metrics, version + 1 ─► [push] every sync.every_steps
+                         │                            │                    reward pool → ledger
+    [step] ◄─────────────┴──── token buffer ◄─────────┴──── (shaping, groups, advantages) ◄┘
+       │  batch (zmq) ─► learner ─► StepResult (version + 1) ─► [push] every sync.every_steps
 
 One thread drives three loops, interleaved, each step of which is cheap and non-blocking:
 
 - rollout loop (actors, in their own processes): generates continuously; each actor runs the
   prompts it was given and streams every sample as it finishes. Waits for: prompts. Unblocked by:
-  admission, which grants prompts when the staleness bound allows (orchestrator/admission.py).
+  admission, which grants prompts when the buffer's staleness bound allows (buffer/admission.py).
 - ingest loop (here): hands each arriving sample to the reward pool (worker processes, a hard
-  timeout per sample), and as rewards come back completes groups, computes advantages, drops
-  zero-variance groups, fills the token buffer. Waits for: samples on the zmq stream, rewards.
-  A verifier that hangs or crashes costs its sample's reward (0, counted), never the loop.
-- train loop (here + learner): when no step is running and the buffer holds Phi fresh loss
-  tokens, streams the batch to the learner and starts the step. Waits for: the buffer (data) and
-  the previous step. Unblocked by: ingest. After a step, every `sync.every_steps`, a drain push:
-  actors stop starting requests, finish the running ones, and receive the new weights while the
-  learner broadcasts them; the run's version advances only when every actor has applied them.
+  timeout per sample); as rewards come back the group ledger (ledger.py) shapes them, completes
+  groups, drops zero-variance ones and fills the buffer. Waits for: samples, rewards.
+- train loop (here + learner): when no step is running and the buffer can fill one, streams the
+  batch to the learner and starts the step. Waits for: the buffer and the previous step. After a
+  step, every `sync.every_steps`, a drain push (actor_pool.py): actors stop starting requests,
+  finish the running ones and load the new weights while the learner broadcasts them.
 
-A push that does not complete within `sync.timeout_s` raises naming the step and the peer.
+Versions: the orchestrator owns the policy version. It advances by one with every optimizer step
+(the learner's StepResult must agree); an actor's version advances when it has applied a push, so
+between a step and its push the actors lag by one, which the staleness bound counts.
 
-Between steps the orchestrator also moves through training stages (data/stages.py: sampling
-settings, Phi and data change at a boundary; prompts already admitted finish with the settings
-they were admitted with) and forwards reference-reset requests to the learner: call
-`request_reference_reset()`, or create the file `RESET_REFERENCE` in the run directory.
+Durability, at step boundaries (the learner is idle then): a checkpoint every
+`checkpoint.every_steps` (checkpoint.py; the learner writes its part while generation goes on),
+dead actors replaced and the weight-sync group rebuilt around the live ones (actor_pool.py), the
+actor count changed on request (`SCALE_ACTORS` in the run directory), a reference reset on request
+(`RESET_REFERENCE`). `request_stop` (SIGTERM / SIGINT in launch/run.py) stops admission, lets the
+running step finish, writes a checkpoint and ends the run; `resume` continues from one.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import logging
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
-from asyncrl.algo.reward_shaping import shaped_reward
 from asyncrl.buffer.group_assembler import GroupAssembler
 from asyncrl.buffer.packing import split_for_ranks
 from asyncrl.compat import hide_broken_torch_extras
-from asyncrl.config import Config, write_resolved
-from asyncrl.data.stages import PassRateTracker, ResolvedStage, StageTracker, resolve_stages, stage_mixture
+from asyncrl.config import Config, ConfigError, write_resolved
 from asyncrl.observe.console import ProgressDisplay
 from asyncrl.observe.metrics import MetricsWriter
 from asyncrl.observe.summary import format_summary, summarize
-from asyncrl.orchestrator import components
-from asyncrl.orchestrator.admission import (admission_capacity, assign_prompts, prompts_per_step,
-                                            rollout_batch_capacity)
+from asyncrl.orchestrator import checkpoint, components
+from asyncrl.orchestrator.actor_pool import ActorPool, PushFailed
+from asyncrl.orchestrator.admission import assign_prompts
+from asyncrl.orchestrator.ledger import GroupLedger, Shaping
+from asyncrl.orchestrator.requests import RunRequests
+from asyncrl.orchestrator.stage_runner import StageRunner
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.reward.pool import RewardPool, RewardResult
 from asyncrl.reward.registry import RewardRouter, check_functions, check_sources
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.transport.codec import decode_sample, encode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
-from asyncrl.types import Batch, Sample, ScoredSample
+from asyncrl.types import Batch, Sample, StepResult
 
-log = logging.getLogger(__name__)
+
+class LearnerDied(RuntimeError):
+    """The learner process is gone; the message says where to resume from."""
 
 
 class Orchestrator:
     def __init__(self, cfg: Config, log_fn=print):
-        self.cfg = cfg
-        self.say = log_fn
+        self.cfg, self.say = cfg, log_fn
         self.run_dir = cfg.run_dir.resolve()
-        self.version = 0
-        self.step = 0
+        self.version = self.step = 0
         self.history: list[dict[str, Any]] = []
-        self._train_ref = None
-        self._step_started = 0.0
-        self._admitted = 0
-        # group_id -> [actor, samples still to generate, samples still to score]
-        self._pending: dict[str, list[int]] = {}
-        self._in_flight = [0] * cfg.rollout.num_actors  # groups each actor is still generating
-        self._kept_group_tokens = 0
-        self._kept_groups = 0
-        self._pushes = 0
-        self._admitted_with: dict[str, tuple[int, int]] = {}  # group_id -> (n, max_tokens) of its stage
-        self._reset_requested = False
-        self._excluded: set[str] = set()  # record keys dropped by online filtering, all stages
         self.probe_ids: list[int] | None = None  # the first sample seen: real text for this model
+        self.stop_reason: str | None = None
+        self._train_ref = None
+        self._pending_ckpt = None
+        self._pushes = 0
 
     # -- setup --------------------------------------------------------------------------------
 
     def start(self) -> None:
         cfg = self.cfg
+        resume = self._find_resume()
         write_resolved(cfg, self.run_dir)
         hide_broken_torch_extras()
-        self.model_path = components.resolve_model_path(cfg, log=self.say)
+        self.model_path = (str(resume[0] / checkpoint.LEARNER_DIR / "policy") if resume
+                           else components.resolve_model_path(cfg, log=self.say))
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.stages = StageTracker(resolve_stages(cfg))
-        self.stage = self.stages.current
-        self.pass_rates = PassRateTracker()
-        self.prompts = self._stage_source(self.stage)
+        self.stages = StageRunner(cfg, self.tokenizer)
         check_functions(cfg.reward)
         if cfg.reward.type is None:  # no default verifier: every dataset's sources must be routed
-            for st in self.stages.stages:
-                check_sources(cfg.reward, self._stage_source(st).data_sources() or set())
+            check_sources(cfg.reward, self.stages.data_sources())
         self.rewards = RewardPool(functools.partial(RewardRouter, cfg.reward), cfg.reward.num_workers,
                                   cfg.reward.timeout_s)
-        self.assembler = GroupAssembler(self.stage.group_size, cfg.algo.advantage,
-                                        cfg.algo.advantage_eps, cfg.algo.drop_zero_variance_groups,
-                                        cfg.algo.truncation_mask)
-        self.buffer = components.build_buffer(cfg.buffer, self.stage.token_budget, cfg.seed)
+        a = cfg.algo
+        self.ledger = GroupLedger(
+            components.build_buffer(cfg.buffer, self.stages.current.token_budget, cfg.seed),
+            GroupAssembler(self.stages.current.group_size, a.advantage, a.advantage_eps,
+                           a.drop_zero_variance_groups, a.truncation_mask),
+            Shaping(a.no_eos_penalty, a.overlong_buffer, a.overlong_penalty_factor), cfg.reward.num_workers)
         self.host = components.node_ip()
         self.samples = FrameReceiver(decode_sample, host=self.host)
+        self.rpc_dir = tempfile.mkdtemp(prefix="asyncrl-vllm-rpc-")
         t0 = time.monotonic()
         self.say(f"starting learner and {cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
         self.learner = components.start_learner(cfg, self.model_path, self.host)
-        self.actors = components.start_rollout_actors(cfg, self.model_path, self.samples.endpoint)
+        if resume:
+            self.version = ray.get(self.learner.load_checkpoint.remote(str(resume[0] / checkpoint.LEARNER_DIR)))
         self.batch_senders = [FrameSender(ray.get(self.learner.batch_endpoint.remote()))]
-        self.weight_meta: dict[str, Any] = {}
-        if cfg.rollout.engine != "fake":
-            self.weight_meta = components.init_weight_sync(cfg, self.learner, self.actors, self.host)
+        self.pool = ActorPool(cfg, self.model_path, self.samples.endpoint, self.learner, self.host, self.rpc_dir)
+        self.pool.start(cfg.rollout.num_actors, self.version)
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
+        self.stats = StepStats()
+        if resume:
+            self._restore(*resume)
         self.metrics = MetricsWriter(self.run_dir, cfg.observe.tensorboard, cfg.observe.wandb_project,
                                      cfg.name, json.loads(cfg.model_dump_json()))
-        self.metrics.event(0, "start", model=self.model_path, actors=cfg.rollout.num_actors)
-        self.stats = StepStats()
-        self._last_step_t = self._last_warn_t = time.monotonic()
+        self.requests = RunRequests(self.run_dir, self.metrics, self.say)
+        self.metrics.event(self.step, "resume" if resume else "start", model=self.model_path,
+                           actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}))
+        self._last_step_t = self._last_warn_t = self._last_health_t = time.monotonic()
         self._wait_for_data_s = 0.0
 
     # -- the loops ----------------------------------------------------------------------------
@@ -134,122 +137,78 @@ class Orchestrator:
         display = ProgressDisplay(self.cfg.total_steps, self.cfg.observe.console)
         t_start = time.monotonic()
         try:
-            while self.step < self.cfg.total_steps:
+            while self.step < self.cfg.total_steps and not self._stopped():
                 self._ingest(self.samples.drain())
-                self._admit()
+                if self.stop_reason is None:
+                    self._admit()
                 if self._train_ref is None:
-                    self._try_start_step()
+                    if self.stop_reason is None:
+                        self._try_start_step()
                 elif ray.wait([self._train_ref], timeout=0)[0]:
-                    row = self._finish_step(ray.get(self._train_ref))
-                    display.update(row)
+                    display.update(self._finish_step(self._step_result()))
                     continue
                 sample = self.samples.recv(timeout_s=0.01)
                 if sample is not None:
                     self._ingest([sample])
                 self._score(self.rewards.poll())
-                self._warn_if_stalled()
+                self._poll_checkpoint()
+                self._check_health()
         finally:
             display.close()
+        if self.stop_reason is not None:
+            return self._stop()
+        if self.cfg.checkpoint.every_steps and self.step % self.cfg.checkpoint.every_steps:
+            self._checkpoint()  # the last step too, so resume=auto on a finished run finds it finished
+        self._poll_checkpoint(block=True)
         summary = summarize(self.history, time.monotonic() - t_start)
         if self.cfg.save_final:
             summary["final_policy"] = ray.get(self.learner.save.remote(str(self.run_dir / "final")))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.metrics.event(self.step, "end", status="finished")
         self.say(format_summary(summary, str(self.run_dir)))
         return summary
 
-    def _warn_if_stalled(self, every_s: float = 60.0) -> None:
-        """Say why no step has happened for a while (the usual cause: every group is dropped
-        because all its rewards are equal, i.e. the task is too hard or too easy)."""
-        now = time.monotonic()
-        if now - max(self._last_step_t, self._last_warn_t) < every_s:
-            return
-        self._last_warn_t = now
-        a = self.assembler.stats
-        self.say(f"warning: no optimizer step for {now - self._last_step_t:.0f}s; "
-                 f"{self.samples.num_received} samples received, {a.groups_complete} groups complete, "
-                 f"{a.groups_zero_variance} dropped for zero reward variance, "
-                 f"{self.buffer.num_loss_tokens}/{self.stage.token_budget} loss tokens buffered, "
-                 f"{sum(self._in_flight)} prompts generating, {self.rewards.num_pending} samples awaiting "
-                 f"rewards ({self.rewards.stats.timeouts} reward timeouts so far)")
-
     def _ingest(self, samples: list[Sample]) -> None:
-        """Samples as they arrive: off to the reward pool. A group frees its actor's slot when
-        its last sample arrives; until it is scored it counts against the staleness bound unless
-        the verifiers hold it (admission.py), so generation cannot outrun slow verifiers."""
+        """Samples as they arrive: recorded by the ledger, then off to the reward pool."""
         for s in samples:
             if self.probe_ids is None and s.response_ids:
                 self.probe_ids = s.prompt_ids + s.response_ids
-            pending = self._pending.get(s.group_id)
-            if pending is not None:
-                pending[1] -= 1
-                if pending[1] == 0:
-                    self._in_flight[pending[0]] -= 1
-            self.rewards.submit(s, self.tokenizer.decode(s.response_ids, skip_special_tokens=True), s.metadata)
+            if self.ledger.on_generated(s) is not None:
+                self.rewards.submit(s, self.tokenizer.decode(s.response_ids, skip_special_tokens=True), s.metadata)
 
     def _score(self, results: list[RewardResult]) -> None:
-        """Rewards as they come back: shaping, stats, pass rates, groups, the token buffer."""
+        """Rewards as they come back: the ledger shapes them and fills groups and the buffer."""
         for r in results:
             s: Sample = r.key
-            correct, info = r.reward, r.info
-            # a group finishing after a stage boundary keeps the settings it was sampled with
-            group_size, max_tokens = self._admitted_with.get(s.group_id, (None, self.stage.max_tokens))
-            # the verifier's reward is what is reported; the shaped one is what is trained on
-            reward, info["shaping"] = shaped_reward(
-                correct, len(s.response_ids), s.finish_reason == "stop",
-                no_eos_penalty_value=self.cfg.algo.no_eos_penalty, max_length=max_tokens,
-                overlong_buffer=self.cfg.algo.overlong_buffer, overlong_factor=self.cfg.algo.overlong_penalty_factor)
-            self.stats.add_sample(s, correct, info, r.latency_s)
-            if "record_key" in s.metadata:
-                self.pass_rates.add(s.metadata["record_key"], correct >= 1.0)
-            group = self.assembler.add(ScoredSample(s, reward, info), group_size)
-            pending = self._pending.get(s.group_id)
-            if pending is not None:
-                pending[2] -= 1
-                if pending[2] == 0:
-                    del self._pending[s.group_id]
-                    self._admitted_with.pop(s.group_id, None)
-            if group is not None:
-                self._kept_groups += 1
-                self._kept_group_tokens += sum(len(m.sample.response_ids) for m in group.samples)
-                self.buffer.add_group(group)
+            if self.ledger.on_scored(s, r.reward, r.info) is None:
+                continue  # its group was given up (actor lost) and is being regenerated
+            self.stats.add_sample(s, r.reward, r.info, r.latency_s)
+            self.stages.record(s.metadata, r.reward)
 
     def _admit(self) -> None:
-        cfg, stage = self.cfg, self.stage
-        per_step = prompts_per_step(stage.token_budget,
-                                    self._kept_group_tokens / self._kept_groups if self._kept_groups else None,
-                                    stage.group_size, stage.max_tokens)
-        if cfg.buffer.rollout_batch_prompts is None:
-            verifiers_behind = self.rewards.num_queued > 0  # then more generation would only queue up
-            capacity = admission_capacity(
-                cfg.buffer.max_staleness, self.version, per_step, self._admitted,
-                self.assembler.stats.groups_zero_variance, sum(self._in_flight),
-                starving=self.buffer.num_loss_tokens < stage.token_budget and not verifiers_behind,
-                held_by_verifiers=0 if verifiers_behind else min(
-                    len(self._pending) - sum(self._in_flight), cfg.reward.num_workers))
-        else:
-            d_r = cfg.buffer.rollout_batch_prompts
-            steps_per_batch = (d_r / cfg.buffer.minibatch_prompts if cfg.buffer.minibatch_prompts
-                               else d_r / per_step) * cfg.buffer.num_reuse
-            capacity = rollout_batch_capacity(
-                cfg.buffer.max_staleness, self.buffer.steps_left + (self._train_ref is not None),
-                steps_per_batch, d_r, len(self._pending) + self.buffer.num_collecting_groups)
+        stage, cfg = self.stages.current, self.cfg
+        capacity = self.ledger.capacity(self.version, stage.token_budget, stage.group_size, stage.max_tokens,
+                                        step_running=self._train_ref is not None,
+                                        verifiers_behind=self.rewards.num_queued > 0)
         if capacity == 0:
             return
-        shares = assign_prompts(capacity, self._in_flight, cfg.rollout.max_in_flight_prompts)
-        for actor_id, k in enumerate(shares):
+        load = self.ledger.generating_by_actor(self.pool.ids)
+        for actor, k in assign_prompts(capacity, load, cfg.rollout.max_in_flight_prompts).items():
             if k == 0:
                 continue
-            items = self.prompts.take(k)
-            for p in items:
-                self._pending[p.prompt_id] = [actor_id, stage.group_size, stage.group_size]
-                self._admitted_with[p.prompt_id] = (stage.group_size, stage.max_tokens)
-            self._in_flight[actor_id] += k
-            self._admitted += k
+            records = [self.ledger.readmit(r, actor) for r in self.ledger.take_requeued(k)]
             spec = SamplingSpec(stage.temperature, cfg.rollout.top_p, stage.max_tokens)
-            self.actors[actor_id].submit.remote(items, spec, stage.group_size)
+            records += [self.ledger.admit(p, stage.index, spec, stage.group_size, actor)
+                        for p in self.stages.take(k - len(records))]
+            by_settings: dict[tuple, list] = {}  # requeued groups keep the settings they had
+            for r in records:
+                by_settings.setdefault((r.spec.temperature, r.spec.top_p, r.spec.max_tokens, r.group_size),
+                                       []).append(r.prompt)
+            for (temp, top_p, max_tokens, n), prompts in by_settings.items():
+                self.pool.submit(actor, prompts, SamplingSpec(temp, top_p, max_tokens), n)
 
     def _try_start_step(self) -> None:
-        chunks = self.buffer.next_batch(self.version)
+        chunks = self.ledger.buffer.next_batch(self.version)
         if chunks is None:
             return
         step = self.step + 1
@@ -258,139 +217,185 @@ class Orchestrator:
         for rank, part in enumerate(split_for_ranks(chunks, len(self.batch_senders))):
             batch = Batch(step=step, rank=rank, chunks=part,
                           num_loss_tokens_global=sum(c.num_loss_tokens for c in chunks),
-                          num_sequences_global=len(chunks), token_budget=self.stage.token_budget)
+                          num_sequences_global=len(chunks), token_budget=self.stages.current.token_budget)
             self.batch_senders[rank].send(encode_batch(batch))
         self._step_started = time.monotonic()
-        self._train_ref = self.learner.train_step.remote(step, reset_reference=self._take_reset_request())
+        self._train_ref = self.learner.train_step.remote(step, reset_reference=self.requests.take_reset(self.cfg))
 
-    def _finish_step(self, learner_metrics: dict[str, float]) -> dict[str, Any]:
+    def _step_result(self) -> StepResult:
+        try:
+            return ray.get(self._train_ref)
+        except RayActorError as e:
+            found = checkpoint.list_complete(checkpoint.checkpoints_dir(self.run_dir))
+            where = f"the newest checkpoint is {found[-1]}" if found else "no checkpoint was written yet"
+            raise LearnerDied(f"the learner process died during step {self.step + 1} ({type(e).__name__}); "
+                              f"{where}: run the same command with resume=auto to continue") from None
+
+    def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None
         self._last_step_t = time.monotonic()
         self.step += 1
-        self.version = int(learner_metrics["learner/version"])
+        self.version += 1
+        if result.version != self.version:
+            raise RuntimeError(f"learner reports version {result.version} after step {self.step}, expected {self.version}")
         train_s = time.monotonic() - self._step_started
-        sync = self._push() if self.step % self.cfg.sync.every_steps == 0 else {}
-        reset_reason = learner_metrics.pop("event/reference_reset", None)
-        row = {"step": self.step, **learner_metrics, **sync, "timing/train_s": train_s,
-               "timing/wait_for_data_s": self._wait_for_data_s, "kl/reset": float(reset_reason is not None),
-               **self.stats.flush(self.buffer, self.assembler, self.samples), **self.stages.metrics(),
-               **self.rewards.metrics(),
-               "data/prompts_filtered": len(self._excluded)}
+        joined = self.pool.admit_started()
+        sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}
+        row = {"step": self.step, "learner/version": self.version, **result.metrics, **sync,
+               "timing/train_s": train_s, "timing/wait_for_data_s": self._wait_for_data_s,
+               "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
+               **self.stats.flush(self.ledger.buffer, self.ledger.assembler, self.samples),
+               **self.stages.metrics(), **self.rewards.metrics(), **self.ledger.metrics(),
+               "rollout/actors": len(self.pool.ids)}
         self.history.append(row)
         self.metrics.log(self.step, row)
-        if reset_reason is not None:
-            self.metrics.event(self.step, "reference_reset", reason=reset_reason, kl=row.get("kl/mean"))
-            self.say(f"step {self.step}: reference reset ({reset_reason}); KL was {row.get('kl/mean', 0.0):.4g}")
-        new_stage = self.stages.on_step(self.step, row["reward/mean"])
-        if new_stage is not None:
-            self._enter_stage(new_stage)
+        for e in result.events:
+            self.metrics.event(self.step, **e)
+            self.say(f"step {self.step}: {e['event']} ({e.get('reason')}); KL was {e.get('kl', 0.0):.4g}")
+        change = self.stages.on_step(self.step, row["reward/mean"])
+        if change is not None:
+            self._enter_stage(change)
+        self.requests.apply_scale(self.pool, self.ledger, self.step)
+        if self.cfg.checkpoint.every_steps and self.step % self.cfg.checkpoint.every_steps == 0:
+            self._checkpoint()
         return row
 
-    # -- stages and requests ------------------------------------------------------------------
+    def _enter_stage(self, change) -> None:
+        st = change.stage
+        self.ledger.buffer.token_budget = st.token_budget
+        self.metrics.event(self.step, "stage", name=st.name, index=st.index, prompts_excluded=change.prompts_excluded,
+                           solved_in_previous=change.solved_in_previous)
+        self.say(f"step {self.step}: entering stage {st.name} (max_tokens {st.max_tokens}, group "
+                 f"{st.group_size}, temperature {st.temperature}, Phi {st.token_budget})"
+                 + (f"; online filter dropped {change.prompts_excluded} solved prompts" if st.online_filter else ""))
 
-    def _stage_source(self, stage: ResolvedStage):
-        from asyncrl.data.build import build_stage_source
-
-        # each stage shuffles its data with its own seed, so a rebuilt source does not replay the
-        # previous stage's prompt order
-        mixture = [m.model_copy(update={"seed": m.seed + stage.index}) for m in stage_mixture(stage, self.cfg.data)]
-        return build_stage_source(mixture, self.tokenizer,
-                                  self.cfg.model.max_model_len - stage.max_tokens, seed=self.cfg.seed + stage.index,
-                                  id_prefix=f"s{stage.index}-" if stage.index else "")
-
-    def _enter_stage(self, stage: ResolvedStage) -> None:
-        """From the next admission on: the stage's data, sampling settings and Phi. Online
-        filtering drops the prompts every sample of which was correct in the stage that ended."""
-        old = self.stage
-        self.stage = stage
-        solved = self.pass_rates.solved()
-        self.pass_rates.reset()
-        before = len(self._excluded)
-        if stage.online_filter:
-            self._excluded |= solved
-        if stage.data is not None or old.data is not None or stage.max_tokens != old.max_tokens:
-            self.prompts = self._stage_source(stage)  # max_tokens bounds the prompt length too
-        self.prompts.exclude(self._excluded)  # a rebuilt source keeps earlier stages' exclusions
-        excluded = len(self._excluded) - before
-        self.buffer.token_budget = stage.token_budget
-        self.metrics.event(self.step, "stage", name=stage.name, index=stage.index, prompts_excluded=excluded,
-                           solved_in_previous=len(solved))
-        self.say(f"step {self.step}: entering stage {stage.name} (max_tokens {stage.max_tokens}, group "
-                 f"{stage.group_size}, temperature {stage.temperature}, Phi {stage.token_budget})"
-                 + (f"; online filter dropped {excluded} solved prompts" if stage.online_filter else ""))
-
-    def request_reference_reset(self) -> None:
-        """Reset the reference policy (and the optimizer state) after the next step."""
-        if not self.cfg.algo.kl.needs_reference:
-            raise ValueError("no reference policy to reset: set algo.kl.coef > 0 or algo.kl.track=true")
-        self._reset_requested = True
-
-    def _take_reset_request(self) -> bool:
-        flag = self.run_dir / "RESET_REFERENCE"
-        if flag.exists():
-            flag.unlink()
-            if self.cfg.algo.kl.needs_reference:
-                self._reset_requested = True
-            else:
-                self.say("warning: RESET_REFERENCE ignored: this run holds no reference policy")
-        requested, self._reset_requested = self._reset_requested, False
-        return requested
+    # -- weights and failures -----------------------------------------------------------------
 
     def _push(self) -> dict[str, float]:
-        """Drain push of the current version to every actor; raises on timeout, naming the peer."""
-        t0 = time.monotonic()
-        refs = [a.update_weights.remote(self.weight_meta, self.version) for a in self.actors]
-        learner_ref = self.learner.push_weights.remote() if self.weight_meta else None
-        names = {r: f"rollout actor {i}" for i, r in enumerate(refs)}
-        if learner_ref is not None:
-            refs.append(learner_ref)
-            names[learner_ref] = "learner rank 0"
-        done, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.sync.timeout_s)
-        if waiting:
-            raise TimeoutError(
-                f"weight push of version {self.version} (step {self.step}) did not finish within "
-                f"{self.cfg.sync.timeout_s}s; still waiting for: {', '.join(names[r] for r in waiting)}")
-        results = ray.get(refs)
-        out = {"sync/push_s": time.monotonic() - t0, "sync/version": self.version}
-        for r in results:
-            for k, v in (r or {}).items():
-                out[k] = max(out.get(k, 0.0), v)  # the slowest actor is what the step waited for
+        """Drain push of the current version; actors lost on the way are replaced and the push
+        is retried around the survivors."""
+        try:
+            out = self.pool.push(self.version, self.step)
+        except PushFailed as e:
+            self._actors_lost(e.dead, str(e))
+            out = self.pool.push(self.version, self.step)
         self._pushes += 1
-        if self.cfg.sync.probe_every and self._pushes % self.cfg.sync.probe_every == 0 and self.probe_ids:
+        every = self.cfg.sync.probe_every
+        if every and self._pushes % every == 0 and self.probe_ids and self.pool.ids:
             out["sync/probe_max_abs_diff"] = self.check_parity()
         return out
 
     def check_parity(self) -> float:
-        """Max |actor - learner| logprob over the probe, over all actors; raises past tolerance.
-
-        This is what catches a push that silently did not change what an engine computes
-        (PLATFORM.md: tied embeddings and prepacked CPU weights)."""
-        ids = self.probe_ids
-        want = ray.get(self.learner.prompt_logprobs.remote(ids))
-        worst = 0.0
-        for i, got in enumerate(ray.get([a.prompt_logprobs.remote(ids) for a in self.actors])):
-            gap = max(abs(a - b) for a, b in zip(got, want))
-            worst = max(worst, gap)
-            if gap > self.cfg.sync.probe_tolerance:
-                self.metrics.event(self.step, "parity_failure", actor=i, gap=gap, version=self.version)
-                raise RuntimeError(
-                    f"after the push of version {self.version}, rollout actor {i}'s logprobs differ from "
-                    f"the learner's by {gap:.3g} nats (tolerance {self.cfg.sync.probe_tolerance}): "
-                    "the engine is not computing with the pushed weights")
+        """Max |actor - learner| logprob over the probe; raises past tolerance. This is what
+        catches a push that silently did not change what an engine computes (tied embeddings and
+        prepacked CPU weights, see sync/vllm_gloo_engine.py)."""
+        worst, bad = self.pool.check_parity(self.probe_ids, self.cfg.sync.probe_tolerance)
+        for actor, gap in bad:
+            self.metrics.event(self.step, "parity_failure", actor=actor, gap=gap, version=self.version)
+            raise RuntimeError(
+                f"after the push of version {self.version}, rollout actor {actor}'s logprobs differ from the "
+                f"learner's by {gap:.3g} nats (tolerance {self.cfg.sync.probe_tolerance}): the engine is "
+                "not computing with the pushed weights")
         return worst
+
+    def _check_health(self, every_s: float = 0.5) -> None:
+        now = time.monotonic()
+        if now - self._last_health_t >= every_s:
+            self._last_health_t = now
+            dead = self.pool.find_dead()
+            if dead:
+                self._actors_lost(dead, "actor process died")
+            self.requests.warn_if_stalled(self, now)
+
+    def _actors_lost(self, dead: list[int], why: str) -> None:
+        for actor in dead:
+            requeued = self.ledger.requeue_actor(actor)
+            self.pool.replace(actor)
+            self.metrics.event(self.step, "actor_lost", actor=actor, groups_requeued=requeued, reason=why)
+            self.say(f"step {self.step}: rollout actor {actor} lost ({why}); {requeued} groups requeued, "
+                     "a replacement is starting")
+
+    # -- checkpoints, stop, resume ------------------------------------------------------------
+
+    def request_stop(self, reason: str, drain_s: float = 20.0) -> None:
+        """Stop admitting; the running step finishes, a checkpoint is written, the run ends. Groups
+        in flight get up to `drain_s` to complete first (fewer to regenerate after a resume)."""
+        if self.stop_reason is None:
+            self.stop_reason, self._stop_deadline = reason, time.monotonic() + drain_s
+
+    def _stopped(self) -> bool:
+        return (self.stop_reason is not None and self._train_ref is None
+                and (not self.ledger.records or time.monotonic() > self._stop_deadline))
+
+    def _stop(self) -> dict[str, Any]:
+        self._checkpoint()
+        self._poll_checkpoint(block=True)
+        self.metrics.event(self.step, "end", status="interrupted", reason=self.stop_reason)
+        self.say(f"stopped at step {self.step} ({self.stop_reason}); checkpoint written: continue with resume=auto")
+        return {"steps": self.step, "stopped": self.stop_reason}
+
+    def _state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "version": self.version, "history": self.history, "pushes": self._pushes,
+                "probe_ids": self.probe_ids, "ledger": self.ledger.state_dict(),
+                "stages": self.stages.state_dict(), "stats": self.stats.state_dict()}
+
+    def _checkpoint(self) -> None:
+        """The orchestrator's state now; the learner saves its part before its next step (Ray
+        runs its calls in order), so generation never waits for the write."""
+        self._poll_checkpoint(block=True)
+        tmp = checkpoint.begin(self.run_dir, self.step, self._state_dict(), self.cfg)
+        self._pending_ckpt = (tmp, self.step, self.learner.save_checkpoint.remote(str(tmp / checkpoint.LEARNER_DIR)))
+
+    def _poll_checkpoint(self, block: bool = False) -> None:
+        if self._pending_ckpt is None or not (block or ray.wait([self._pending_ckpt[2]], timeout=0)[0]):
+            return
+        tmp, step, ref = self._pending_ckpt
+        self._pending_ckpt = None
+        saved = ray.get(ref)
+        path = checkpoint.commit(tmp, step, self.cfg.checkpoint.keep)
+        self.metrics.event(step, "checkpoint", path=str(path), learner_save_s=saved["save_s"])
+
+    def _find_resume(self):
+        if self.cfg.resume is None:
+            return None
+        if self.cfg.resume == "auto":
+            found = checkpoint.find_resumable(self.run_dir, warn=lambda m: self.say(f"warning: {m}"))
+            if found is None:
+                self.say(f"resume=auto: no checkpoint in {self.run_dir}; starting fresh")
+        else:
+            path = Path(self.cfg.resume).expanduser().resolve()
+            try:
+                found = path, checkpoint.validate(path)
+            except ValueError as e:
+                raise ConfigError(f"resume: {e}") from None
+        if found is not None:
+            checkpoint.check_compatible(found[0], self.cfg)
+        return found
+
+    def _restore(self, path, state: dict[str, Any]) -> None:
+        if state["version"] != self.version:
+            raise RuntimeError(f"{path}: run state at version {state['version']}, learner at {self.version}")
+        self.step, self.history = state["step"], state["history"]
+        self._pushes, self.probe_ids = state["pushes"], state["probe_ids"]
+        self.ledger.load_state_dict(state["ledger"])
+        self.stages.load_state_dict(state["stages"])
+        self.ledger.buffer.token_budget = self.stages.current.token_budget
+        self.stats.load_state_dict(state["stats"])
+        MetricsWriter.truncate(self.run_dir, self.step)  # rows after the checkpoint are rewritten
+        self.say(f"resumed from {path} at step {self.step} (version {self.version}); "
+                 f"{len(self.ledger.requeued)} groups in flight then are regenerated")
 
     def shutdown(self) -> None:
         if hasattr(self, "learner"):
             try:
                 ray.get(self.learner.shutdown.remote(), timeout=30)
             except Exception as e:  # shutting down anyway; say what failed
-                log.warning("learner shutdown failed: %r", e)
-        for a in getattr(self, "actors", []):
-            try:
-                ray.get(a.shutdown.remote(), timeout=30)
-            except Exception as e:  # shutting down anyway; say what failed
-                log.warning("actor shutdown failed: %r", e)
+                self.say(f"warning: learner shutdown failed: {e!r}")
+        if hasattr(self, "pool"):
+            self.pool.shutdown()
         if hasattr(self, "rewards"):
             self.rewards.close()
         if hasattr(self, "metrics"):
             self.metrics.close()
+        if hasattr(self, "rpc_dir"):
+            shutil.rmtree(self.rpc_dir, ignore_errors=True)  # vLLM's sockets, killed engines' too

@@ -34,6 +34,22 @@ class StepStats:
         self.latencies: list[float] = []
         self.sandbox = Counter()
 
+    _WINDOW = ("rewards", "lengths", "finish", "outcomes", "lags", "shaping", "by_source", "latencies", "sandbox")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Running totals, the row schema, and what accumulated since the last row (so the next
+        row of a resumed run counts the samples scored before the checkpoint)."""
+        window = {k: dict(v) if isinstance(v, Counter) else v for k, v in
+                  ((k, getattr(self, k)) for k in self._WINDOW)}
+        return {"total_samples": self.total_samples, "total_gen_tokens": self.total_gen_tokens,
+                "seen": sorted(self._seen), "window": window}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.total_samples, self.total_gen_tokens = state["total_samples"], state["total_gen_tokens"]
+        self._seen = set(state["seen"])
+        for k, v in state["window"].items():
+            setattr(self, k, Counter(v) if isinstance(getattr(self, k), Counter) else v)
+
     def add_sample(self, s: Sample, reward: float, info: dict[str, Any], latency_s: float = 0.0) -> None:
         self.rewards.append(reward)
         self.by_source.setdefault(str(s.metadata.get("data_source", "unknown")), []).append(reward)

@@ -65,3 +65,9 @@ def solves_even_records(response: str, metadata: dict[str, Any]) -> tuple[float,
     (pass rate 1), for tests of online filtering."""
     index = int(str(metadata.get("record_key", "x/1")).rsplit("/", 1)[1])
     return float(index % 2 == 0), {"outcome": "scripted"}
+
+
+def by_response_hash(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Reward 1 for about half the responses, decided by a hash of the text: deterministic, and
+    mixed within a group, so runs that must be compared bit for bit have non-zero advantages."""
+    return float(zlib.crc32(response.encode("utf-8", "replace")) % 2), {"outcome": "scripted"}

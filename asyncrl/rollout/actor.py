@@ -122,20 +122,22 @@ class RolloutActor:
         await self.engine.init_weight_sync(host, port, rank, world_size, timeout_s)
 
     async def update_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
-        """Drain update: stop starting requests, let in-flight ones finish, load, reopen."""
+        """Drain update: stop starting requests, let in-flight ones finish, load, reopen.
+
+        The same version may come again: after a group rebuild every member takes part in the
+        push that brings a new actor up to date. A failed load leaves the gate closed (the model
+        may hold a mix of two versions) until a later push succeeds."""
         self._raise_failures()
-        if version <= self.version:
+        if version < self.version:
             raise ValueError(f"actor {self.actor_id}: push of version {version} after {self.version}")
         t0 = time.monotonic()
         self._gate.clear()
-        try:
-            await self._idle.wait()
-            t1 = time.monotonic()
-            stats = await self.engine.load_weights(metadata, version)
-            self.version = version
-            self.stats["updates"] += 1
-        finally:
-            self._gate.set()
+        await self._idle.wait()
+        t1 = time.monotonic()
+        stats = await self.engine.load_weights(metadata, version)
+        self.version = version
+        self.stats["updates"] += 1
+        self._gate.set()
         return {**stats, "sync/drain_s": t1 - t0, "sync/actor_update_s": time.monotonic() - t0}
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:

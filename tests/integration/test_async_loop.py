@@ -32,9 +32,9 @@ def finished_run(tmp_path_factory, tiny_model_path):
         after = {
             "learner_fp": ray.get(orch.learner.param_fingerprint.remote()),
             "probe_gap": orch.check_parity(),
-            "probe": [ray.get(a.prompt_logprobs.remote(orch.probe_ids)) for a in orch.actors],
+            "probe": [ray.get(orch.pool.actors[a].prompt_logprobs.remote(orch.probe_ids)) for a in orch.pool.ids],
             "learner_probe": ray.get(orch.learner.prompt_logprobs.remote(orch.probe_ids)),
-            "actor_stats": ray.get([a.get_stats.remote() for a in orch.actors]),
+            "actor_stats": orch.pool.stats(),
         }
         yield orch, summary, after
     finally:
@@ -58,8 +58,8 @@ def test_both_actors_generated(finished_run):
 def test_every_batch_holds_exactly_the_budget(finished_run):
     orch, _, _ = finished_run
     assert [h["learner/loss_tokens"] for h in orch.history] == [BUDGET] * STEPS
-    st = orch.buffer.stats
-    assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.buffer.num_loss_tokens
+    st = orch.ledger.buffer.stats
+    assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens
     assert st.tokens_out == BUDGET * STEPS
 
 

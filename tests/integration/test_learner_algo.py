@@ -112,7 +112,10 @@ def run_steps(learner, vocab, steps, requests=()):
             chunks = make_chunks(seed=step, vocab=vocab)
             n = sum(c.num_loss_tokens for c in chunks)
             sender.send(encode_batch(Batch(step, 0, chunks, n, len(chunks), token_budget=64)))
-            rows.append(learner.train_step(step, reset_reference=step in requests))
+            result = learner.train_step(step, reset_reference=step in requests)
+            assert result.version == step
+            resets = [e["reason"] for e in result.events if e["event"] == "reference_reset"]
+            rows.append({**result.metrics, "reset": resets[0] if resets else None})
     finally:
         sender.close()
     return rows
@@ -164,13 +167,13 @@ def test_reference_reset_zeroes_kl_and_restarts_the_optimizer(model_dir):
         learner.shutdown()
     assert rows[0]["kl/mean"] == 0.0  # reference == policy at the start
     assert rows[1]["kl/mean"] > 1e-6 and rows[2]["kl/mean"] > rows[1]["kl/mean"] * 0.5
-    assert rows[2]["event/reference_reset"] == "every_k"
+    assert rows[2]["reset"] == "every_k"
     assert rows[3]["kl/mean"] == 0.0 and rows[3]["learner/optimizer_steps"] == 1
     assert [r["learner/optimizer_steps"] for r in rows[:3]] == [1, 2, 3]
-    assert rows[4]["event/reference_reset"] == "requested" and rows[5]["kl/mean"] == 0.0
+    assert rows[4]["reset"] == "requested" and rows[5]["kl/mean"] == 0.0
     assert rows[5]["learner/optimizer_steps"] == 1
-    assert rows[5]["event/reference_reset"] == "every_k" and rows[5]["kl/num_resets"] == 3
-    assert all("event/reference_reset" not in rows[i] for i in (0, 1, 3))
+    assert rows[5]["reset"] == "every_k" and rows[5]["kl/num_resets"] == 3
+    assert all(rows[i]["reset"] is None for i in (0, 1, 3))
     assert math.isfinite(rows[5]["loss/total"])
 
 

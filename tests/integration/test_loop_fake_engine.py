@@ -28,7 +28,7 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(tmp_path, small_mod
     orch = Orchestrator(cfg)
     try:
         orch.run()
-        actor_versions = [s["version"] for s in ray.get([a.get_stats.remote() for a in orch.actors])]
+        actor_versions = [s["version"] for s in orch.pool.stats()]
     finally:
         orch.shutdown()
         ray.shutdown()
@@ -41,8 +41,8 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(tmp_path, small_mod
     assert scored and all(-0.5 <= h["reward/no_eos_penalty"] <= 0 for h in scored)
     assert any(h["reward/no_eos_penalty"] < 0 for h in scored)
     assert any(h["reward/overlong_penalty"] < 0 for h in scored)
-    st = orch.buffer.stats
-    assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.buffer.num_loss_tokens
+    st = orch.ledger.buffer.stats
+    assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens
 
 
 class RecordingOrchestrator(Orchestrator):
@@ -82,9 +82,9 @@ def test_stages_switch_sampling_budget_and_filter_solved_prompts(tmp_path, small
     assert all(t == 1.0 and i < 4 and n <= 6 for _, _, t, i, n in first)
     assert all(t == 0.5 and i < 6 and n <= 8 for _, _, t, i, n in second)
     solved_in_first = {key for _, key, *_ in first if int(key.rsplit("/", 1)[1]) % 2 == 0}
-    assert orch._excluded and orch._excluded <= solved_in_first
-    assert not {key for _, key, *_ in second} & orch._excluded  # filtered prompts never come back
-    assert orch.history[-1]["data/prompts_filtered"] == len(orch._excluded)
+    assert orch.stages.excluded and orch.stages.excluded <= solved_in_first
+    assert not {key for _, key, *_ in second} & orch.stages.excluded  # filtered prompts never come back
+    assert orch.history[-1]["data/prompts_filtered"] == len(orch.stages.excluded)
 
 
 class HangFirstGroup(Orchestrator):

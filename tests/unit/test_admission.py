@@ -1,20 +1,21 @@
 from asyncrl.buffer.packing import micro_batches, split_for_ranks
-from asyncrl.orchestrator.admission import admission_capacity, assign_prompts, prompts_per_step
+from asyncrl.buffer.admission import admission_capacity, rollout_batch_capacity
+from asyncrl.orchestrator.admission import assign_prompts, prompts_per_step
 from asyncrl.types import SequenceChunk
 
 
 def test_capacity_follows_the_staleness_formula():
     # (eta + v + 1) * B - (admitted - rejected) = (1 + 3 + 1) * 4 - (15 - 2) = 7
-    assert admission_capacity(1, 3, 4.0, admitted=15, rejected=2, generating=5, starving=False) == 7
+    assert admission_capacity(1, 3, 4.0, accepted_or_running=13, generating=5, starving=False) == 7
     # synchronous mode: only the current version's prompts
-    assert admission_capacity(0, 0, 4.0, admitted=4, rejected=0, generating=4, starving=True) == 0
-    assert admission_capacity(0, 1, 4.0, admitted=4, rejected=0, generating=0, starving=True) == 4
+    assert admission_capacity(0, 0, 4.0, accepted_or_running=4, generating=4, starving=True) == 0
+    assert admission_capacity(0, 1, 4.0, accepted_or_running=4, generating=0, starving=True) == 4
     # never negative
-    assert admission_capacity(1, 0, 2.0, admitted=50, rejected=0, generating=3, starving=False) == 0
+    assert admission_capacity(1, 0, 2.0, accepted_or_running=50, generating=3, starving=False) == 0
 
 
 def test_starving_with_nothing_generating_admits_a_step_anyway():
-    assert admission_capacity(1, 0, 2.5, admitted=50, rejected=0, generating=0, starving=True) == 3
+    assert admission_capacity(1, 0, 2.5, accepted_or_running=50, generating=0, starving=True) == 3
 
 
 def test_prompts_per_step_uses_observed_group_size():
@@ -24,9 +25,12 @@ def test_prompts_per_step_uses_observed_group_size():
 
 
 def test_assignment_goes_to_least_loaded_and_respects_the_cap():
-    assert assign_prompts(5, [3, 0], max_per_actor=10) == [1, 4]
-    assert assign_prompts(5, [2, 2], max_per_actor=3) == [1, 1]
-    assert sum(assign_prompts(7, [0, 0, 0], 100)) == 7
+    assert assign_prompts(5, {0: 3, 1: 0}, max_per_actor=10) == {0: 1, 1: 4}
+    assert assign_prompts(5, {0: 2, 1: 2}, max_per_actor=3) == {0: 1, 1: 1}
+    assert sum(assign_prompts(7, {0: 0, 1: 0, 2: 0}, 100).values()) == 7
+    # only the actors listed (the live ones) get prompts
+    assert assign_prompts(3, {2: 0, 5: 1}, max_per_actor=10) == {2: 2, 5: 1}
+    assert assign_prompts(3, {}, max_per_actor=10) == {}
 
 
 def chunk(n_prompt, n_resp):
@@ -52,8 +56,6 @@ def test_micro_batches_bound_tokens_but_keep_a_long_chunk_whole():
 
 
 def test_rollout_batch_capacity_synchronous_waits_for_the_last_step():
-    from asyncrl.orchestrator.admission import rollout_batch_capacity
-
     # staleness 0: nothing while the current batch still has steps (or one is training)
     assert rollout_batch_capacity(0, steps_until_seal=1, steps_per_batch=4, batch_prompts=16, waiting=0) == 0
     # the batch is used up: one rollout batch's worth, minus what is already running or collecting
@@ -63,8 +65,6 @@ def test_rollout_batch_capacity_synchronous_waits_for_the_last_step():
 
 
 def test_rollout_batch_capacity_looks_ahead_by_the_staleness_bound():
-    from asyncrl.orchestrator.admission import rollout_batch_capacity
-
     # staleness 4, batches of 4 steps: the next seal is 3 steps away -> one batch ahead
     assert rollout_batch_capacity(4, 3, 4, 16, waiting=0) == 16
     # next seal now, and the one after 4 steps later is also within the bound -> two batches
@@ -74,9 +74,9 @@ def test_rollout_batch_capacity_looks_ahead_by_the_staleness_bound():
 
 def test_groups_held_by_verifiers_do_not_count_against_the_bound():
     # bound: (1 + 3 + 1) * 4 = 20; 20 admitted, none rejected: full, unless 3 of them sit in verifiers
-    assert admission_capacity(1, 3, 4.0, admitted=20, rejected=0, generating=2, starving=False) == 0
-    assert admission_capacity(1, 3, 4.0, admitted=20, rejected=0, generating=2, starving=False,
+    assert admission_capacity(1, 3, 4.0, accepted_or_running=20, generating=2, starving=False) == 0
+    assert admission_capacity(1, 3, 4.0, accepted_or_running=20, generating=2, starving=False,
                               held_by_verifiers=3) == 3
     # with rejections too: 20 - (23 - 2 - 3) = 2
-    assert admission_capacity(1, 3, 4.0, admitted=23, rejected=2, generating=0, starving=False,
+    assert admission_capacity(1, 3, 4.0, accepted_or_running=21, generating=0, starving=False,
                               held_by_verifiers=3) == 2

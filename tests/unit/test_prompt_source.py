@@ -159,3 +159,41 @@ def test_build_stage_source_mixes_datasets(tmp_path):
     assert one.next().metadata["record_key"].startswith("tiny_arith/")
     with pytest.raises(ValueError, match="same dataset twice"):
         build_stage_source([DataMixConfig(), DataMixConfig(seed=1)], CharTokenizer(), 64, seed=0)
+
+
+def test_a_restored_source_and_mixture_continue_the_same_prompt_stream():
+    import msgpack
+
+    from asyncrl.data.prompt_source import MixturePromptSource, PromptSource
+    from asyncrl.data.stages import StageTracker
+
+    class Tok:
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) % 97 for c in text]
+
+    def build():
+        a = PromptSource([{"prompt": f"a{i}", "answer": "1"} for i in range(7)], Tok(), seed=1, source_name="a")
+        b = PromptSource([{"prompt": f"b{i}", "answer": "2"} for i in range(5)], Tok(), seed=2, source_name="b")
+        return MixturePromptSource([a, b], [2.0, 1.0], seed=3)
+
+    mix = build()
+    mix.take(11)  # more than one epoch of b
+    mix.exclude({"a/3", "b/1"})
+    state = msgpack.unpackb(msgpack.packb(mix.state_dict(), use_bin_type=True), raw=False, strict_map_key=False)
+    fresh = build()
+    fresh.load_state_dict(state)
+    want = [(p.prompt_id, p.metadata["record_key"]) for p in mix.take(20)]
+    assert [(p.prompt_id, p.metadata["record_key"]) for p in fresh.take(20)] == want
+    assert not {"a/3", "b/1"} & {k for _, k in want}
+
+    tracker = StageTracker([_stage(0, 3), _stage(1, None)])
+    tracker.on_step(1, 0.5)
+    again = StageTracker([_stage(0, 3), _stage(1, None)])
+    again.load_state_dict(tracker.state_dict())
+    assert [again.on_step(s, 0.5) is not None for s in (2, 3)] == [tracker.on_step(s, 0.5) is not None for s in (2, 3)]
+
+
+def _stage(index, steps):
+    from asyncrl.data.stages import ResolvedStage
+
+    return ResolvedStage(index, f"s{index}", steps, None, 10, None, 8, 4, 1.0, 64, False)

@@ -59,14 +59,45 @@ def test_drain_update_waits_for_in_flight_requests_and_tags_later_tokens():
     assert stats["sync/drain_s"] >= 0
 
 
-def test_a_push_must_advance_the_version():
+def test_a_push_may_repeat_the_version_but_never_go_back():
+    # a repeat is how survivors take part in the push that brings a new actor up to date
     async def main():
         actor = make_actor([])
         await actor.start()
         await actor.update_weights({}, 2)
+        await actor.update_weights({}, 2)
         try:
-            await actor.update_weights({}, 2)
+            await actor.update_weights({}, 1)
         except ValueError as e:
-            return str(e)
+            return actor.engine.loaded_versions, str(e)
 
-    assert "version 2" in run(main())
+    loaded, error = run(main())
+    assert loaded == [2, 2] and "version 1 after 2" in error
+
+
+def test_a_failed_load_keeps_new_requests_waiting_until_a_push_succeeds():
+    async def main():
+        out = []
+        actor = make_actor(out)
+        await actor.start()
+        real_load = actor.engine.load_weights
+
+        async def broken(metadata, version):
+            raise RuntimeError("peer went away")
+
+        actor.engine.load_weights = broken
+        try:
+            await actor.update_weights({}, 1)
+        except RuntimeError:
+            pass
+        await actor.submit([PromptItem("late", [1, 2], {})])
+        await asyncio.sleep(0.05)
+        held = len(out)  # nothing generated with a half-loaded model
+        actor.engine.load_weights = real_load
+        await actor.update_weights({}, 1)
+        while len(out) < actor.group_size:
+            await asyncio.sleep(0.01)
+        return held, {v for s in out for v in s.versions}
+
+    held, versions = run(main())
+    assert held == 0 and versions == {1}

@@ -1,0 +1,150 @@
+"""What every token buffer shares: the `Buffer` protocol, the response cursor, the exact-Phi cut
+and the stale-prefix scan, written once for `TokenBuffer` and `RolloutBatchBuffer`.
+
+A buffer supplies its own admission capacity (`admission_capacity(AdmissionView)`): the streaming
+buffer bounds prompts by AReaL's staleness formula, the rollout-batch buffer by when its next
+batch is sealed. The group ledger (orchestrator/ledger.py) fills the view; the buffer decides.
+
+State: `state_dict()` is plain data (lists, dicts, numbers) that a checkpoint stores as msgpack;
+`load_state_dict` restores it exactly, split responses and collecting groups included.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol
+
+from asyncrl.types import Group, Sample, ScoredSample, SequenceChunk
+
+
+@dataclass
+class BufferStats:
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tokens_dropped_stale: int = 0
+    responses_in: int = 0
+    responses_empty: int = 0
+    responses_split: int = 0
+    batches_out: int = 0
+
+
+@dataclass
+class AdmissionView:
+    """What a buffer needs to know to say how many more prompts may be admitted now."""
+
+    learner_version: int
+    prompts_per_step: float
+    """Estimated prompts one optimizer step consumes (admission.prompts_per_step)."""
+    accepted_or_running: int
+    """Groups admitted and not rejected: kept (buffered) or still generating / scoring."""
+    generating: int
+    """Groups whose samples are not all generated yet."""
+    waiting: int
+    """Admitted groups not yet handed to the buffer (generating or scoring)."""
+    held_by_verifiers: int
+    """Generated groups waiting for rewards, up to the reward workers (0 when samples queue)."""
+    verifiers_behind: bool
+    """Samples are queued for a reward worker: more generation would only pile up."""
+    step_running: bool
+    """An optimizer step is in progress (it will consume one more step's worth)."""
+
+
+@dataclass
+class ResponseCursor:
+    """One response in a buffer: tokens [offset, len) still to emit (or to drop as stale)."""
+
+    sample: Sample
+    advantage: float
+    offset: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.sample.response_ids) - self.offset
+
+    def chunk(self, end: int) -> SequenceChunk:
+        """Loss on tokens [offset, end); everything before is context."""
+        s, start = self.sample, self.offset
+        return SequenceChunk(
+            group_id=s.group_id, sample_index=s.sample_index, prompt_ids=s.prompt_ids,
+            response_ids=s.response_ids[:end], loss_start=start, old_logprobs=s.logprobs[start:end],
+            versions=s.versions[start:end], advantage=self.advantage, temperature=s.temperature)
+
+    def to_state(self) -> dict[str, Any]:
+        return {"sample": asdict(self.sample), "advantage": self.advantage, "offset": self.offset}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> ResponseCursor:
+        return cls(sample_from_state(d["sample"]), d["advantage"], d["offset"])
+
+
+def sample_from_state(d: dict[str, Any]) -> Sample:
+    return Sample(**d)
+
+
+def group_to_state(g: Group) -> dict[str, Any]:
+    return {"group_id": g.group_id, "advantages": list(g.advantages),
+            "samples": [{"sample": asdict(m.sample), "reward": m.reward, "info": m.reward_info} for m in g.samples]}
+
+
+def group_from_state(d: dict[str, Any]) -> Group:
+    return Group(d["group_id"], [ScoredSample(sample_from_state(m["sample"]), m["reward"], m["info"])
+                                 for m in d["samples"]], list(d["advantages"]))
+
+
+def stale_prefix(versions: list[int], start: int, oldest_ok: int) -> int:
+    """How many tokens from `start` on are older than `oldest_ok`. Versions never decrease along
+    a response, so the stale tokens are a prefix and the first young enough token ends it."""
+    n = start
+    while n < len(versions) and versions[n] < oldest_ok:
+        n += 1
+    return n - start
+
+
+def cut_budget(queue: deque[ResponseCursor], budget: int, stats: BufferStats) -> list[SequenceChunk]:
+    """Exactly `budget` loss tokens from the head of `queue` (which must hold that many). Whole
+    responses while they fit; the one that does not gives the prefix that fills the budget and
+    stays at the head, so its rest opens the next batch."""
+    need = budget
+    chunks: list[SequenceChunk] = []
+    while need:
+        p = queue[0]
+        take = min(need, p.remaining)
+        chunks.append(p.chunk(p.offset + take))
+        p.offset += take
+        need -= take
+        if p.remaining == 0:
+            queue.popleft()
+        else:
+            stats.responses_split += 1
+    return chunks
+
+
+def stats_from_state(cls, d: dict[str, Any]):
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class Buffer(Protocol):
+    """A token buffer as the group ledger and the train loop see it."""
+
+    token_budget: int
+    """Phi of the current stage (the orchestrator sets it at a stage boundary)."""
+    stats: BufferStats
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Loss tokens still to emit."""
+
+    def add_group(self, group: Group, seq: int | None = None) -> None:
+        """A kept group; `seq` is its admission sequence number (the ledger's)."""
+
+    def next_batch(self, learner_version: int) -> list[SequenceChunk] | None:
+        """One optimizer step's chunks for `learner_version`, or None until a step can be filled."""
+
+    def admission_capacity(self, view: AdmissionView) -> int:
+        """How many more prompts may be admitted now."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

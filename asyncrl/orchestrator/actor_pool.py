@@ -1,0 +1,226 @@
+"""The rollout actors as one object: start them, hand them prompts, push weights, notice when one
+dies, replace it, and grow or shrink the pool while the run goes on.
+
+Weight sync group: gloo (and NCCL) groups have a fixed membership and do not survive a member's
+death: a broadcast to a group with a dead peer fails ("connection closed by peer") or times out.
+So the group is rebuilt whenever membership changes: the learner and every live actor join a new
+group on a new port, and the next push reaches exactly the live actors. Membership changes only at
+step boundaries, when the learner is not training (its Ray calls run in order, so a push queued
+behind a step would carry the next version).
+
+Failures: an actor is dead when a call to it raises `RayActorError` (its process was killed, its
+engine crashed, its node left), or when it did not finish a push within `sync.timeout_s` (then it
+is killed, so it cannot come back into an old group). A replacement starts in the background
+(a vLLM engine takes ~25 s) while the survivors go on; it joins the group and receives the current
+weights at the first step boundary after it is up, and gets prompts only after that.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from asyncrl.config import Config
+from asyncrl.orchestrator import components
+from asyncrl.sync.gloo_sender import free_port
+from asyncrl.sync.protocol import WeightSyncError
+
+log = logging.getLogger(__name__)
+
+
+class PushFailed(RuntimeError):
+    """A push did not reach every actor; `dead` names the actors that caused it."""
+
+    def __init__(self, message: str, dead: list[int]):
+        super().__init__(message)
+        self.dead = dead
+
+
+class ActorPool:
+    def __init__(self, cfg: Config, model_path: str, sample_endpoint: str, learner: Any, host: str,
+                 rpc_dir: str | None = None):
+        self.cfg, self.model_path, self.endpoint, self.rpc_dir = cfg, model_path, sample_endpoint, rpc_dir
+        self.learner, self.host = learner, host
+        self.actors: dict[int, Any] = {}  # live actors that hold the current weights: they get prompts
+        self.starting: dict[int, tuple[Any, Any]] = {}  # id -> (handle, start ref)
+        self.weight_meta: dict[str, Any] = {}
+        self._calls: dict[int, list[Any]] = {}  # refs of calls not yet seen to finish, per actor
+        self._group_ids: list[int] = []  # members of the current weight-sync group, in rank order
+
+    @property
+    def ids(self) -> list[int]:
+        return sorted(self.actors)
+
+    def start(self, num_actors: int, version: int) -> None:
+        """Start `num_actors` actors, wait for them, form the group, and (on a resumed run, at
+        version > 0) push the current weights."""
+        for i in range(num_actors):
+            self._spawn(i)
+        ray.get([ref for _, ref in self.starting.values()])
+        self.admit_started(block=True)
+        self.rebuild_group()
+        if version > 0:
+            self.push(version, step=None)
+
+    def _spawn(self, actor_id: int) -> None:
+        handle = components.start_rollout_actor(self.cfg, self.model_path, self.endpoint, actor_id, self.rpc_dir)
+        self.starting[actor_id] = (handle, handle.start.remote())
+
+    def admit_started(self, block: bool = False) -> list[int]:
+        """Actors whose engines are up become members (call at a step boundary, then push: the
+        push rebuilds the group and they get the current weights before any prompt). Returns
+        their ids; an actor that failed to start is tried again."""
+        ready = [i for i, (_, ref) in self.starting.items() if block or ray.wait([ref], timeout=0)[0]]
+        joined = []
+        for i in ready:
+            handle, ref = self.starting.pop(i)
+            try:
+                ray.get(ref)
+            except RayActorError as e:
+                log.warning("rollout actor %d failed to start (%s); trying again", i, e)
+                self._spawn(i)
+                continue
+            self.actors[i] = handle
+            joined.append(i)
+        return joined
+
+    def rebuild_group(self) -> None:
+        """Learner rank 0 and every live actor join a fresh weight-sync group (all at once)."""
+        if self.cfg.rollout.engine == "fake":
+            self._group_ids = self.ids
+            return
+        sync = self.cfg.sync
+        port, ids = free_port(self.host), self.ids
+        world = 1 + len(ids)
+        refs = [self.learner.init_weight_sync.remote(sync.type, self.host, port, world, sync.timeout_s,
+                                                     sync.bucket_mb << 20)]
+        refs += [self.actors[a].init_weight_sync.remote(self.host, port, r + 1, world, sync.timeout_s)
+                 for r, a in enumerate(ids)]
+        done, waiting = ray.wait(refs, num_returns=len(refs), timeout=sync.timeout_s + 30)
+        dead = self._dead_among(ids, refs[1:])
+        if dead or waiting:
+            raise PushFailed(f"weight-sync group on port {port} could not form; actors {dead} did not join", dead)
+        ray.get(refs[0])
+        self.weight_meta = ray.get(self.learner.weight_metadata.remote())
+        self._group_ids = ids
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    def submit(self, actor_id: int, items, spec, group_size: int) -> None:
+        ref = self.actors[actor_id].submit.remote(items, spec, group_size)
+        self._calls.setdefault(actor_id, []).append(ref)
+
+    def find_dead(self) -> list[int]:
+        """Live actors one of whose calls failed because the actor is gone (cheap: no waiting)."""
+        dead = []
+        for a, refs in list(self._calls.items()):
+            finished, self._calls[a] = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+            for ref in finished:
+                try:
+                    ray.get(ref)
+                except RayActorError:
+                    dead.append(a)
+                    break
+        for a in dead:
+            self.remove(a)
+        return dead
+
+    def remove(self, actor_id: int, kill: bool = False) -> None:
+        handle = self.actors.pop(actor_id, None)
+        self._calls.pop(actor_id, None)
+        if kill and handle is not None:
+            ray.kill(handle, no_restart=True)
+
+    def replace(self, actor_id: int) -> None:
+        """Start a fresh actor under the same id (it joins at a step boundary, `admit_started`)."""
+        self._spawn(actor_id)
+
+    def scale_to(self, num_actors: int) -> tuple[list[int], list[int]]:
+        """Start actors up to `num_actors` or stop the newest ones; returns (started, stopped)."""
+        have = sorted([*self.actors, *self.starting])
+        started, stopped = [], []
+        next_id = max(have, default=-1) + 1
+        while len(have) + len(started) - len(stopped) < num_actors:
+            self._spawn(next_id)
+            started.append(next_id)
+            next_id += 1
+        for a in reversed(have):
+            if len(have) - len(stopped) <= num_actors:
+                break
+            if a in self.starting:
+                ray.kill(self.starting.pop(a)[0], no_restart=True)
+            else:
+                self.remove(a, kill=True)
+            stopped.append(a)
+        return started, stopped  # the next push rebuilds the group without the stopped ones
+
+    # -- weights ------------------------------------------------------------------------------
+
+    def push(self, version: int, step: int | None) -> dict[str, float]:
+        """Drain push of `version` to every live actor. Raises `PushFailed` naming the actors that
+        died or did not finish within sync.timeout_s (they are removed; rebuild, then retry)."""
+        t0 = time.monotonic()
+        ids = self.ids
+        if ids != self._group_ids:
+            self.rebuild_group()
+        refs = [self.actors[a].update_weights.remote(self.weight_meta, version) for a in ids]
+        learner_ref = self.learner.push_weights.remote() if self.weight_meta else None
+        all_refs = refs + ([learner_ref] if learner_ref is not None else [])
+        _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=self.cfg.sync.timeout_s)
+        dead = self._dead_among(ids, refs)
+        hung = [a for a, r in zip(ids, refs) if r in waiting]
+        for a in hung:
+            self.remove(a, kill=True)  # a member that hangs in a collective cannot be trusted again
+        for a in dead:
+            self.remove(a)
+        if dead or hung:
+            if learner_ref is not None:
+                try:  # with its peers gone the learner's broadcast fails fast; wait it out
+                    ray.get(learner_ref, timeout=self.cfg.sync.timeout_s)
+                except (WeightSyncError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+                    pass
+            self._group_ids = []
+            raise PushFailed(f"weight push of version {version} (step {step}) lost rollout actors "
+                             f"{sorted(dead + hung)} ({'died' if dead else 'timed out'})", sorted(dead + hung))
+        if learner_ref in waiting:
+            raise TimeoutError(f"weight push of version {version} (step {step}) did not finish within "
+                               f"{self.cfg.sync.timeout_s}s on learner rank 0")
+        out = {"sync/push_s": time.monotonic() - t0, "sync/version": version}
+        for r in ray.get(refs):
+            for k, v in (r or {}).items():
+                out[k] = max(out.get(k, 0.0), v)  # the slowest actor is what the step waited for
+        return out
+
+    def _dead_among(self, ids: list[int], refs: list[Any]) -> list[int]:
+        dead = []
+        for a, ref in zip(ids, refs):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.append(a)
+        return dead
+
+    def check_parity(self, probe_ids: list[int], tolerance: float) -> tuple[float, list[tuple[int, float]]]:
+        """Max |actor - learner| logprob over the probe, and the actors past `tolerance`."""
+        want = ray.get(self.learner.prompt_logprobs.remote(probe_ids))
+        ids = self.ids
+        gaps = [max(abs(a - b) for a, b in zip(got, want))
+                for got in ray.get([self.actors[a].prompt_logprobs.remote(probe_ids) for a in ids])]
+        return max(gaps, default=0.0), [(a, g) for a, g in zip(ids, gaps) if g > tolerance]
+
+    def stats(self) -> list[dict[str, Any]]:
+        return ray.get([self.actors[a].get_stats.remote() for a in self.ids])
+
+    def shutdown(self) -> None:
+        handles = [*self.actors.values(), *(h for h, _ in self.starting.values())]
+        for h in handles:
+            try:
+                ray.get(h.shutdown.remote(), timeout=30)
+            except Exception as e:  # shutting down anyway; say what failed
+                log.warning("actor shutdown failed: %r", e)

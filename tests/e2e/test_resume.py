@@ -1,0 +1,97 @@
+"""Durable runs through the real entry point: SIGTERM at step k, then resume=auto, gives the same
+steps, losses, rewards and final parameters as a run never interrupted (fake engine, synchronous
+rollout batches, CPU: bit for bit); an incompatible resume exits 2 naming the field."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 8
+# Synchronous rollout batches (D_R 4 groups, D_T 2 per step, staleness 0): what a step trains on
+# does not depend on timing, so two runs can be compared bit for bit.
+ARGS = ["rollout.engine=fake", f"total_steps={STEPS}", "buffer.token_budget=32", "buffer.max_staleness=0",
+        "buffer.rollout_batch_prompts=4", "buffer.minibatch_prompts=2", "rollout.group_size=4",
+        "rollout.max_tokens=8", "algo.drop_zero_variance_groups=false", "observe.console=lines",
+        "observe.tensorboard=false", "checkpoint.every_steps=3", "ray.num_cpus=3",
+        # a deterministic stand-in verifier with mixed rewards, so the losses are not all zero
+        "reward.type=import:asyncrl.reward.fault_injection:by_response_hash"]
+COMPARED = ("reward/mean", "reward/num_samples", "loss/total", "loss/policy", "learner/grad_norm",
+            "learner/loss_tokens", "entropy/learner", "learner/version")
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
+
+    spec = TinyModelSpec(warm_start_steps=10, num_eval_prompts=8)
+    return str(ensure_tiny_model(spec, cache_dir=tmp_path_factory.mktemp("cache"), log=lambda _: None))
+
+
+def launch(out, name, model, *extra):
+    cmd = [sys.executable, "launch/run.py", *ARGS, f"model.path={model}", f"name={name}",
+           f"observe.output_dir={out}", *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def rows(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def events(run_dir):
+    return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model):
+    plain = launch(tmp_path, "plain", small_model)
+    out, _ = plain.communicate(timeout=600)
+    assert plain.returncode == 0, out[-3000:]
+
+    run_dir = tmp_path / "cut"
+    cut = launch(tmp_path, "cut", small_model)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists() and len(rows(run_dir)) >= 4):
+        time.sleep(0.05)
+    t_signal = time.monotonic()
+    cut.send_signal(signal.SIGTERM)
+    out, _ = cut.communicate(timeout=120)
+    assert time.monotonic() - t_signal < 60
+    assert cut.returncode == 128 + signal.SIGTERM, out[-3000:]
+    stopped_at = len(rows(run_dir))
+    assert 4 <= stopped_at < STEPS, "the signal came too late to test a resume"
+    assert events(run_dir)[-1] == {"step": stopped_at, "event": "end", "status": "interrupted", "reason": "SIGTERM"}
+    assert (run_dir / "checkpoints" / f"step_{stopped_at}" / "COMPLETE").exists()
+
+    again = launch(tmp_path, "cut", small_model, "resume=auto")
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out[-3000:]
+    assert f"at step {stopped_at}" in out
+    want, got = rows(tmp_path / "plain"), rows(run_dir)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    for a, b in zip(want, got):
+        assert {k: a.get(k) for k in COMPARED} == {k: b.get(k) for k in COMPARED}, a["step"]
+    assert any(r["loss/total"] != 0 for r in want) and all(r.get("reward/num_samples") is not None for r in want)
+    a = load_file(tmp_path / "plain" / "final" / "model.safetensors")
+    b = load_file(run_dir / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [e["event"] for e in events(run_dir)].count("resume") == 1
+
+
+def test_resume_with_another_model_exits_2_naming_the_field(tmp_path, small_model):
+    first = launch(tmp_path, "r", small_model, "total_steps=3")
+    out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-3000:]
+    proc = subprocess.run([sys.executable, "launch/run.py", *ARGS, f"observe.output_dir={tmp_path}", "name=r",
+                           "model.path=builtin:tiny", "resume=auto"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "model.path" in proc.stderr

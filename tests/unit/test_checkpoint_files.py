@@ -1,0 +1,54 @@
+"""Checkpoint directories: atomic commit, keep-newest-N, corrupt ones skipped, and the config
+fields a resume may not change."""
+
+import pytest
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.orchestrator import checkpoint
+
+
+def write(run_dir, step, cfg, keep=2):
+    tmp = checkpoint.begin(run_dir, step, {"step": step, "version": step}, cfg)
+    (tmp / "learner" / "policy").mkdir(parents=True)
+    (tmp / "learner" / "policy" / "config.json").write_text("{}")
+    (tmp / "learner" / "learner.pt").write_bytes(b"x")
+    return checkpoint.commit(tmp, step, keep)
+
+
+def test_only_the_newest_complete_checkpoints_are_kept(tmp_path):
+    cfg = load_config(None, [])
+    for step in (10, 20, 30):
+        write(tmp_path, step, cfg)
+    found = checkpoint.list_complete(checkpoint.checkpoints_dir(tmp_path))
+    assert [p.name for p in found] == ["step_20", "step_30"]
+    assert not list(checkpoint.checkpoints_dir(tmp_path).glob(".tmp_*"))
+
+
+def test_a_partial_or_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path):
+    cfg = load_config(None, [])
+    write(tmp_path, 10, cfg, keep=5)
+    newest = write(tmp_path, 20, cfg, keep=5)
+    (newest / checkpoint.STATE_FILE).write_bytes(b"\xc1 not msgpack")
+    # a crash while writing step 30: only its temporary directory exists
+    checkpoint.begin(tmp_path, 30, {"step": 30}, cfg)
+    warnings = []
+    path, state = checkpoint.find_resumable(tmp_path, warn=warnings.append)
+    assert path.name == "step_10" and state["step"] == 10
+    assert len(warnings) == 1 and "corrupt" in warnings[0]
+
+
+def test_missing_learner_files_make_a_checkpoint_invalid(tmp_path):
+    path = write(tmp_path, 5, load_config(None, []))
+    (path / "learner" / "learner.pt").unlink()
+    with pytest.raises(ValueError, match="learner.pt"):
+        checkpoint.validate(path)
+    assert checkpoint.find_resumable(tmp_path, warn=lambda m: None) is None
+
+
+def test_resume_refuses_a_different_model_but_allows_a_longer_run(tmp_path):
+    path = write(tmp_path, 5, load_config(None, []))
+    checkpoint.check_compatible(path, load_config(None, ["total_steps=900", "learner.lr=1e-4"]))
+    with pytest.raises(ConfigError, match="model.path"):
+        checkpoint.check_compatible(path, load_config(None, ["model.path=/elsewhere/model"]))
+    with pytest.raises(ConfigError, match="algo.kl.needs_reference"):
+        checkpoint.check_compatible(path, load_config(None, ["algo.kl.coef=0.001"]))
