@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from asyncrl.compat import hide_broken_torch_extras
-    from asyncrl.orchestrator.orchestrator import LearnerDied, Orchestrator
+    from asyncrl.orchestrator.checkpointer import LearnerDied
+    from asyncrl.orchestrator.orchestrator import Orchestrator
 
     hide_broken_torch_extras()  # before Ray starts: its workers inherit the environment
     connect_ray(cfg.ray.address, cfg.ray.num_cpus)

@@ -160,9 +160,19 @@ class ActorPool:
 
     # -- weights ------------------------------------------------------------------------------
 
-    def push(self, version: int, step: int | None) -> dict[str, float]:
-        """Drain push of `version` to every live actor. Raises `PushFailed` naming the actors that
-        died or did not finish within sync.timeout_s (they are removed; rebuild, then retry)."""
+    def push(self, version: int, step: int | None, on_lost=None) -> dict[str, float]:
+        """Drain push of `version` to every live actor. Actors that die or do not finish within
+        sync.timeout_s are removed and reported to `on_lost(ids, why)`; then the push is retried
+        once around the survivors (a new group). Without `on_lost`, `PushFailed` is raised."""
+        try:
+            return self._push_once(version, step)
+        except PushFailed as e:
+            if on_lost is None:
+                raise
+            on_lost(e.dead, str(e))
+            return self._push_once(version, step)
+
+    def _push_once(self, version: int, step: int | None) -> dict[str, float]:
         t0 = time.monotonic()
         ids = self.ids
         if ids != self._group_ids:
@@ -206,13 +216,22 @@ class ActorPool:
                 dead.append(a)
         return dead
 
-    def check_parity(self, probe_ids: list[int], tolerance: float) -> tuple[float, list[tuple[int, float]]]:
-        """Max |actor - learner| logprob over the probe, and the actors past `tolerance`."""
+    def check_parity(self, probe_ids: list[int], tolerance: float, version: int) -> float:
+        """Max |actor - learner| logprob over the probe, over all actors; raises past `tolerance`.
+
+        This is what catches a push that silently did not change what an engine computes (tied
+        embeddings and prepacked CPU weights, see sync/vllm_gloo_engine.py)."""
         want = ray.get(self.learner.prompt_logprobs.remote(probe_ids))
         ids = self.ids
         gaps = [max(abs(a - b) for a, b in zip(got, want))
                 for got in ray.get([self.actors[a].prompt_logprobs.remote(probe_ids) for a in ids])]
-        return max(gaps, default=0.0), [(a, g) for a, g in zip(ids, gaps) if g > tolerance]
+        for actor, gap in zip(ids, gaps):
+            if gap > tolerance:
+                raise RuntimeError(
+                    f"after the push of version {version}, rollout actor {actor}'s logprobs differ from the "
+                    f"learner's by {gap:.3g} nats (tolerance {tolerance}): the engine is not computing with "
+                    "the pushed weights")
+        return max(gaps, default=0.0)
 
     def stats(self) -> list[dict[str, Any]]:
         return ray.get([self.actors[a].get_stats.remote() for a in self.ids])

@@ -3,6 +3,8 @@ consumes (the B of the admission bound, buffer/admission.py) and which actor get
 
 from __future__ import annotations
 
+from asyncrl.rollout.engine import SamplingSpec
+
 
 def prompts_per_step(token_budget: int, tokens_per_kept_group: float | None, group_size: int,
                      max_tokens: int) -> float:
@@ -23,3 +25,12 @@ def assign_prompts(num_prompts: int, in_flight: dict[int, int], max_per_actor: i
         load[actor] += 1
         share[actor] += 1
     return share
+
+
+def group_by_settings(records) -> list[tuple[SamplingSpec, int, list]]:
+    """Ledger records -> [(SamplingSpec, group size, prompts)]: one submit per setting, since
+    requeued groups keep the settings they were admitted with (an earlier stage's, maybe)."""
+    out: dict[tuple, list] = {}
+    for r in records:
+        out.setdefault((r.spec.temperature, r.spec.top_p, r.spec.max_tokens, r.group_size), []).append(r.prompt)
+    return [(SamplingSpec(t, p, m), n, prompts) for (t, p, m, n), prompts in out.items()]

@@ -1,4 +1,4 @@
-"""Builds the run's processes under Ray: the learner rank and the rollout actors.
+"""Builds the run's parts: the learner rank and the rollout actors under Ray, the ledger and its buffer.
 
 Each gets only its own sub-config. Engines are created inside their actor's process (a factory
 travels, not an engine); on CPU the vLLM KV cache is sized through the actor's environment.
@@ -13,10 +13,14 @@ import ray
 
 from asyncrl.compat import child_env
 from asyncrl.buffer.base import Buffer
+from asyncrl.buffer.group_assembler import GroupAssembler
 from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
 from asyncrl.buffer.token_buffer import TokenBuffer
-from asyncrl.config import BufferConfig, Config
+from asyncrl.config import BufferConfig, Config, RewardConfig
 from asyncrl.learner.torch_learner import TorchLearner
+from asyncrl.orchestrator.ledger import GroupLedger, Shaping
+from asyncrl.reward.pool import RewardPool
+from asyncrl.reward.registry import RewardRouter, check_functions, check_sources
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 
@@ -39,6 +43,25 @@ def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> Buffer:
         return TokenBuffer(token_budget, cfg.max_staleness)
     return RolloutBatchBuffer(token_budget, cfg.max_staleness, cfg.rollout_batch_prompts,
                               cfg.minibatch_prompts, cfg.num_reuse, seed=seed)
+
+
+def build_ledger(cfg: Config, stage) -> GroupLedger:
+    """The group ledger with the buffer, assembler and shaping of the run's config and first stage."""
+    a = cfg.algo
+    return GroupLedger(
+        build_buffer(cfg.buffer, stage.token_budget, cfg.seed),
+        GroupAssembler(stage.group_size, a.advantage, a.advantage_eps, a.drop_zero_variance_groups,
+                       a.truncation_mask),
+        Shaping(a.no_eos_penalty, a.overlong_buffer, a.overlong_penalty_factor), cfg.reward.num_workers)
+
+
+def build_reward_pool(cfg: RewardConfig, data_sources) -> RewardPool:
+    """The reward pool, after the checks that need the data: user functions import, and without a
+    default verifier every data source (`data_sources()`) is routed (ConfigError otherwise)."""
+    check_functions(cfg)
+    if cfg.type is None:
+        check_sources(cfg, data_sources())
+    return RewardPool(functools.partial(RewardRouter, cfg), cfg.num_workers, cfg.timeout_s)
 
 
 def node_ip() -> str:

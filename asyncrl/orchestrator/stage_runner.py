@@ -23,10 +23,23 @@ class StageChange:
     prompts_excluded: int
     solved_in_previous: int
 
+    def describe(self) -> dict[str, Any]:
+        """The fields of the run's `stage` event."""
+        return {"name": self.stage.name, "index": self.stage.index, "prompts_excluded": self.prompts_excluded,
+                "solved_in_previous": self.solved_in_previous}
+
+    def __str__(self) -> str:
+        st = self.stage
+        return (f"entering stage {st.name} (max_tokens {st.max_tokens}, group {st.group_size}, temperature "
+                f"{st.temperature}, Phi {st.token_budget})"
+                + (f"; online filter dropped {self.prompts_excluded} solved prompts" if st.online_filter else ""))
+
 
 class StageRunner:
-    def __init__(self, cfg: Config, tokenizer: Any):
-        self.cfg, self.tokenizer = cfg, tokenizer
+    def __init__(self, cfg: Config, model_path: str):
+        from transformers import AutoTokenizer
+
+        self.cfg, self.tokenizer = cfg, AutoTokenizer.from_pretrained(model_path)
         self.tracker = StageTracker(resolve_stages(cfg))
         self.pass_rates = PassRateTracker()
         self.excluded: set[str] = set()  # record keys dropped by online filtering, all stages

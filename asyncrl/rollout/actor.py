@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import zlib
 from collections.abc import Callable
@@ -144,7 +145,8 @@ class RolloutActor:
         return await self.engine.prompt_logprobs(token_ids)
 
     def get_stats(self) -> dict[str, Any]:
-        return {**self.stats, "version": self.version, "in_flight_prompts": self.num_in_flight_prompts()}
+        return {**self.stats, "version": self.version, "in_flight_prompts": self.num_in_flight_prompts(),
+                "pid": os.getpid()}
 
     async def shutdown(self) -> None:
         for t in list(self._tasks):

@@ -80,3 +80,16 @@ def test_groups_held_by_verifiers_do_not_count_against_the_bound():
     # with rejections too: 20 - (23 - 2 - 3) = 2
     assert admission_capacity(1, 3, 4.0, accepted_or_running=21, generating=0, starving=False,
                               held_by_verifiers=3) == 2
+
+
+def test_requeued_groups_keep_their_own_sampling_settings():
+    from types import SimpleNamespace
+
+    from asyncrl.orchestrator.admission import group_by_settings
+    from asyncrl.rollout.engine import SamplingSpec
+
+    def rec(pid, max_tokens, n):
+        return SimpleNamespace(prompt=pid, spec=SamplingSpec(1.0, 1.0, max_tokens), group_size=n)
+
+    out = group_by_settings([rec("a", 8, 4), rec("b", 16, 6), rec("c", 8, 4)])
+    assert out == [(SamplingSpec(1.0, 1.0, 8), 4, ["a", "c"]), (SamplingSpec(1.0, 1.0, 16), 6, ["b"])]

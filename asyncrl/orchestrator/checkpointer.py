@@ -1,0 +1,74 @@
+"""Writes the run's checkpoints without holding up generation, and finds the one to resume from.
+
+`save(step, state)` writes the orchestrator's state at once (a few milliseconds of msgpack) and
+asks the learner to write its part; Ray runs a learner's calls in order, so the learner saves the
+weights of exactly this step before it trains the next, while the actors keep generating. `poll`
+commits the checkpoint (checkpoint.py: rename into place, prune) once the learner is done.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from asyncrl.config import Config, ConfigError
+from asyncrl.orchestrator import checkpoint
+
+
+class LearnerDied(RuntimeError):
+    """The learner process is gone; the message says where to resume from."""
+
+
+class Checkpointer:
+    def __init__(self, cfg: Config, run_dir: Path, say=print, on_commit=None):
+        self.cfg, self.run_dir, self.say = cfg, run_dir, say
+        self.on_commit = on_commit  # on_commit(step, path=..., learner_save_s=...): the run's event
+        self._pending: tuple[Path, int, Any] | None = None
+
+    def find_resume(self) -> tuple[Path, dict[str, Any]] | None:
+        """The checkpoint `resume` names (None: start fresh); ConfigError if it cannot be used."""
+        resume = self.cfg.resume
+        if resume is None:
+            return None
+        if resume == "auto":
+            found = checkpoint.find_resumable(self.run_dir, warn=lambda m: self.say(f"warning: {m}"))
+            if found is None:
+                self.say(f"resume=auto: no checkpoint in {self.run_dir}; starting fresh")
+                return None
+        else:
+            path = Path(resume).expanduser().resolve()
+            try:
+                found = path, checkpoint.validate(path)
+            except ValueError as e:
+                raise ConfigError(f"resume: {e}") from None
+        checkpoint.check_compatible(found[0], self.cfg)
+        return found
+
+    def save(self, step: int, state: dict[str, Any], learner: Any) -> None:
+        self.poll(block=True)  # one at a time
+        tmp = checkpoint.begin(self.run_dir, step, state, self.cfg)
+        self._pending = (tmp, step, learner.save_checkpoint.remote(str(tmp / checkpoint.LEARNER_DIR)))
+
+    def poll(self, block: bool = False) -> Path | None:
+        """Commit the pending checkpoint if the learner has written its part (or wait for it)."""
+        if self._pending is None or not (block or ray.wait([self._pending[2]], timeout=0)[0]):
+            return None
+        tmp, step, ref = self._pending
+        self._pending = None
+        saved = ray.get(ref)
+        path = checkpoint.commit(tmp, step, self.cfg.checkpoint.keep)
+        if self.on_commit is not None:
+            self.on_commit(step, path=str(path), learner_save_s=saved["save_s"])
+        return path
+
+    def newest(self) -> Path | None:
+        found = checkpoint.list_complete(checkpoint.checkpoints_dir(self.run_dir))
+        return found[-1] if found else None
+
+    def learner_died(self, step: int, error: BaseException) -> LearnerDied:
+        newest = self.newest()
+        where = f"the newest checkpoint is {newest}" if newest else "no checkpoint was written yet"
+        return LearnerDied(f"the learner process died during step {step} ({type(error).__name__}); {where}: "
+                           "run the same command with resume=auto to continue")
