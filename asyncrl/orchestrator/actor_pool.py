@@ -206,6 +206,8 @@ class ActorPool:
         return out
 
     def _dead_among(self, ids: list[int], refs: list[Any]) -> list[int]:
+        """The actors whose finished call failed because the actor is gone. A call that raised
+        inside a live actor (a survivor's receive, broken by a dead peer) does not count."""
         dead = []
         for a, ref in zip(ids, refs):
             if not ray.wait([ref], timeout=0)[0]:
@@ -214,6 +216,8 @@ class ActorPool:
                 ray.get(ref)
             except RayActorError:
                 dead.append(a)
+            except Exception:  # noqa: BLE001 - alive; the retry on a new group decides
+                pass
         return dead
 
     def check_parity(self, probe_ids: list[int], tolerance: float, version: int) -> float:
