@@ -196,6 +196,8 @@ class ActorPool:
             self._group_ids = []
             raise PushFailed(f"weight push of version {version} (step {step}) lost rollout actors "
                              f"{sorted(dead + hung)} ({'died' if dead else 'timed out'})", sorted(dead + hung))
+        if learner_ref is not None and learner_ref not in waiting:
+            ray.get(learner_ref)  # raises RayActorError if the learner died: the caller reports it
         if learner_ref in waiting:
             raise TimeoutError(f"weight push of version {version} (step {step}) did not finish within "
                                f"{self.cfg.sync.timeout_s}s on learner rank 0")

