@@ -175,12 +175,19 @@ class ActorPool:
     def _push_once(self, version: int, step: int | None) -> dict[str, float]:
         t0 = time.monotonic()
         ids = self.ids
+        if not ids:  # every actor lost: replacements get the weights when they join
+            return {"sync/push_s": 0.0, "sync/version": version}
         if ids != self._group_ids:
             self.rebuild_group()
         refs = [self.actors[a].update_weights.remote(self.weight_meta, version) for a in ids]
         learner_ref = self.learner.push_weights.remote() if self.weight_meta else None
         all_refs = refs + ([learner_ref] if learner_ref is not None else [])
         _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=self.cfg.sync.timeout_s)
+        if waiting:
+            # A member that never joins the collective stalls everyone in it until gloo's own
+            # timeout (the same sync.timeout_s); past that the others fail, and only the culprit
+            # is still waiting.
+            _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=self.cfg.sync.timeout_s + 10)
         dead = self._dead_among(ids, refs)
         hung = [a for a, r in zip(ids, refs) if r in waiting]
         for a in hung:

@@ -75,8 +75,10 @@ class Orchestrator:
         resume = self.checkpoints.find_resume()
         write_resolved(cfg, self.run_dir)
         hide_broken_torch_extras()
-        self.model_path = (str(resume[0] / checkpoint.LEARNER_DIR / "policy") if resume
-                           else components.resolve_model_path(cfg, log=self.say))
+        # actors always start from the base model and get the current weights pushed (a resumed
+        # run's checkpoint may be pruned before a replacement actor starts); the learner loads it
+        base_model = components.resolve_model_path(cfg, log=self.say)
+        self.model_path = str(resume[0] / checkpoint.LEARNER_DIR / "policy") if resume else base_model
         self.stages = StageRunner(cfg, self.model_path)
         self.tokenizer = self.stages.tokenizer
         self.rewards = components.build_reward_pool(cfg.reward, self.stages.data_sources)
@@ -90,7 +92,7 @@ class Orchestrator:
         if resume:
             self.version = ray.get(self.learner.load_checkpoint.remote(str(resume[0] / checkpoint.LEARNER_DIR)))
         self.batch_senders = [FrameSender(ray.get(self.learner.batch_endpoint.remote()))]
-        self.pool = ActorPool(cfg, self.model_path, self.samples.endpoint, self.learner, self.host, self.rpc_dir)
+        self.pool = ActorPool(cfg, base_model, self.samples.endpoint, self.learner, self.host, self.rpc_dir)
         self.pool.start(cfg.rollout.num_actors, self.version)
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
         self.stats = StepStats()
