@@ -10,7 +10,7 @@ e_k == tgt). The paper used tgt = 0.2, Delta = 0.005.
 Deviations: c is kept in [0, c_max] (the paper states alpha_k >= 0 but gives no upper bound;
 c_max = inf reproduces it). The paper measures e_k on the actor's rollouts ("estimated from the
 rollout buffer"); asyncrl feeds the learner-side entropy of the current policy over the batch's
-loss tokens, which stays meaningful when rollouts are off-policy (DESIGN.md, "The loss"). When
+loss tokens, which stays meaningful when rollouts are off-policy (the actors' policy lags). When
 that entropy is only known after the step's backward, the caller passes e_{k-1}, a one-step lag.
 """
 

@@ -10,7 +10,7 @@ symmetric clip (Skywork-OR1 eq. 2.4, 3.1). Two optional extensions, both off by 
   pi_prox (the learner's weights at the start of the step, recomputed by the learner) instead of
   the behaviour policy pi_b, and the term is weighted by the truncated importance weight
   w_t = min(pi_prox / pi_b, C). AReaL drops tokens whose weight exceeds the cap; asyncrl
-  truncates it at C instead (truncated IS, as in DESIGN.md).
+  truncates it at C instead (truncated importance sampling).
 - Dual clip (Ye et al. 2020): for A_t < 0 the term is also capped at -c * A_t, c > 1, so a huge
   ratio on a negative-advantage token cannot blow up the loss.
 

@@ -1,6 +1,6 @@
 """Token logprobs and entropies over the vocabulary, computed in chunks of tokens (pure torch).
 
-H_t = -sum_v pi(v | s_t) log pi(v | s_t) (DESIGN.md, "Entropy"). Logits are divided by the
+H_t = -sum_v pi(v | s_t) log pi(v | s_t) (the entropy bonus and control term). Logits are divided by the
 sampling temperature first so the learner scores the same distribution the actors sampled from.
 
 `token_logprobs_and_entropy` takes the selected loss positions' logits [T, V] and takes the

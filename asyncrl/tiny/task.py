@@ -4,7 +4,7 @@ Why addition of small numbers: a sub-million-parameter character model learns it
 but imperfect level in about a minute on 2 CPU cores, so a warm-started policy samples correct
 answers some of the time at temperature 1 (groups of samples have mixed rewards) and RL has
 something to sharpen. Harder tasks (chained operations, two-digit operands up to 50) barely move
-in the same time (see PLATFORM.md).
+in the same time (measured on 2 cores: ~1% accuracy after 600 supervised steps).
 
 Prompts look like ``"17+5="`` and the target completion is ``"\\boxed{22}"``: the final answer in
 ``\\boxed{}`` is what the math verifier checks. No reasoning prefix: at this size it only adds
