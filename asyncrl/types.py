@@ -146,3 +146,8 @@ class StepResult:
     version: int
     metrics: dict[str, float]
     events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on and says why in one message: `launch/run.py` prints it and exits 1
+    (a learner lost, a run that makes no progress, a reward function that keeps raising)."""

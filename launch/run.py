@@ -1,13 +1,17 @@
-"""Entry point: `python launch/run.py [--config configs/<recipe>.yaml] [section.field=value ...]`.
+"""Entry point: `python launch/run.py [--config configs/<recipe>.yaml] [--print-config] [section.field=value ...]`.
 
 Starts a local Ray cluster, or joins the one `ray job submit` (or RAY_ADDRESS / ray.address)
 points at, then hands the config to the orchestrator. With no --config it runs the tiny CPU
-default, which trains the locally built tiny model on the built-in arithmetic task.
+default, which trains the locally built tiny model on the built-in arithmetic task. Before Ray
+starts, the config, the model path, the lengths, the packages it needs and every data record are
+checked (asyncrl/preflight.py); `--print-config` prints the resolved config and exits.
 
 SIGTERM or SIGINT (Ctrl-C, `ray job stop`) stops the run cleanly: no new prompts, the running step
 finishes, a checkpoint is written, everything shuts down; `resume=auto` continues it. A second
 signal exits at once. Exit codes: 0 finished, 1 failed (learner lost: resume from the newest
-checkpoint), 2 bad config, 128 + signal number after a clean stop.
+checkpoint; no optimizer step for observe.stall_timeout_s; a reward function failing on more than
+reward.max_error_frac of the samples), 2 bad config or data, 128 + signal number after a clean stop
+(130 for a Ctrl-C during start-up).
 """
 
 from __future__ import annotations
@@ -22,40 +26,57 @@ import sys
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help="YAML recipe (default: configs/tiny_cpu.yaml)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. buffer.token_budget=1024")
     return p.parse_args(argv)
 
 
-def connect_ray(address: str | None, num_cpus: int | None) -> None:
+def connect_ray(address: str | None, num_cpus: int | None, worker_logs: str) -> None:
+    """Workers' output goes to the driver's console only with observe.worker_logs=console; else
+    the learner and actors write it to the run's logs/ (components.py) and Ray keeps its own."""
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS")
+    common = {"log_to_driver": worker_logs == "console", "logging_level": logging.WARNING}
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, **common)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **common)
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from asyncrl.config import ConfigError, load_config
+    try:
+        return run(parse_args(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # before the stop handlers are in place: nothing to save yet
+        print("\ninterrupted during start-up; nothing was trained", file=sys.stderr)
+        return 130
 
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    from asyncrl.reward.registry import check_functions
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # `python launch/run.py` puts launch/ first on sys.path, not the directory it is run from; a
+    # user's reward module beside their data (or in a `ray job submit --working-dir`) is found
+    # there, and the reward workers inherit this path
+    sys.path.insert(1, os.getcwd())
+    from asyncrl.config import ConfigError, dump_config, load_config
+    from asyncrl.preflight import preflight, resolve
 
     try:
         cfg = load_config(args.config, args.overrides)
-        check_functions(cfg.reward)  # before Ray starts: a misspelt reward function fails in a second
+        if args.print_config:
+            print(dump_config(resolve(cfg)), end="")
+            return 0
+        cfg = preflight(cfg)  # model, lengths, packages, data, reward functions: a second, not a traceback later
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     from asyncrl.compat import hide_broken_torch_extras
-    from asyncrl.orchestrator.checkpointer import LearnerDied
     from asyncrl.orchestrator.orchestrator import Orchestrator
+    from asyncrl.types import RunFailed
 
     hide_broken_torch_extras()  # before Ray starts: its workers inherit the environment
-    connect_ray(cfg.ray.address, cfg.ray.num_cpus)
+    connect_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.observe.worker_logs)
     try:
         orch = Orchestrator(cfg)
     except ConfigError as e:  # checks that need the data or imports: sources, reward functions
@@ -67,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # found at start: a checkpoint that does not fit this config, data sources
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except LearnerDied as e:
+    except RunFailed as e:  # a lost learner, a stall, a reward function that keeps failing
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:

@@ -40,7 +40,8 @@ def run_loop(name: str, steps: int, warmup: int, overrides: list[str]) -> dict[s
         "median_step_s": walls[len(walls) // 2],
         "trained_tokens_per_s": sum(h["learner/loss_tokens"] for h in timed) / wall,
         "wait_for_data_s_per_step": sum(h["timing/wait_for_data_s"] for h in timed) / len(timed),
-        "stale_dropped_frac": orch.history[-1]["buffer/tokens_dropped_stale"] / max(orch.history[-1]["buffer/tokens_in"], 1),
+        "stale_dropped_frac": (orch.history[-1]["buffer/tokens_dropped_stale_total"]
+                               / max(orch.history[-1]["buffer/tokens_in_total"], 1)),
         "reward_last_10": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
         "run_s": time.monotonic() - t0,
         "orchestrator": orch,

@@ -136,6 +136,11 @@ class Buffer(Protocol):
     def num_loss_tokens(self) -> int:
         """Loss tokens still to emit."""
 
+    @property
+    def batch_start_version(self) -> int | None:
+        """The learner version the last `next_batch`'s rollout batch was first trained at (its
+        lag since then is reuse, not asynchrony); None: every batch is trained once."""
+
     def add_group(self, group: Group, seq: int | None = None) -> None:
         """A kept group; `seq` is its admission sequence number (the ledger's)."""
 

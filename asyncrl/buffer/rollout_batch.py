@@ -25,6 +25,11 @@ random.Random(f"{seed}/{batch index}/{pass index}"), so runs are reproducible. T
   front of the next rollout batch, so nothing is lost; a step crossing a pass boundary can hold the
   same token from two passes.
 
+Staleness metrics split a trained token's lag at `batch_start_version`, the learner version its
+batch was sealed at, which is the version of the batch's first step (orchestrator/step_stats.py).
+In token mode the step that opens a batch also trains the previous batch's carried tail (fewer
+than Phi tokens); those are counted with the new batch, so their reuse lag reads as asynchronous.
+
 Accounting, exact at every moment (tokens_out and num_loss_tokens count every pass of a token):
     num_reuse * (tokens_in - tokens_dropped_stale) == tokens_out + num_loss_tokens
 with num_loss_tokens = tokens left in sealed passes + num_reuse * tokens still collecting.
@@ -74,11 +79,17 @@ class RolloutBatchBuffer:
         self._stream: deque[ResponseCursor] = deque()  # token mode: all sealed passes, concatenated
         self._steps: deque[list[ResponseCursor]] = deque()  # prompt mode: one entry per planned step
         self._planned_tokens = 0
+        self._batch_start_version: int | None = None
 
     @property
     def num_loss_tokens(self) -> int:
         """Loss tokens still to emit, every pass counted (collecting ones before any stale drop)."""
         return self._planned_tokens + self.num_reuse * self._collecting_tokens
+
+    @property
+    def batch_start_version(self) -> int | None:
+        """The learner version the latest sealed batch was sealed at (= its first step's)."""
+        return self._batch_start_version
 
     @property
     def steps_left(self) -> int:
@@ -151,6 +162,7 @@ class RolloutBatchBuffer:
                 kept[-1].append((s, adv, stale))
         batch_index = self.stats.rollout_batches_sealed
         self.stats.rollout_batches_sealed += 1
+        self._batch_start_version = learner_version
         pass_tokens = sum(len(s.response_ids) - start for resp in kept for s, _, start in resp)
         for pass_index in range(self.num_reuse):
             order = list(range(len(groups)))
@@ -171,7 +183,8 @@ class RolloutBatchBuffer:
         return {"kind": "rollout_batch", "token_budget": self.token_budget, "stats": asdict(self.stats),
                 "collecting": [[seq, group_to_state(g)] for seq, g in self._collecting],
                 "stream": [p.to_state() for p in self._stream],
-                "steps": [[p.to_state() for p in step] for step in self._steps]}
+                "steps": [[p.to_state() for p in step] for step in self._steps],
+                "batch_start_version": self._batch_start_version}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "rollout_batch":
@@ -182,5 +195,6 @@ class RolloutBatchBuffer:
         self._collecting_tokens = sum(len(m.sample.response_ids) for _, g in self._collecting for m in g.samples)
         self._stream = deque(ResponseCursor.from_state(p) for p in state["stream"])
         self._steps = deque([ResponseCursor.from_state(p) for p in step] for step in state["steps"])
+        self._batch_start_version = state.get("batch_start_version")  # absent in older checkpoints
         self._planned_tokens = (sum(p.remaining for p in self._stream)
                                 + sum(p.remaining for step in self._steps for p in step))

@@ -44,6 +44,11 @@ class TokenBuffer:
         return self._num_tokens
 
     @property
+    def batch_start_version(self) -> None:
+        """None: every token is trained once, so no lag comes from reuse (buffer/base.py)."""
+        return None
+
+    @property
     def num_responses(self) -> int:
         return len(self._queue)
 

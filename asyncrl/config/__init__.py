@@ -7,16 +7,16 @@ value fails at load with a message naming the field and what is allowed.
     cfg = load_config("configs/tiny_cpu.yaml", ["buffer.token_budget=1024", "name=try2"])
 """
 
-from asyncrl.config.load import (DEFAULT_CONFIG, ConfigError, config_from_dict, load_config, parse_override,
-                                 write_resolved)
+from asyncrl.config.load import (DEFAULT_CONFIG, ConfigError, config_from_dict, dump_config, load_config,
+                                 parse_override, write_resolved)
 from asyncrl.config.schema import (BUILTIN_VERIFIERS, AlgoConfig, BufferConfig, CodeRewardConfig, Config,
-                                   DataConfig, DataMixConfig, EntropyControlConfig, KLConfig, LearnerConfig,
+                                   DataConfig, DataMixConfig, EntropyControlConfig, EvalConfig, KLConfig, LearnerConfig,
                                    ModelConfig, ObserveConfig, RayConfig, RewardConfig, RolloutConfig,
                                    SandboxConfig, StageConfig, SyncConfig)
 
 __all__ = [
-    "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "load_config", "parse_override", "write_resolved",
+    "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "dump_config", "load_config", "parse_override", "write_resolved",
     "BUILTIN_VERIFIERS", "AlgoConfig", "BufferConfig", "CodeRewardConfig", "Config", "DataConfig",
-    "DataMixConfig", "EntropyControlConfig", "KLConfig", "LearnerConfig", "ModelConfig", "ObserveConfig",
+    "DataMixConfig", "EntropyControlConfig", "EvalConfig", "KLConfig", "LearnerConfig", "ModelConfig", "ObserveConfig",
     "RayConfig", "RewardConfig", "RolloutConfig", "SandboxConfig", "StageConfig", "SyncConfig",
 ]

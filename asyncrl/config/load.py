@@ -1,5 +1,11 @@
 """Loading a config: YAML recipe (the tiny CPU one by default), dotted overrides, validation with
-messages that name the field and what is allowed, and the resolved copy in the run directory."""
+messages that name the field and what is allowed, and the resolved copy in the run directory.
+
+A recipe may start from another with `base: <path>` (relative to the recipe, the working
+directory or the project, or a name in configs/ such as `grpo`): the base's sections are merged field by field under the recipe's, lists (stages) are
+replaced whole, and a base may have a base of its own. Fields no recipe sets take the schema's
+defaults, which are the default run's values, so a recipe of four lines behaves like the demo
+except where it says otherwise."""
 
 from __future__ import annotations
 
@@ -12,7 +18,9 @@ from pydantic import BaseModel, ValidationError
 
 from asyncrl.config.schema import Config
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+DEFAULT_CONFIG = CONFIGS_DIR / "tiny_cpu.yaml"
+BASE_KEY = "base"
 
 
 class ConfigError(ValueError):
@@ -99,22 +107,80 @@ def config_from_dict(tree: dict) -> Config:
         raise ConfigError(_explain(e)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load YAML (the tiny CPU default when path is None), apply dotted overrides, validate."""
-    path = Path(path) if path else DEFAULT_CONFIG
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A key given twice in one mapping is an error, not a silent last-one-wins."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"{node.start_mark.name}, line {key_node.start_mark.line + 1}: "
+                                  f"field {key!r} is given twice")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`: sections merge field by field, anything else is replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _find_base(name: str, recipe: Path) -> Path:
+    candidates = [recipe.parent / name, Path(name), CONFIGS_DIR.parent / name, CONFIGS_DIR / name,
+                  CONFIGS_DIR / f"{name}.yaml"]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise ConfigError(f"{recipe}: base {name!r} not found (looked for {', '.join(map(str, candidates))})")
+
+
+def read_recipe(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """A recipe's tree with its bases merged underneath."""
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
-    tree = yaml.safe_load(path.read_text()) or {}
+    try:
+        tree = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
+    base = tree.pop(BASE_KEY, None)
+    if base is None:
+        return tree
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be one recipe path, got {base!r}")
+    base_path = _find_base(base, path)
+    if base_path in _chain or base_path == path.resolve():
+        raise ConfigError(f"{path}: base {base!r} leads back to itself")
+    return _merge(read_recipe(base_path, (*_chain, path.resolve())), tree)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load YAML (the tiny CPU default when path is None) with its bases, apply dotted overrides
+    (each field at most once), validate."""
+    tree = read_recipe(Path(path) if path else DEFAULT_CONFIG)
+    given: dict[str, str] = {}
     for text in overrides or []:
-        _set_dotted(tree, *parse_override(text))
+        key, value = parse_override(text)
+        if key in given:
+            raise ConfigError(f"override {key!r} is given twice ({given[key]!r} and {text!r})")
+        given[key] = text
+        _set_dotted(tree, key, value)
     return config_from_dict(tree)
+
+
+def dump_config(cfg: Config) -> str:
+    """The fully resolved config as YAML (every field, defaults included)."""
+    return yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False)
 
 
 def write_resolved(cfg: Config, run_dir: Path) -> Path:
     """Write the fully resolved config (defaults included) into the run directory."""
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "config.yaml"
-    out.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False))
+    out.write_text(dump_config(cfg))
     return out

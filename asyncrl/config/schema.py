@@ -18,15 +18,21 @@ class ModelConfig(_Section):
     """Hugging Face model directory, or `builtin:tiny` for the locally built tiny model."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype in both learner and engines (float32 on CPU)."""
-    max_model_len: int = Field(128, gt=0)
-    """Longest prompt + response, in tokens."""
+    max_model_len: int | None = Field(None, gt=0)
+    """Longest prompt + response, in tokens (None: the model's own context length, read from its
+    config.json before anything starts; a larger value is an error)."""
 
 
 class DataConfig(_Section):
     type: Literal["tiny_arith", "jsonl"] = "tiny_arith"
     """Prompt source: the built-in synthetic task, or a jsonl file."""
     path: str | None = None
-    """jsonl file (type=jsonl): fields prompt or messages, answer, data_source, metadata."""
+    """jsonl file (type=jsonl), one record a line: prompt (or messages), answer (or ground_truth),
+    optional data_source (or domain), tests, metadata. Every record is checked before Ray starts."""
+    prompt_field: str = "prompt"
+    """The record field holding the prompt text (`messages`, a chat list, is used when present)."""
+    answer_field: str = "answer"
+    """The record field holding the reference answer (`ground_truth` is read when it is absent)."""
     seed: int = 0
     """Seed of the prompt order / synthetic problems."""
     apply_chat_template: bool = False
@@ -138,6 +144,10 @@ class RewardConfig(_Section):
     """Hard limit per sample: a verifier still running is killed, the sample gets reward 0."""
     code: CodeRewardConfig = CodeRewardConfig()
     """The code verifier and its sandbox."""
+    max_error_frac: float = Field(0.01, ge=0, le=1)
+    """Stop the run (exit 1) when more than this fraction of the scored samples made the verifier
+    raise or return something that is not a reward; checked once 50 samples have been scored.
+    1 never stops. Each distinct error's first traceback is printed and logged either way."""
 
     @field_validator("type")
     @classmethod
@@ -295,7 +305,7 @@ class LearnerConfig(_Section):
     """Training backend (DeepSpeed comes with multi-rank learners)."""
     num_ranks: int = Field(1, ge=1, le=1)
     """Learner ranks (one for now)."""
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(3e-4, gt=0)
     """AdamW learning rate."""
     betas: tuple[float, float] = (0.9, 0.99)
     """AdamW betas."""
@@ -345,7 +355,40 @@ class ObserveConfig(_Section):
     tensorboard: bool = True
     """Write TensorBoard event files beside the JSONL."""
     wandb_project: str | None = None
-    """Log to this W&B project too (wandb must be installed)."""
+    """Log to this W&B project too (needs wandb: `pip install -e ".[wandb]"`)."""
+    worker_logs: Literal["file", "console"] = "file"
+    """file: what Ray, the learner and the vLLM engines print goes to <run dir>/logs/ and the
+    console shows asyncrl's own lines; console: it is also forwarded to the console."""
+    stall_timeout_s: float = Field(600.0, gt=0)
+    """A run that makes no optimizer step for this long stops with exit 1 and says what was
+    dropped and why (a warning comes every minute before that). Raise it for very long responses."""
+    samples_per_step: int = Field(4, ge=0)
+    """Completions (with rewards) written to samples.jsonl and TensorBoard each step."""
+
+
+class EvalConfig(_Section):
+    every_steps: int = Field(50, ge=0)
+    """Evaluate the policy on held-out prompts at step 0, every this many steps and at the end
+    (0: never). It runs on a rollout actor beside generation; the results land in the step row
+    where they complete, as eval/avg@<n> and eval/pass@<k>, with eval/step saying which policy."""
+    data: str | None = None
+    """jsonl of held-out prompts (same fields as data.path). None: the built-in task's held-out
+    split when data.type is tiny_arith; with jsonl data and no eval.data there is no evaluation."""
+    n: int = Field(8, ge=1)
+    """Samples per prompt: avg@n is their mean reward, pass@k the unbiased estimate from them."""
+    pass_k: list[int] | None = None
+    """k values for pass@k, each at most n (None: [n]). A sample passes when its reward is >= 1."""
+    max_prompts: int | None = Field(None, gt=0)
+    """Evaluate on the first this many records of the eval data (None: all)."""
+    temperature: float | None = Field(None, gt=0)
+    """Sampling temperature (None: the current stage's)."""
+
+    @model_validator(mode="after")
+    def _k_within_n(self) -> "EvalConfig":
+        for k in self.pass_k or []:
+            if not 1 <= k <= self.n:
+                raise ValueError(f"eval.pass_k: {k} is not between 1 and eval.n ({self.n})")
+        return self
 
 
 class CheckpointConfig(_Section):
@@ -367,7 +410,7 @@ class Config(_Section):
     """Run name: the run directory is <observe.output_dir>/<name>."""
     seed: int = 0
     """Seeds torch, sampling and the prompt source."""
-    total_steps: int = Field(200, gt=0)
+    total_steps: int = Field(300, gt=0)
     """Optimizer steps to run."""
     save_final: bool = True
     """Save the final policy (Hugging Face format) into the run directory."""
@@ -393,6 +436,8 @@ class Config(_Section):
     """Which Ray cluster to use."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """When the run saves what it needs to resume."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation during training."""
     resume: str | None = None
     """`auto`: continue from the newest complete checkpoint of this run's directory (start fresh if
     there is none); a path: from that checkpoint directory; None: start fresh."""
@@ -406,7 +451,7 @@ class Config(_Section):
             if st.steps is None and not last:
                 raise ValueError(f"stages.{i}.steps is required (only the last stage may run to total_steps)")
             max_tokens = st.max_tokens or self.rollout.max_tokens
-            if max_tokens >= self.model.max_model_len:
+            if self.model.max_model_len is not None and max_tokens >= self.model.max_model_len:
                 raise ValueError(f"stages.{i}.max_tokens ({max_tokens}) leaves no room for the prompt "
                                  f"within model.max_model_len ({self.model.max_model_len})")
         return self

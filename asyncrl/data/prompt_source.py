@@ -1,7 +1,7 @@
 """Prompt source: an endless, seeded, resumable stream of tokenized prompts.
 
-Records come from the built-in synthetic task or a jsonl file (fields: `prompt` or `messages`,
-`answer` / `ground_truth`, `data_source` / `domain`, optional `tests` and `metadata`). Each
+Records come from the built-in synthetic task or a jsonl file (read and checked by records.py:
+`prompt` or `messages`, `answer`, `data_source` / `domain`, optional `tests` and `metadata`). Each
 becomes a `PromptItem` whose metadata carries what verifiers need, plus a `record_key`
 (`<source_name>/<index in the file>`) that names the record the same way in every epoch, so the
 pass rates of a stage can be tied back to records (online filtering, Skywork-OR1 section 3.1).
@@ -15,13 +15,12 @@ proportion to weights: a stage's dataset mixture (Skywork-OR1 3.2.2, Ring-lite 3
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+from asyncrl.data.records import data_source_of
 from asyncrl.types import PromptItem
 
 
@@ -60,7 +59,7 @@ class PromptSource:
         registry can reject a source it has no verifier for before the run starts."""
         if not isinstance(self._records, list):
             return None
-        return {_data_source(rec) for rec in self._records}
+        return {data_source_of(rec) for rec in self._records}
 
     def exclude(self, keys: Iterable[str]) -> int:
         """Never hand out these records again (this epoch included); returns how many were newly
@@ -142,16 +141,30 @@ class PromptSource:
                     raise ValueError(f"every remaining prompt of source {self.source_name!r} is longer "
                                      f"than max_prompt_tokens={self._max_prompt_tokens}")
                 continue
-            meta = dict(rec.get("metadata") or {})
-            meta["answer"] = rec.get("answer", rec.get("ground_truth"))
-            meta["data_source"] = _data_source(rec)
-            meta["record_key"] = self.record_key(index)
-            if "tests" in rec:
-                meta["tests"] = rec["tests"]
-            return PromptItem(prompt_id=f"p{self.position}", prompt_ids=ids, metadata=meta)
+            return PromptItem(prompt_id=f"p{self.position}", prompt_ids=ids, metadata=self._metadata(rec, index))
+
+    def _metadata(self, rec: dict[str, Any], index: int) -> dict[str, Any]:
+        meta = dict(rec.get("metadata") or {})
+        meta["answer"] = rec.get("answer", rec.get("ground_truth"))
+        meta["data_source"] = data_source_of(rec)
+        meta["record_key"] = self.record_key(index)
+        if "tests" in rec:
+            meta["tests"] = rec["tests"]
+        return meta
 
     def take(self, n: int) -> list[PromptItem]:
         return [self.next() for _ in range(n)]
+
+    def all_items(self, id_prefix: str = "") -> list[PromptItem]:
+        """Every record once, in file order, without touching the cursor (held-out evaluation);
+        prompts too long for the context are left out."""
+        items = []
+        for index, rec in enumerate(self._records):
+            ids = self._tokenize(rec)
+            if self._max_prompt_tokens is None or len(ids) <= self._max_prompt_tokens:
+                items.append(PromptItem(prompt_id=f"{id_prefix}{index}", prompt_ids=ids,
+                                        metadata=self._metadata(rec, index)))
+        return items
 
 
 class MixturePromptSource:
@@ -218,24 +231,3 @@ class MixturePromptSource:
 
     def take(self, n: int) -> list[PromptItem]:
         return [self.next() for _ in range(n)]
-
-
-def _data_source(rec: dict[str, Any]) -> str:
-    return str(rec.get("data_source", rec.get("domain", "unknown")))
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a jsonl file; a line that is not a JSON object is an error naming the line."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            if not isinstance(rec, dict) or not ("prompt" in rec or "messages" in rec):
-                raise ValueError(f"{path}:{lineno}: a record needs a 'prompt' or 'messages' field")
-            records.append(rec)
-    return records

@@ -32,6 +32,7 @@ from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import is_moe, policy_forward
 from asyncrl.learner.policy_step import forward_backward
 from asyncrl.learner.reference import ReferencePolicy
+from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import StepResult
@@ -44,6 +45,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class TorchLearner:
     def __init__(self, model_path: str, learner: LearnerConfig, algo: AlgoConfig, dtype: str = "float32", seed: int = 0, host: str = "127.0.0.1",
                  batch_timeout_s: float = 600.0):
+        redirect_output()  # to the run's logs/ when the orchestrator asked
         hide_broken_torch_extras()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -134,7 +136,7 @@ class TorchLearner:
             if fire:
                 self.reset_reference()
                 events.append({"event": "reference_reset", "reason": why, "kl": metrics["kl/mean"]})
-            metrics["kl/num_resets"] = self.reference.num_resets
+            metrics["kl/resets_total"] = self.reference.num_resets
         return StepResult(self.version, metrics, events)
 
     def _optimizer_steps(self) -> int:

@@ -1,4 +1,4 @@
-"""The live progress display: step, reward, entropy, staleness, tokens/s, elapsed time.
+"""The live progress display: step, reward, entropy, staleness, tokens/s, held-out avg@n, elapsed time.
 
 On a terminal it is one refreshing panel (rich); without one (CI, `ray job submit` logs) it
 prints a plain line every few seconds so logs stay readable.
@@ -19,7 +19,9 @@ FIELDS = [
     ("throughput/gen_tokens_per_s", "gen tok/s", "{:,.0f}"),
     ("loss/policy", "pg loss", "{:+.4f}"),
     ("buffer/loss_tokens", "buffered", "{:d}"),
+    ("eval/avg@n", "held-out", "{:.3f}"),  # the latest evaluation, shown until the next
 ]
+EVAL_KEY = "eval/avg@n"
 
 
 def _fmt(fmt: str, v: Any) -> str:
@@ -36,6 +38,7 @@ class ProgressDisplay:
         self.mode = "lines" if mode == "live" and not sys.stdout.isatty() else mode
         self.line_every_s = line_every_s
         self._last_line = 0.0
+        self._last_eval = None
         self._live = None
         if self.mode == "live":
             from rich.live import Live
@@ -56,6 +59,10 @@ class ProgressDisplay:
     def update(self, metrics: dict[str, Any]) -> None:
         if self.mode == "off":
             return
+        for key, value in metrics.items():
+            if key.startswith("eval/avg@"):
+                self._last_eval = value
+        metrics = {**metrics, EVAL_KEY: self._last_eval}
         if self._live is not None:
             self._live.update(self._table(metrics))
             return

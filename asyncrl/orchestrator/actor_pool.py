@@ -48,6 +48,7 @@ class ActorPool:
         self.actors: dict[int, Any] = {}  # live actors that hold the current weights: they get prompts
         self.starting: dict[int, tuple[Any, Any]] = {}  # id -> (handle, start ref)
         self.weight_meta: dict[str, Any] = {}
+        self.pushes = 0  # completed pushes, for sync.probe_every (saved in the run's checkpoint)
         self._calls: dict[int, list[Any]] = {}  # refs of calls not yet seen to finish, per actor
         self._group_ids: list[int] = []  # members of the current weight-sync group, in rank order
 
@@ -171,6 +172,22 @@ class ActorPool:
                 raise
             on_lost(e.dead, str(e))
             return self._push_once(version, step)
+
+    def push_and_probe(self, version: int, step: int, probe_ids: list[int] | None, on_lost,
+                       on_parity_failure) -> dict[str, float]:
+        """`push`, then every sync.probe_every pushes the logprob-parity check, which catches a
+        push that silently did not change what an engine computes: `on_parity_failure(error)`,
+        then the RuntimeError is raised."""
+        out = self.push(version, step, on_lost=on_lost)
+        self.pushes += 1
+        every = self.cfg.sync.probe_every
+        if every and self.pushes % every == 0 and probe_ids and self.ids:
+            try:
+                out["sync/probe_max_abs_diff"] = self.check_parity(probe_ids, self.cfg.sync.probe_tolerance, version)
+            except RuntimeError as e:
+                on_parity_failure(str(e))
+                raise
+        return out
 
     def _push_once(self, version: int, step: int | None) -> dict[str, float]:
         t0 = time.monotonic()

@@ -15,9 +15,10 @@ import ray
 
 from asyncrl.config import Config, ConfigError
 from asyncrl.orchestrator import checkpoint
+from asyncrl.types import RunFailed
 
 
-class LearnerDied(RuntimeError):
+class LearnerDied(RunFailed):
     """The learner process is gone; the message says where to resume from."""
 
 

@@ -7,6 +7,7 @@ travels, not an engine); on CPU the vLLM KV cache is sized through the actor's e
 from __future__ import annotations
 
 import functools
+import shutil
 from typing import Any
 
 import ray
@@ -18,6 +19,7 @@ from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
 from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.config import BufferConfig, Config, RewardConfig
 from asyncrl.learner.torch_learner import TorchLearner
+from asyncrl.observe.worker_logs import log_env
 from asyncrl.orchestrator.ledger import GroupLedger, Shaping
 from asyncrl.reward.pool import RewardPool
 from asyncrl.reward.registry import RewardRouter, check_functions, check_sources
@@ -88,7 +90,8 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
     """Create one actor (its engine starts with `actor.start.remote()`). `rpc_dir` keeps vLLM's
     IPC sockets in the run's own directory, removed at shutdown, so a killed engine leaves none in /tmp."""
     spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens)
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib), **child_env()}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib), **child_env(),
+           **log_env(cfg.run_dir, f"actor-{actor_id}", cfg.observe.worker_logs)}
     if rpc_dir:
         env["VLLM_RPC_BASE_PATH"] = rpc_dir
     return ray.remote(RolloutActor).options(
@@ -101,6 +104,21 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
 def start_learner(cfg: Config, model_path: str, host: str) -> Any:
     cls = ray.remote(TorchLearner)
     return cls.options(num_cpus=cfg.learner.num_cpus, num_gpus=cfg.learner.num_gpus,
-                       runtime_env={"env_vars": child_env()}).remote(
+                       runtime_env={"env_vars": {**child_env(),
+                                                 **log_env(cfg.run_dir, "learner", cfg.observe.worker_logs)}}).remote(
         model_path, cfg.learner, cfg.algo,
         dtype=cfg.model.dtype, seed=cfg.seed, host=host)
+
+
+def shutdown(run: Any, say=print) -> None:
+    """Whatever a run started, in reverse (each part only if it got that far); the temporary
+    directory holds vLLM's sockets, killed engines' too."""
+    if hasattr(run, "learner"):
+        try:
+            ray.get(run.learner.shutdown.remote(), timeout=30)
+        except Exception as e:  # shutting down anyway; say what failed
+            say(f"warning: learner shutdown failed: {e!r}")
+    for part, close in (("pool", "shutdown"), ("rewards", "close"), ("metrics", "close")):
+        if hasattr(run, part):
+            getattr(getattr(run, part), close)()
+    shutil.rmtree(getattr(run, "rpc_dir", ""), ignore_errors=True)

@@ -13,8 +13,9 @@ One thread drives three loops, interleaved, each step of which is cheap and non-
   prompts it was given and streams every sample as it finishes. Waits for: prompts. Unblocked by:
   admission, which grants prompts when the buffer's staleness bound allows (buffer/admission.py).
 - ingest loop (here): hands each arriving sample to the reward pool (worker processes, a hard
-  timeout per sample); as rewards come back the group ledger (ledger.py) shapes them, completes
-  groups, drops zero-variance ones and fills the buffer. Waits for: samples, rewards.
+  timeout per sample); rewards coming back (scoring.py) go to the group ledger (ledger.py), which
+  shapes them, completes groups, drops zero-variance ones and fills the buffer, or to the held-out
+  evaluation (evaluation.py, run on an actor at step 0, every eval.every_steps and at the end).
 - train loop (here + learner): when no step is running and the buffer can fill one, streams the
   batch to the learner and starts the step. Waits for: the buffer and the previous step. After a
   step, every `sync.every_steps`, a drain push (actor_pool.py): actors stop starting requests,
@@ -23,15 +24,14 @@ One thread drives three loops, interleaved, each step of which is cheap and non-
 Versions: the orchestrator owns the policy version; it advances with every optimizer step (the
 learner's StepResult must agree). An actor's version advances when it has applied a push.
 
-At step boundaries (the learner idle): checkpoints (checkpointer.py), lost actors replaced around
-a rebuilt weight-sync group (actor_pool.py), requests from the run directory (requests.py).
+At step boundaries: checkpoints (checkpointer.py), lost actors replaced around a rebuilt
+weight-sync group (actor_pool.py), requests from the run directory and the stall watch (requests.py).
 `request_stop` (SIGTERM / SIGINT) stops admission, lets the step finish, checkpoints and ends.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import time
 from typing import Any
@@ -39,6 +39,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from asyncrl import preflight
 from asyncrl.buffer.packing import split_for_ranks
 from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.config import Config, write_resolved
@@ -49,10 +50,12 @@ from asyncrl.orchestrator import checkpoint, components
 from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
 from asyncrl.orchestrator.checkpointer import Checkpointer
+from asyncrl.orchestrator.evaluation import Evaluator, eval_summary, format_eval_summary
 from asyncrl.orchestrator.requests import RunRequests
+from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.orchestrator.stage_runner import StageRunner
 from asyncrl.orchestrator.step_stats import StepStats
-from asyncrl.reward.pool import RewardResult
+from asyncrl.reward.errors import RewardErrorMonitor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.transport.codec import decode_sample, encode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
@@ -61,13 +64,13 @@ from asyncrl.types import Batch, Sample, StepResult
 
 class Orchestrator:
     def __init__(self, cfg: Config, log_fn=print):
-        self.cfg, self.say = cfg, log_fn
-        self.run_dir = cfg.run_dir.resolve()
-        self.version = self.step = self._pushes = 0
+        self.cfg, self.say = preflight.resolve(cfg), log_fn  # max_model_len from the model when unset
+        self.run_dir = self.cfg.run_dir.resolve()
+        self.version = self.step = 0
         self.history: list[dict[str, Any]] = []
         self.probe_ids: list[int] | None = None  # the first sample seen: real text for this model
         self.stop_reason, self._train_ref, self._wait_for_data_s = None, None, 0.0
-        self.checkpoints = Checkpointer(cfg, self.run_dir, log_fn,
+        self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn,
                                         on_commit=lambda step, **info: self.metrics.event(step, "checkpoint", **info))
 
     def start(self) -> None:
@@ -95,7 +98,7 @@ class Orchestrator:
         self.pool = ActorPool(cfg, base_model, self.samples.endpoint, self.learner, self.host, self.rpc_dir)
         self.pool.start(cfg.rollout.num_actors, self.version)
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
-        self.stats = StepStats()
+        self.stats = StepStats(cfg.observe.samples_per_step)
         if resume:
             self.load_state_dict(resume[1])
             self.say(f"resumed from {resume[0]} at step {self.step} (version {self.version}); "
@@ -103,11 +106,22 @@ class Orchestrator:
         self.metrics = MetricsWriter(self.run_dir, cfg.observe.tensorboard, cfg.observe.wandb_project,
                                      cfg.name, json.loads(cfg.model_dump_json()))
         self.requests = RunRequests(self.run_dir, self.metrics, self.say)
+        self.evaluator = Evaluator.build(cfg, self.tokenizer, self.metrics, self.say)
+        self.route_results = ResultRouter(self.ledger, self.stats, self.stages, self.evaluator, self.tokenizer,
+                                          RewardErrorMonitor(cfg.reward.max_error_frac), self.metrics, self.say)
         self.metrics.event(self.step, "resume" if resume else "start", model=self.model_path,
                            actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}))
         self._last_step_t = self._last_health_t = time.monotonic()
+        self.evaluator.maybe_start(self.version, self.pool, self.stages.current)
 
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        except BaseException as e:  # a stall, reward errors, a lost learner, a bug: events.jsonl says so
+            self._end("failed", str(e) or repr(e))
+            raise
+
+    def _run(self) -> dict[str, Any]:
         self.start()
         display = ProgressDisplay(self.cfg.total_steps, self.cfg.observe.console)
         t_start = time.monotonic()
@@ -125,7 +139,7 @@ class Orchestrator:
                 sample = self.samples.recv(timeout_s=0.01)
                 if sample is not None:
                     self._ingest([sample])
-                self._score(self.rewards.poll())
+                self._poll_rewards()
                 self.checkpoints.poll()
                 self._check_health()
         except RayActorError as e:  # actors' deaths are handled in the pool; this is the learner's
@@ -136,19 +150,24 @@ class Orchestrator:
             display.close()
         if self.stop_reason is not None or (self.cfg.checkpoint.every_steps and
                                             self.step % self.cfg.checkpoint.every_steps):
-            self._checkpoint()  # the last step too, so resume=auto on a finished run finds it finished
+            self.checkpoints.save(self.step, self.state_dict(), self.learner)  # the last step too, so resume=auto on a finished run finds it finished
         self.checkpoints.poll(block=True)
         if self.stop_reason is not None:
-            self.metrics.event(self.step, "end", status="interrupted", reason=self.stop_reason)
+            self._end("interrupted", self.stop_reason)
             self.say(f"stopped at step {self.step} ({self.stop_reason}); continue with resume=auto")
             return {"steps": self.step, "stopped": self.stop_reason}
         summary = summarize(self.history, time.monotonic() - t_start)
         if self.cfg.save_final:
             summary["final_policy"] = ray.get(self.learner.save.remote(str(self.run_dir / "final")))
+        summary.update(eval_summary(self.history))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.metrics.event(self.step, "end", status="finished")
-        self.say(format_summary(summary, str(self.run_dir)))
+        self._end("finished")
+        self.say(format_summary(summary, str(self.run_dir)) + format_eval_summary(summary))
         return summary
+
+    def _end(self, status: str, reason: str | None = None) -> None:  # the last line of events.jsonl
+        if hasattr(self, "metrics"):
+            self.metrics.event(self.step, "end", status=status, **({"reason": reason} if reason else {}))
 
     def _ingest(self, samples: list[Sample]) -> None:
         """Samples as they arrive: recorded by the ledger, then off to the reward pool."""
@@ -158,12 +177,10 @@ class Orchestrator:
             if self.ledger.on_generated(s) is not None:
                 self.rewards.submit(s, self.tokenizer.decode(s.response_ids, skip_special_tokens=True), s.metadata)
 
-    def _score(self, results: list[RewardResult]) -> None:
-        """Rewards as they come back: the ledger shapes them and fills groups and the buffer."""
-        for r in results:
-            if self.ledger.on_scored(r.key, r.reward, r.info) is not None:  # else: a group given up
-                self.stats.add_sample(r.key, r.reward, r.info, r.latency_s)
-                self.stages.record(r.key.metadata, r.reward)
+    def _poll_rewards(self, timeout_s: float = 0.0) -> None:
+        """Rewards as they come back (scoring.py routes them), and eval samples to be scored."""
+        self.evaluator.poll(self.rewards, self.tokenizer, self.step)
+        self.route_results(self.rewards.poll(timeout_s), self.step)
 
     def _admit(self) -> None:
         stage, cfg = self.stages.current, self.cfg
@@ -186,7 +203,7 @@ class Orchestrator:
         if chunks is None:
             return
         step = self.step + 1
-        self.stats.add_batch(chunks, self.version)
+        self.stats.add_batch(chunks, self.version, self.ledger.buffer.batch_start_version)
         self._wait_for_data_s = time.monotonic() - self._last_step_t
         for rank, part in enumerate(split_for_ranks(chunks, len(self.batch_senders))):
             batch = Batch(step=step, rank=rank, chunks=part,
@@ -206,14 +223,18 @@ class Orchestrator:
         train_s = time.monotonic() - self._step_started
         joined = self.pool.admit_started()
         sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}
+        if sync:  # the actors now hold this version: its evaluation, if due
+            self.evaluator.after_push(self.version, self.pool, self.stages.current,
+                                      last=self.step >= self.cfg.total_steps, poll=self._poll_rewards)
         row = {"step": self.step, "learner/version": self.version, **result.metrics, **sync,
                "timing/train_s": train_s, "timing/wait_for_data_s": self._wait_for_data_s,
                "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
                **self.stats.flush(self.ledger.buffer, self.ledger.assembler, self.samples),
                **self.stages.metrics(), **self.rewards.metrics(), **self.ledger.metrics(),
-               "rollout/actors": len(self.pool.ids)}
+               **self.route_results.errors.metrics(), **self.evaluator.take_metrics(self.step), "rollout/actors": len(self.pool.ids)}
         self.history.append(row)
         self.metrics.log(self.step, row)
+        self.metrics.log_samples(self.step, self.stats.take_examples())
         for e in result.events:
             self.metrics.event(self.step, e["event"], **{k: v for k, v in e.items() if k != "event"})
             self.say(f"step {self.step}: {e['event']} ({e.get('reason')}); KL was {e.get('kl', 0.0):.4g}")
@@ -224,29 +245,21 @@ class Orchestrator:
             self.say(f"step {self.step}: {change}")
         self.requests.apply_scale(self.pool, self.ledger, self.step)
         if self.cfg.checkpoint.every_steps and self.step % self.cfg.checkpoint.every_steps == 0:
-            self._checkpoint()
+            self.checkpoints.save(self.step, self.state_dict(), self.learner)
         return row
 
     def _push(self) -> dict[str, float]:
         """Drain push of the current version; actors lost on the way are replaced and the push
         is retried around the survivors."""
-        out = self.pool.push(self.version, self.step, on_lost=self._actors_lost)
-        self._pushes += 1
-        every = self.cfg.sync.probe_every
-        if every and self._pushes % every == 0 and self.probe_ids and self.pool.ids:
-            try:  # catches a push that silently did not change what an engine computes
-                out["sync/probe_max_abs_diff"] = self.pool.check_parity(
-                    self.probe_ids, self.cfg.sync.probe_tolerance, self.version)
-            except RuntimeError as e:
-                self.metrics.event(self.step, "parity_failure", version=self.version, error=str(e))
-                raise
-        return out
+        return self.pool.push_and_probe(
+            self.version, self.step, self.probe_ids, self._actors_lost,
+            lambda error: self.metrics.event(self.step, "parity_failure", version=self.version, error=error))
 
     def _check_health(self, every_s: float = 0.5) -> None:
         if time.monotonic() - self._last_health_t >= every_s:
             self._last_health_t = time.monotonic()
             self._actors_lost(self.pool.find_dead(), "actor process died")
-            self.requests.warn_if_stalled(self, self._last_health_t)
+            self.requests.check_stall(self, self._last_health_t)
 
     def _actors_lost(self, dead: list[int], why: str) -> None:
         for actor in dead:  # its groups are regenerated elsewhere; a fresh actor starts meanwhile
@@ -265,11 +278,8 @@ class Orchestrator:
         return (self.stop_reason is not None and self._train_ref is None
                 and (not self.ledger.records or time.monotonic() > self._stop_deadline))
 
-    def _checkpoint(self) -> None:
-        self.checkpoints.save(self.step, self.state_dict(), self.learner)
-
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "version": self.version, "history": self.history, "pushes": self._pushes,
+        return {"step": self.step, "version": self.version, "history": self.history, "pushes": self.pool.pushes,
                 "probe_ids": self.probe_ids, "ledger": self.ledger.state_dict(),
                 "stages": self.stages.state_dict(), "stats": self.stats.state_dict()}
 
@@ -278,7 +288,7 @@ class Orchestrator:
         if state["version"] != self.version:
             raise RuntimeError(f"run state at version {state['version']}, learner at {self.version}")
         self.step, self.history = state["step"], state["history"]
-        self._pushes, self.probe_ids = state["pushes"], state["probe_ids"]
+        self.pool.pushes, self.probe_ids = state["pushes"], state["probe_ids"]
         self.ledger.load_state_dict(state["ledger"])
         self.stages.load_state_dict(state["stages"])
         self.ledger.buffer.token_budget = self.stages.current.token_budget
@@ -286,14 +296,4 @@ class Orchestrator:
         MetricsWriter.truncate(self.run_dir, self.step)  # rows after the checkpoint are rewritten
 
     def shutdown(self) -> None:
-        """Whatever was started, in reverse; the temporary directory holds vLLM's sockets (killed
-        engines' too)."""
-        if hasattr(self, "learner"):
-            try:
-                ray.get(self.learner.shutdown.remote(), timeout=30)
-            except Exception as e:  # shutting down anyway; say what failed
-                self.say(f"warning: learner shutdown failed: {e!r}")
-        for part, close in (("pool", "shutdown"), ("rewards", "close"), ("metrics", "close")):
-            if hasattr(self, part):
-                getattr(getattr(self, part), close)()
-        shutil.rmtree(getattr(self, "rpc_dir", ""), ignore_errors=True)
+        components.shutdown(self, self.say)

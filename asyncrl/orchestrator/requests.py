@@ -1,5 +1,5 @@
 """What a person can ask of a running run, by creating a file in its run directory, and what the
-run tells them when it is stuck.
+run tells them when it is stuck (and when it gives up: observe.stall_timeout_s).
 
 - `RESET_REFERENCE` (empty): reset the reference policy and the optimizer state after the next
   step (ProRL section 3.3.1). `touch runs/<name>/RESET_REFERENCE`.
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+
+from asyncrl.types import RunFailed
 
 RESET_FILE = "RESET_REFERENCE"
 SCALE_FILE = "SCALE_ACTORS"
@@ -53,17 +55,43 @@ class RunRequests:
         self.say(f"step {step}: scaling rollout actors to {text} (starting {started or 'none'}, "
                  f"stopping {stopped or 'none'})")
 
-    def warn_if_stalled(self, orch, now: float, every_s: float = 60.0) -> None:
-        """Say why no step has happened for a while (the usual cause: every group is dropped
-        because all its rewards are equal, i.e. the task is too hard or too easy)."""
+    def check_stall(self, orch, now: float, every_s: float = 60.0) -> None:
+        """Say why no step has happened for a while, every `every_s`; after
+        observe.stall_timeout_s, stop the run with that diagnosis (`RunStalled`)."""
+        idle = now - orch._last_step_t
+        timeout_s = orch.cfg.observe.stall_timeout_s
+        if idle >= timeout_s:
+            raise RunStalled(f"no optimizer step for {idle:.0f}s (observe.stall_timeout_s={timeout_s:g}): "
+                             f"{stall_diagnosis(orch)}")
         if now - max(orch._last_step_t, self._last_warn_t) < every_s:
             return
         self._last_warn_t = now
-        a, led = orch.ledger.assembler.stats, orch.ledger
-        self.say(f"warning: no optimizer step for {now - orch._last_step_t:.0f}s; "
-                 f"{orch.samples.num_received} samples received, {a.groups_complete} groups complete, "
-                 f"{a.groups_zero_variance} dropped for zero reward variance, "
-                 f"{led.buffer.num_loss_tokens}/{orch.stages.current.token_budget} loss tokens buffered, "
-                 f"{len(led.records)} groups in flight on {len(orch.pool.ids)} actor(s), "
-                 f"{orch.rewards.num_pending} samples awaiting rewards "
-                 f"({orch.rewards.stats.timeouts} reward timeouts so far)")
+        self.say(f"warning: no optimizer step for {idle:.0f}s (the run stops after {timeout_s:g}s): "
+                 f"{stall_diagnosis(orch)}")
+
+
+class RunStalled(RunFailed):
+    """No optimizer step for observe.stall_timeout_s."""
+
+
+def stall_diagnosis(orch) -> str:
+    """What the run has seen, and the likely cause: usually every group dropped because all its
+    rewards are equal (the task too hard or too easy, or a verifier that scores everything alike)."""
+    a, led, pool = orch.ledger.assembler.stats, orch.ledger, orch.rewards
+    outcomes = ", ".join(f"{k} {v}" for k, v in pool.stats.outcomes.most_common(6)) or "none yet"
+    facts = (f"{orch.samples.num_received} samples received, {a.groups_complete} groups complete, "
+             f"{a.groups_zero_variance} dropped for zero reward variance, "
+             f"{led.buffer.num_loss_tokens}/{orch.stages.current.token_budget} loss tokens buffered, "
+             f"{len(led.records)} groups in flight on {len(orch.pool.ids)} actor(s), "
+             f"{pool.num_pending} samples awaiting rewards ({pool.stats.timeouts} reward timeouts); "
+             f"reward outcomes: {outcomes}")
+    if orch.samples.num_received == 0:
+        cause = "no sample has arrived: the rollout actors are not generating (see the run's logs/)"
+    elif a.groups_complete and a.groups_zero_variance == a.groups_complete:
+        cause = ("every complete group had equal rewards, so none has a learning signal: the task is too "
+                 "hard or too easy for this model, or the verifier gives every response the same reward")
+    elif pool.num_pending and pool.stats.completed == 0:
+        cause = "no reward has come back: the verifiers are stuck or too slow (reward.timeout_s, reward.num_workers)"
+    else:
+        cause = "groups are completing; the step may need more time (raise observe.stall_timeout_s)"
+    return f"{cause}. {facts}"

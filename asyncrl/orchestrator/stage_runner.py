@@ -9,11 +9,13 @@ the prompts every sample of which was correct in the stage that ended (Skywork-O
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.config import Config
 from asyncrl.data.stages import PassRateTracker, ResolvedStage, StageTracker, resolve_stages, stage_mixture
+from asyncrl.reward.registry import route
 from asyncrl.types import PromptItem
 
 
@@ -58,7 +60,8 @@ class StageRunner:
         mixture = [m.model_copy(update={"seed": m.seed + stage.index}) for m in stage_mixture(stage, self.cfg.data)]
         return build_stage_source(mixture, self.tokenizer, self.cfg.model.max_model_len - stage.max_tokens,
                                   seed=self.cfg.seed + stage.index,
-                                  id_prefix=f"s{stage.index}-" if stage.index else "")
+                                  id_prefix=f"s{stage.index}-" if stage.index else "",
+                                  verifier_of=functools.partial(route, self.cfg.reward))
 
     def data_sources(self) -> set[str]:
         """Every data source of every stage's data (for a reward router without a default)."""
@@ -92,7 +95,7 @@ class StageRunner:
         return StageChange(stage, len(self.excluded) - before, len(solved))
 
     def metrics(self) -> dict[str, float]:
-        return {**self.tracker.metrics(), "data/prompts_filtered": len(self.excluded)}
+        return {**self.tracker.metrics(), "data/prompts_filtered_total": len(self.excluded)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"tracker": self.tracker.state_dict(), "pass_rates": self.pass_rates.state_dict(),

@@ -1,8 +1,16 @@
 """Per-step accounting of what the orchestrator saw: rewards, lengths, staleness, throughput.
 
 Pure bookkeeping; `flush` turns what accumulated since the last step into namespaced metrics.
+A key ending in `_total` is a running total since the run started; every other key is a value of
+the step window or a current one (a gauge, like `buffer/loss_tokens`).
+
 Staleness is measured per trained token: lag = learner version that trains it - version that
-generated it.
+generated it. With rollout batches (buffer/rollout_batch.py) a batch is trained for N_SGD steps,
+so part of that lag is reuse, which N_SGD > 1 asks for, not asynchrony. The lag splits at the
+version the token's batch was first trained at (`batch_start_version`):
+    lag = (learner version - batch start) + (batch start - generation version)
+            reuse lag (staleness/reuse_*)      asynchronous lag (staleness/async_*)
+The streaming TokenBuffer trains each token once, so its reuse lag is 0.
 """
 
 from __future__ import annotations
@@ -16,12 +24,16 @@ from asyncrl.types import Sample, SequenceChunk
 
 
 class StepStats:
-    def __init__(self) -> None:
+    def __init__(self, examples_per_step: int = 4) -> None:
         self._t_last = time.monotonic()
         self._reset()
         self._seen: set[str] = set()  # every key a row has had: later rows carry them too
         self.total_samples = 0
         self.total_gen_tokens = 0
+        self.examples_per_step = examples_per_step
+        # a few completions to read next to the numbers; not checkpointed (a resumed run's first
+        # step may show fewer)
+        self._examples: list[dict[str, Any]] = []
 
     def _reset(self) -> None:
         self.rewards: list[float] = []
@@ -29,12 +41,15 @@ class StepStats:
         self.finish = Counter()
         self.outcomes = Counter()
         self.lags: list[int] = []
+        self.async_lags: list[int] = []
+        self.reuse_lags: list[int] = []  # one per batch: every token of a batch has the same
         self.shaping: dict[str, float] = {}
         self.by_source: dict[str, list[float]] = {}
         self.latencies: list[float] = []
         self.sandbox = Counter()
 
-    _WINDOW = ("rewards", "lengths", "finish", "outcomes", "lags", "shaping", "by_source", "latencies", "sandbox")
+    _WINDOW = ("rewards", "lengths", "finish", "outcomes", "lags", "async_lags", "reuse_lags", "shaping",
+               "by_source", "latencies", "sandbox")
 
     def state_dict(self) -> dict[str, Any]:
         """Running totals, the row schema, and what accumulated since the last row (so the next
@@ -50,7 +65,18 @@ class StepStats:
         for k, v in state["window"].items():
             setattr(self, k, Counter(v) if isinstance(getattr(self, k), Counter) else v)
 
-    def add_sample(self, s: Sample, reward: float, info: dict[str, Any], latency_s: float = 0.0) -> None:
+    def wants_example(self) -> bool:
+        """Whether the next sample's completion would be kept (decode its text only then)."""
+        return len(self._examples) < self.examples_per_step
+
+    def add_sample(self, s: Sample, reward: float, info: dict[str, Any], latency_s: float = 0.0,
+                   completion: str | None = None, prompt: str | None = None) -> None:
+        """`completion` (and `prompt`): the texts, kept as an example if the window needs more."""
+        if completion is not None and self.wants_example():
+            self._examples.append({
+                "prompt_id": s.prompt_id, "prompt": prompt, "response": completion, "reward": reward,
+                "outcome": info.get("outcome"), "version": s.versions[0] if s.versions else None,
+                "finish_reason": s.finish_reason, "data_source": s.metadata.get("data_source")})
         self.rewards.append(reward)
         self.by_source.setdefault(str(s.metadata.get("data_source", "unknown")), []).append(reward)
         self.latencies.append(latency_s)
@@ -65,9 +91,20 @@ class StepStats:
         self.total_samples += 1
         self.total_gen_tokens += len(s.response_ids)
 
-    def add_batch(self, chunks: list[SequenceChunk], learner_version: int) -> None:
+    def add_batch(self, chunks: list[SequenceChunk], learner_version: int,
+                  batch_start_version: int | None = None) -> None:
+        """A step's chunks, trained by `learner_version`; `batch_start_version`: the version their
+        rollout batch was first trained at (the buffer's `batch_start_version`; None: this step)."""
+        start = learner_version if batch_start_version is None else batch_start_version
         for c in chunks:
             self.lags.extend(learner_version - v for v in c.versions)
+            self.async_lags.extend(start - v for v in c.versions)
+        self.reuse_lags.append(learner_version - start)
+
+    def take_examples(self) -> list[dict[str, Any]]:
+        """The example completions kept since the last call (at most `examples_per_step`)."""
+        out, self._examples = self._examples, []
+        return out
 
     def flush(self, buffer, assembler, receiver) -> dict[str, Any]:
         now = time.monotonic()
@@ -83,12 +120,15 @@ class StepStats:
             "throughput/samples_per_s": n / dt,
             "staleness/mean": sum(self.lags) / len(self.lags) if self.lags else 0.0,
             "staleness/max": max(self.lags) if self.lags else 0,
+            "staleness/async_mean": sum(self.async_lags) / len(self.async_lags) if self.async_lags else 0.0,
+            "staleness/async_max": max(self.async_lags) if self.async_lags else 0,
+            "staleness/reuse_max": max(self.reuse_lags) if self.reuse_lags else 0,
             "buffer/loss_tokens": buffer.num_loss_tokens,
-            **{f"buffer/{k}": v for k, v in asdict(buffer.stats).items()},
-            "buffer/groups_zero_variance": assembler.stats.groups_zero_variance,
-            "buffer/groups_complete": assembler.stats.groups_complete,
-            "buffer/duplicate_samples": assembler.stats.duplicates,
-            "rollout/frames_dropped": receiver.num_dropped,
+            **{f"buffer/{k}_total": v for k, v in asdict(buffer.stats).items()},  # the buffer's counters
+            "buffer/groups_zero_variance_total": assembler.stats.groups_zero_variance,
+            "buffer/groups_complete_total": assembler.stats.groups_complete,
+            "buffer/duplicate_samples_total": assembler.stats.duplicates,
+            "rollout/frames_dropped_total": receiver.num_dropped,
             "timing/step_wall_s": dt,
         }
         for key, total in self.shaping.items():

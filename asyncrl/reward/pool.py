@@ -274,8 +274,8 @@ class RewardPool:
 
     def metrics(self) -> dict[str, float]:
         s = self.stats
-        return {"reward/pool_timeouts": s.timeouts, "reward/pool_crashes": s.crashes,
-                "reward/pool_pending": self.num_pending, "reward/pool_workers_started": s.workers_started}
+        return {"reward/pool_timeouts_total": s.timeouts, "reward/pool_crashes_total": s.crashes,
+                "reward/pool_pending": self.num_pending, "reward/pool_workers_started_total": s.workers_started}
 
     def close(self) -> None:
         with self._lock:

@@ -11,8 +11,9 @@ a config names them.
 What the router returns, whatever the verifier did:
 
 - info always holds `outcome`, `verifier` (the name, None when none applies) and `data_source`.
-- A verifier that raises gives reward 0, outcome `verifier_error` and `error` (its repr, cut to
-  ERROR_CHARS); the reward pool also guards against hangs and crashes, this is defence in depth.
+- A verifier that raises gives reward 0, outcome `verifier_error`, `error` (its repr, cut to
+  ERROR_CHARS) and `traceback`; the reward pool also guards against hangs and crashes, this is
+  defence in depth. The orchestrator reports such errors and stops past reward.max_error_frac.
 - A reward that is not a real number or not finite (NaN, inf, a string, a tensor), or a result
   that is not a number or a (reward, dict) pair, gives reward 0 and outcome `bad_reward`. Other
   numbers (a bool counts as 0/1) pass through unclipped: a custom function may shape rewards below
@@ -27,6 +28,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,6 +38,7 @@ from asyncrl.reward.text_rewards import AnswerTagReward, MultipleChoiceReward
 
 IMPORT_PREFIX = "import:"
 ERROR_CHARS = 500
+TRACEBACK_CHARS = 4000
 
 
 class CustomReward:
@@ -175,8 +178,9 @@ class RewardRouter:
         else:
             try:
                 reward, info = validate_result(self.verifiers[name](response, metadata))
-            except Exception as e:  # a verifier bug costs this sample, not the run
-                reward, info = 0.0, {"outcome": "verifier_error", "error": _short(e)}
+            except Exception as e:  # a verifier bug costs this sample; reward/errors.py makes it loud
+                reward, info = 0.0, {"outcome": "verifier_error", "error": _short(e),
+                                     "traceback": traceback.format_exc()[-TRACEBACK_CHARS:]}
         info["verifier"] = name
         info["data_source"] = source
         return reward, info

@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.rollout.engine import InferenceEngine, SamplingSpec
 from asyncrl.types import PromptItem, Sample
 
@@ -48,6 +49,7 @@ class RolloutActor:
         self._tasks: set[asyncio.Task] = set()
         self._failures: list[BaseException] = []
         self.stats = {"samples": 0, "tokens": 0, "prompts": 0, "updates": 0}
+        redirect_output()  # to the run's logs/ when the orchestrator asked (before the engine starts)
 
     async def start(self) -> dict[str, Any]:
         """Build and start the engine (in the actor's process) and the sample stream."""
@@ -84,6 +86,12 @@ class RolloutActor:
         return (len(self._tasks) + self.group_size - 1) // self.group_size
 
     async def _generate_one(self, p: PromptItem, index: int, base: SamplingSpec) -> None:
+        sample = await self._sample(p, index, base)
+        self.stats["samples"] += 1
+        self.stats["tokens"] += len(sample.response_ids)
+        self._emit(sample)
+
+    async def _sample(self, p: PromptItem, index: int, base: SamplingSpec) -> Sample:
         await self._gate.wait()
         self._active_requests += 1
         self._idle.clear()
@@ -97,14 +105,19 @@ class RolloutActor:
             self._active_requests -= 1
             if self._active_requests == 0:
                 self._idle.set()
-        sample = Sample(
+        return Sample(
             prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
             prompt_ids=p.prompt_ids, response_ids=out.token_ids, logprobs=out.logprobs,
             versions=[version] * len(out.token_ids), finish_reason=out.finish_reason,
             actor_id=self.actor_id, metadata=p.metadata, temperature=spec.temperature)
-        self.stats["samples"] += 1
-        self.stats["tokens"] += len(out.token_ids)
-        self._emit(sample)
+
+    async def evaluate(self, prompts: list[PromptItem], spec: SamplingSpec, n: int) -> list[Sample]:
+        """Held-out evaluation: n samples per prompt, returned together instead of streamed to
+        the buffer. They share the engine with training requests; every request starts at once
+        if the gate is open, so they all see one version and a push waits for them as for any
+        other request (prompt ids must differ from training ones: they name vLLM's requests)."""
+        self._raise_failures()
+        return list(await asyncio.gather(*[self._sample(p, i, spec) for p in prompts for i in range(n)]))
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)

@@ -62,4 +62,5 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
         assert rows[2]["kl/mean"] == 0.0 and rows[2]["learner/optimizer_steps"] == 1
         assert [r["stage/index"] for r in rows] == [0, 1, 2]
     if name == "dapo":
-        assert rows[0]["buffer/rollout_batches_sealed"] == 1 and rows[2]["buffer/rollout_batches_sealed"] == 2
+        sealed = [r["buffer/rollout_batches_sealed_total"] for r in rows]
+        assert sealed[0] == 1 and sealed[2] == 2

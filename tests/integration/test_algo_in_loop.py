@@ -77,7 +77,7 @@ def test_reference_resets_zero_kl_and_restart_the_optimizer(run):
             after = rows[step]  # the first step after the reset
             assert after["kl/mean"] == 0.0 and after["learner/optimizer_steps"] == 1
     assert any(r["kl/mean"] > 1e-6 for r in rows), "KL never moved: the test would not notice a broken reset"
-    assert rows[-1]["kl/num_resets"] == 2
+    assert rows[-1]["kl/resets_total"] == 2
 
 
 def test_every_switch_is_logged(run):
@@ -85,7 +85,7 @@ def test_every_switch_is_logged(run):
     for key in ("clip/low_frac", "clip/high_frac", "clip/dual_frac", "ratio/mean", "ratio/max",
                 "entropy/learner", "entropy/behaviour_sampled", "entropy_control/alpha", "kl/mean",
                 "is_weight/mean", "is_weight/max", "is_weight/capped_frac", "rollout/truncated_frac",
-                "buffer/groups_zero_variance", "kl/reset", "stage/index"):
+                "buffer/groups_zero_variance_total", "kl/reset", "stage/index"):
         assert all(key in r for r in rows), key
     assert all(r["ratio/mean"] == pytest.approx(1.0, abs=1e-6) for r in rows)  # decoupled: rho = 1 in value
     assert all(0.0 < r["is_weight/mean"] <= 2.0 and r["is_weight/max"] <= 2.0 for r in rows)

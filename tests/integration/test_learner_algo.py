@@ -172,7 +172,7 @@ def test_reference_reset_zeroes_kl_and_restarts_the_optimizer(model_dir):
     assert [r["learner/optimizer_steps"] for r in rows[:3]] == [1, 2, 3]
     assert rows[4]["reset"] == "requested" and rows[5]["kl/mean"] == 0.0
     assert rows[5]["learner/optimizer_steps"] == 1
-    assert rows[5]["reset"] == "every_k" and rows[5]["kl/num_resets"] == 3
+    assert rows[5]["reset"] == "every_k" and rows[5]["kl/resets_total"] == 3
     assert all(rows[i]["reset"] is None for i in (0, 1, 3))
     assert math.isfinite(rows[5]["loss/total"])
 

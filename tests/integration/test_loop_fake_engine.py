@@ -84,7 +84,7 @@ def test_stages_switch_sampling_budget_and_filter_solved_prompts(tmp_path, small
     solved_in_first = {key for _, key, *_ in first if int(key.rsplit("/", 1)[1]) % 2 == 0}
     assert orch.stages.excluded and orch.stages.excluded <= solved_in_first
     assert not {key for _, key, *_ in second} & orch.stages.excluded  # filtered prompts never come back
-    assert orch.history[-1]["data/prompts_filtered"] == len(orch.stages.excluded)
+    assert orch.history[-1]["data/prompts_filtered_total"] == len(orch.stages.excluded)
 
 
 class HangFirstGroup(Orchestrator):

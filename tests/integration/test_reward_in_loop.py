@@ -56,7 +56,7 @@ def test_hanging_verifier_costs_rewards_not_steps(runs):
     assert plain_stats.timeouts == 0 and hang_stats.timeouts > 0
     # every hung sample came back as a timeout with reward 0, and nothing was lost
     assert hang_stats.outcomes["timeout"] == hang_stats.timeouts
-    assert hang[-1]["reward/pool_timeouts"] >= 1
+    assert hang[-1]["reward/pool_timeouts_total"] >= 1
     # the rows count them among the step's samples (some may come back after the last step)
     counted = round(sum((h.get("reward/outcome_timeout") or 0) * h["reward/num_samples"] for h in hang))
     assert 1 <= counted <= hang_stats.timeouts

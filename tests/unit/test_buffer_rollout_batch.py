@@ -287,3 +287,18 @@ def test_random_streams_emit_every_kept_token_num_reuse_times(seed, d_r, d_t, re
     for s in steps:  # a step: whole responses of at most D_T groups of one rollout batch
         gids = {int(g[1:]) for g, _, _ in s}
         assert len(gids) <= d_t and len({g // d_r for g in gids}) == 1
+
+
+def test_batch_start_version_is_the_version_a_batch_was_sealed_at_and_survives_a_checkpoint():
+    buf = RolloutBatchBuffer(token_budget=4, max_staleness=9, rollout_batch_prompts=1, minibatch_prompts=1,
+                             num_reuse=2)
+    assert buf.batch_start_version is None  # nothing sealed yet
+    buf.add_group(make_group("g0", [2], version=1))
+    buf.add_group(make_group("g1", [2], version=2))
+    assert buf.next_batch(3) is not None and buf.batch_start_version == 3
+    assert buf.next_batch(4) is not None and buf.batch_start_version == 3  # the second pass: reuse
+    restored = RolloutBatchBuffer(token_budget=4, max_staleness=9, rollout_batch_prompts=1, minibatch_prompts=1,
+                                  num_reuse=2)
+    restored.load_state_dict(buf.state_dict())
+    assert restored.batch_start_version == 3
+    assert restored.next_batch(5) is not None and restored.batch_start_version == 5  # g1's batch

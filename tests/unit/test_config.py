@@ -113,7 +113,7 @@ def test_override_indexes_a_list_of_sections():
     (["buffer.rollout_batch_prompts=6", "buffer.minibatch_prompts=4"], "multiple"),
     (["buffer.num_reuse=2"], "buffer.rollout_batch_prompts"),
     (["stages=[{max_tokens: 4}, {steps: 3}]"], "stages.0.steps"),
-    (["stages=[{max_tokens: 500}]"], "stages.0.max_tokens"),
+    (["model.max_model_len=64", "stages=[{max_tokens: 500}]"], "stages.0.max_tokens"),
     (["algo.entropy_control.measure=sometimes"], "algo.entropy_control.measure"),
     (["algo.kl.estimator=k4"], "algo.kl.estimator"),
     (["reward.type=code", "reward.timeout_s=20"], "reward.code.sandbox.compile_time_s"),

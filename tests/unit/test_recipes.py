@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.preflight import resolve
 from asyncrl.algo.schedule import num_sgd_steps
 from asyncrl.config import load_config
 
@@ -45,8 +46,8 @@ def test_names_are_unique():
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_runs_at_tiny_cpu_scale(name):
-    cfg = recipe(name)
-    tiny = load_config(CONFIG_DIR / "tiny_cpu.yaml")
+    cfg = resolve(recipe(name))
+    tiny = resolve(load_config(CONFIG_DIR / "tiny_cpu.yaml"))
     assert cfg.model.path == "builtin:tiny" and cfg.model.max_model_len == tiny.model.max_model_len
     assert cfg.data.type == "tiny_arith"
     assert cfg.rollout.engine == "vllm" and cfg.rollout.num_actors == 1

@@ -1,13 +1,17 @@
 """StepStats: the reward metrics of a step (per data source, verifier latency, sandbox outcomes of
-the code verifier's tests) are computed from the samples scored since the last flush, then reset."""
+the code verifier's tests) are computed from the samples scored since the last flush, then reset;
+a few completions are kept as examples; a trained token's lag splits into reuse and asynchrony."""
 
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 
+from asyncrl.buffer.base import ResponseCursor
+from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
+from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.orchestrator.step_stats import StepStats
-from asyncrl.types import Sample
+from asyncrl.types import Group, Sample, ScoredSample
 
 
 @dataclass
@@ -20,9 +24,21 @@ ASSEMBLER = SimpleNamespace(stats=SimpleNamespace(groups_zero_variance=0, groups
 RECEIVER = SimpleNamespace(num_dropped=0)
 
 
-def sample(source, n_tokens=3):
-    return Sample("p", "g", 0, [1], [2] * n_tokens, [0.0] * n_tokens, [0] * n_tokens, "stop", 0,
+def sample(source, n_tokens=3, prompt_id="p", version=0, finish="stop"):
+    return Sample(prompt_id, "g", 0, [1], [2] * n_tokens, [0.0] * n_tokens, [version] * n_tokens, finish, 0,
                   metadata={"data_source": source})
+
+
+def one_response_group(gid, versions):
+    s = Sample(gid, gid, 0, [1], [2] * len(versions), [0.0] * len(versions), list(versions), "stop", 0)
+    return Group(gid, [ScoredSample(s, 1.0)], [1.0])
+
+
+STALENESS = ("staleness/mean", "staleness/max", "staleness/async_mean", "staleness/async_max", "staleness/reuse_max")
+
+
+def staleness(row):
+    return tuple(row[k] for k in STALENESS)
 
 
 def test_reward_metrics_per_source_latency_and_sandbox_outcomes():
@@ -54,3 +70,78 @@ def test_reward_metrics_per_source_latency_and_sandbox_outcomes():
     third = stats.flush(BUFFER, ASSEMBLER, RECEIVER)
     assert third["reward/outcome_timeout"] == 0 and third["reward/outcome_verified"] == 1.0
     assert third["reward/by_source/math"] == 1.0 and third["reward/by_source/code"] is None
+
+
+def test_running_totals_end_in_total():
+    buffer = SimpleNamespace(num_loss_tokens=5, stats=_BufferStats(groups_added=7))
+    assembler = SimpleNamespace(stats=SimpleNamespace(groups_zero_variance=1, groups_complete=2, duplicates=3))
+    row = StepStats().flush(buffer, assembler, SimpleNamespace(num_dropped=4))
+    assert row["buffer/loss_tokens"] == 5  # a gauge: what the buffer holds now
+    assert {k: v for k, v in row.items() if k.endswith("_total")} == {
+        "rollout/samples_total": 0, "buffer/groups_added_total": 7, "buffer/groups_zero_variance_total": 1,
+        "buffer/groups_complete_total": 2, "buffer/duplicate_samples_total": 3, "rollout/frames_dropped_total": 4}
+
+
+def test_examples_are_the_first_completions_of_the_window_capped_and_taken_once():
+    stats = StepStats(examples_per_step=2)
+    stats.add_sample(sample("math", prompt_id="p0"), 1.0, {"outcome": "verified"})  # no text: not an example
+    stats.add_sample(sample("math", prompt_id="p1", version=3), 1.0, {"outcome": "verified"}, completion="42",
+                     prompt="6*7=")
+    stats.add_sample(sample("code", prompt_id="p2", finish="length"), 0.0, {}, completion="def f(")
+    assert not stats.wants_example()  # two kept: no need to decode another one's text
+    stats.add_sample(sample("math", prompt_id="p3"), 0.0, {"outcome": "wrong"}, completion="41")
+    row = stats.flush(BUFFER, ASSEMBLER, RECEIVER)
+    assert not any("example" in k or "sample_text" in k for k in row)  # examples never go in the row
+    assert stats.take_examples() == [
+        {"prompt_id": "p1", "prompt": "6*7=", "response": "42", "reward": 1.0, "outcome": "verified", "version": 3,
+         "finish_reason": "stop", "data_source": "math"},
+        {"prompt_id": "p2", "prompt": None, "response": "def f(", "reward": 0.0, "outcome": None, "version": 0,
+         "finish_reason": "length", "data_source": "code"}]
+    assert stats.take_examples() == [] and stats.wants_example()
+    empty = Sample("p4", "g", 0, [1], [], [], [], "stop", 0)  # an empty response has no version
+    stats.add_sample(empty, 0.0, {"outcome": "wrong"}, completion="")
+    assert stats.take_examples() == [{"prompt_id": "p4", "prompt": None, "response": "", "reward": 0.0, "outcome": "wrong",
+                                      "version": None, "finish_reason": "stop", "data_source": None}]
+
+
+def test_rollout_batch_lag_splits_into_reuse_and_asynchrony():
+    # One rollout batch of 2 groups, D_T = D_R (every step trains all of it), N_reuse 3: N_SGD = 3
+    # steps at learner versions 4, 5, 6. Generated at versions a: [1, 2], b: [3, 3, 3]; sealed at 4.
+    buf = RolloutBatchBuffer(token_budget=8, max_staleness=5, rollout_batch_prompts=2, minibatch_prompts=2,
+                             num_reuse=3)
+    buf.add_group(one_response_group("a", [1, 2]))
+    buf.add_group(one_response_group("b", [3, 3, 3]))
+    stats = StepStats()
+    rows = []
+    for version in (4, 5, 6):
+        stats.add_batch(buf.next_batch(version), version, buf.batch_start_version)
+        assert buf.batch_start_version == 4
+        rows.append(stats.flush(BUFFER, ASSEMBLER, RECEIVER))
+    assert buf.next_batch(7) is None
+    # async lags 4 - [1, 2, 3, 3, 3] = [3, 2, 1, 1, 1] at every step (mean 8/5); reuse = version - 4
+    # step at 4: lags [3, 2, 1, 1, 1]; at 5: [4, 3, 2, 2, 2] (mean 13/5); at 6: [5, 4, 3, 3, 3] (18/5)
+    assert [staleness(r) for r in rows] == [
+        pytest.approx((1.6, 3, 1.6, 3, 0)), pytest.approx((2.6, 4, 1.6, 3, 1)), pytest.approx((3.6, 5, 1.6, 3, 2))]
+
+
+def test_streaming_buffer_lag_is_all_asynchronous():
+    buf = TokenBuffer(token_budget=4, max_staleness=3)
+    buf.add_group(one_response_group("a", [1, 1, 2, 2]))
+    stats = StepStats()
+    assert buf.batch_start_version is None
+    stats.add_batch(buf.next_batch(3), 3, buf.batch_start_version)
+    # lags 3 - [1, 1, 2, 2] = [2, 2, 1, 1]
+    assert staleness(stats.flush(BUFFER, ASSEMBLER, RECEIVER)) == (1.5, 2, 1.5, 2, 0)
+    assert staleness(stats.flush(BUFFER, ASSEMBLER, RECEIVER)) == (0.0, 0, 0.0, 0, 0)  # no batch: no lag
+
+
+def test_state_dict_keeps_the_lag_window_and_not_the_examples():
+    stats = StepStats()
+    stats.add_sample(sample("math"), 1.0, {"outcome": "verified"}, completion="x")
+    chunk = ResponseCursor(one_response_group("a", [1, 2]).samples[0].sample, 1.0).chunk(2)
+    stats.add_batch([chunk], 5, batch_start_version=3)
+    fresh = StepStats()
+    fresh.load_state_dict(stats.state_dict())
+    assert fresh.take_examples() == []
+    # lags 5 - [1, 2] = [4, 3]; async 3 - [1, 2] = [2, 1]; reuse 5 - 3 = 2
+    assert staleness(fresh.flush(BUFFER, ASSEMBLER, RECEIVER)) == (3.5, 4, 1.5, 2, 2)

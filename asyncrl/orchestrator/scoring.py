@@ -1,0 +1,44 @@
+"""Where each reward the pool returns goes: an eval sample's to the evaluator; a training
+sample's to the group ledger (shaping, groups, the buffer), the step's statistics and the stage's
+pass rates. Every reward passes the error monitor first, so a verifier that raises is reported
+with its traceback (console and events.jsonl) and stops the run past reward.max_error_frac.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.orchestrator.evaluation import EvalKey
+from asyncrl.reward.errors import ERROR_OUTCOMES, RewardErrorMonitor, format_report
+from asyncrl.reward.pool import RewardResult
+
+
+class ResultRouter:
+    def __init__(self, ledger, stats, stages, evaluator, tokenizer, errors: RewardErrorMonitor, metrics, say=print):
+        self.ledger, self.stats, self.stages, self.evaluator = ledger, stats, stages, evaluator
+        self.tokenizer, self.errors, self.metrics, self.say = tokenizer, errors, metrics, say
+
+    def __call__(self, results: list[RewardResult], step: int) -> None:
+        for r in results:
+            is_eval = isinstance(r.key, EvalKey)
+            if r.info.get("outcome") in ERROR_OUTCOMES:
+                response = r.key.response if is_eval else self._text(r.key.response_ids)
+                self._report(self.errors.observe(r.info, response, r.key.metadata), step)
+            else:
+                self.errors.observe(r.info, "", {})
+            if is_eval:
+                self.evaluator.on_scored(r.key, r.reward)
+            elif self.ledger.on_scored(r.key, r.reward, r.info) is not None:  # else: a group given up
+                example = self.stats.wants_example()  # decode the texts only for the few kept
+                self.stats.add_sample(r.key, r.reward, r.info, r.latency_s,
+                                      completion=self._text(r.key.response_ids) if example else None,
+                                      prompt=self._text(r.key.prompt_ids) if example else None)
+                self.stages.record(r.key.metadata, r.reward)
+
+    def _text(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _report(self, report: dict[str, Any] | None, step: int) -> None:
+        if report is not None:
+            self.metrics.event(step, "reward_error", **report)
+            self.say(format_report(report))

@@ -1,0 +1,130 @@
+"""Everything about a run that can be checked before Ray starts, in about a second: a mistake
+found here costs the user one line (exit 2), not 20 s of start-up and a traceback.
+
+- model: `model.path` is `builtin:tiny`, a model directory (config.json inside) or a model in
+  the local Hugging Face cache; its context length fills `model.max_model_len` when that is unset.
+- lengths: every stage's `max_tokens` < `max_model_len` <= the model's context.
+- packages: what the config switches on is installed (vLLM for the vllm engine, wandb for
+  `observe.wandb_project`), naming the extra that installs it.
+- data: every jsonl record the run and its evaluation will read has the fields its verifier
+  needs (data/records.py), and user reward functions import (reward/registry.py).
+
+`resolve` is the part a run cannot do without (the context length); the orchestrator calls it
+too, so a config built in code needs no preflight.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from asyncrl.config import Config, ConfigError
+from asyncrl.data.records import RecordError, check_file
+from asyncrl.data.stages import resolve_stages, stage_mixture
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def _config_json(path: str) -> Path:
+    """The model's config.json: in the directory, or in the local Hugging Face cache for a hub id."""
+    directory = Path(path).expanduser()
+    if directory.is_dir():
+        if not (directory / "config.json").is_file():
+            raise ConfigError(f"model.path {path!r} is a directory without config.json, not a "
+                              "Hugging Face model (save one with save_pretrained)")
+        return directory / "config.json"
+    if directory.exists():
+        raise ConfigError(f"model.path {path!r} is a file; give the model's directory")
+    if path.count("/") == 1 and not path.startswith((".", "/", "~")):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json")
+        if isinstance(cached, str):
+            return Path(cached)
+    raise ConfigError(f"model.path {path!r} does not exist (no such directory, and no model of that "
+                      "name in the local Hugging Face cache; nothing is downloaded at run time)")
+
+
+def model_context(path: str) -> int | None:
+    """The model's context length in tokens (None when its config does not say)."""
+    if path.startswith("builtin:"):
+        if path != "builtin:tiny":
+            raise ConfigError(f"model.path {path!r}: the only built-in model is 'builtin:tiny'")
+        from asyncrl.tiny.build import TinyModelSpec
+
+        return TinyModelSpec().max_positions
+    cfg = json.loads(_config_json(path).read_text())
+    for section in (cfg, cfg.get("text_config") or {}):
+        for key in CONTEXT_KEYS:
+            if isinstance(section.get(key), int):
+                return section[key]
+    return None
+
+
+def resolve(cfg: Config) -> Config:
+    """`model.max_model_len` filled from the model when unset (a copy; idempotent)."""
+    if cfg.model.max_model_len is not None:
+        return cfg
+    context = model_context(cfg.model.path)
+    if context is None:
+        raise ConfigError(f"model.max_model_len: the config of {cfg.model.path!r} states no context "
+                          "length; set model.max_model_len")
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"max_model_len": context})})
+
+
+def check_lengths(cfg: Config, context: int | None) -> None:
+    limit = cfg.model.max_model_len
+    if context is not None and limit > context:
+        raise ConfigError(f"model.max_model_len ({limit}) is longer than the model's context ({context})")
+    for st in resolve_stages(cfg):
+        where = f"stages.{st.index}.max_tokens" if cfg.stages else "rollout.max_tokens"
+        if st.max_tokens >= limit:
+            raise ConfigError(f"{where} ({st.max_tokens}) must be below model.max_model_len ({limit}), "
+                              "which holds prompt and response")
+
+
+PACKAGES = {"vllm": 'pip install -e ".[cpu]" (or ".[gpu]")', "wandb": 'pip install -e ".[wandb]"'}
+
+
+def check_packages(cfg: Config) -> None:
+    needed = []
+    if cfg.rollout.engine == "vllm":
+        needed.append(("vllm", "rollout.engine=vllm"))
+    if cfg.observe.wandb_project:
+        needed.append(("wandb", "observe.wandb_project"))
+    for module, why in needed:
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"{why} needs the {module!r} package, which is not installed: {PACKAGES[module]}")
+
+
+def check_data(cfg: Config) -> None:
+    from functools import partial
+
+    from asyncrl.reward.registry import check_functions, route
+
+    check_functions(cfg.reward)
+    verifier_of = partial(route, cfg.reward)
+    for st in resolve_stages(cfg):
+        for data in stage_mixture(st, cfg.data):
+            if data.type == "jsonl":
+                _check(data.path, data.prompt_field, data.answer_field, verifier_of)
+    if cfg.eval.data and cfg.eval.every_steps:
+        _check(cfg.eval.data, cfg.data.prompt_field, cfg.data.answer_field, verifier_of)
+
+
+def _check(path, prompt_field, answer_field, verifier_of) -> None:
+    try:
+        check_file(path, prompt_field, answer_field, verifier_of)
+    except RecordError as e:
+        raise ConfigError(str(e)) from None
+
+
+def preflight(cfg: Config) -> Config:
+    """Every check above; returns the resolved config. Raises ConfigError with one line."""
+    context = model_context(cfg.model.path)
+    cfg = resolve(cfg)
+    check_lengths(cfg, context)
+    check_packages(cfg)
+    check_data(cfg)
+    return cfg

@@ -1,0 +1,99 @@
+"""Reward errors made loud: a verifier that raises (or returns something that is not a reward)
+costs its sample reward 0, which on its own looks like a policy that is wrong, so a user's bug
+could run for hours unseen.
+
+`RewardErrorMonitor.observe` is called with every scored sample. The first error of each kind
+(verifier and exception type) comes back as a report, the traceback and the input that caused
+it, for the console and events.jsonl; further errors of that kind are reported at most once a
+minute with their count. When more than `max_error_frac` of the samples scored so far erred
+(checked from `min_samples` on) it raises `RewardErrorsExceeded`, naming the function and an
+input that made it fail. Pure bookkeeping: no Ray, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.types import RunFailed
+
+ERROR_OUTCOMES = ("verifier_error", "bad_reward")
+SHOWN_CHARS = 300
+
+
+class RewardErrorsExceeded(RunFailed):
+    """More of the samples made the verifier fail than reward.max_error_frac allows."""
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
+class RewardErrorMonitor:
+    def __init__(self, max_frac: float, min_samples: int = 50, repeat_every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.max_frac, self.min_samples, self.repeat_every_s = max_frac, min_samples, repeat_every_s
+        self.clock = clock
+        self.scored = 0
+        self.errors: Counter = Counter()  # (verifier, error type) -> count
+        self.examples: dict[tuple[str, str], dict[str, Any]] = {}  # the first report of each kind
+        self._reported: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (time, count then)
+
+    @property
+    def num_errors(self) -> int:
+        return sum(self.errors.values())
+
+    def observe(self, info: dict[str, Any], response: str, metadata: dict[str, Any]) -> dict[str, Any] | None:
+        """Count one scored sample; returns a report when this error should be shown now."""
+        self.scored += 1
+        report = None
+        if info.get("outcome") in ERROR_OUTCOMES:
+            error = str(info.get("error", info["outcome"]))
+            kind = (str(info.get("verifier")), error.split("(", 1)[0].split(":", 1)[0])
+            self.errors[kind] += 1
+            if kind not in self.examples:
+                self.examples[kind] = {
+                    "verifier": kind[0], "outcome": info["outcome"], "error": error,
+                    "traceback": info.get("traceback"), "data_source": info.get("data_source"),
+                    "response": _short(response),
+                    "metadata": _short({k: v for k, v in metadata.items() if k != "record_key"})}
+            report = self._maybe_report(kind)
+        self._check()
+        return report
+
+    def _maybe_report(self, kind: tuple[str, str]) -> dict[str, Any] | None:
+        now, count = self.clock(), self.errors[kind]
+        last = self._reported.get(kind)
+        if last is not None and now - last[0] < self.repeat_every_s:
+            return None
+        self._reported[kind] = (now, count)
+        report = dict(self.examples[kind], count=count, scored=self.scored)
+        if last is not None:  # a repeat: the count says it all, the traceback was shown once
+            report.pop("traceback", None)
+        return report
+
+    def _check(self) -> None:
+        if self.scored < self.min_samples or self.num_errors <= self.max_frac * self.scored:
+            return
+        kind, count = self.errors.most_common(1)[0]
+        ex = self.examples[kind]
+        raise RewardErrorsExceeded(
+            f"the reward function {kind[0]} failed on {self.num_errors} of {self.scored} scored samples "
+            f"({self.num_errors / self.scored:.0%}, above reward.max_error_frac={self.max_frac}); "
+            f"most often ({count}x): {ex['error']}, e.g. on response {ex['response']!r} with metadata "
+            f"{ex['metadata']}. The first traceback is in events.jsonl (event reward_error).")
+
+    def metrics(self) -> dict[str, float]:
+        return {"reward/errors_total": self.num_errors}
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The console text of a report: one line, plus the traceback the first time."""
+    head = (f"reward error in {r['verifier']} (data source {r['data_source']!r}, {r['count']} of "
+            f"{r['scored']} samples so far): {r['error']}")
+    if not r.get("traceback"):
+        return head
+    return f"{head}\n  on response {r['response']!r}, metadata {r['metadata']}\n{r['traceback'].rstrip()}"

@@ -1,0 +1,77 @@
+"""Recipes that build on a base, overrides given once, and schema defaults that are the demo's."""
+
+import json
+
+import pytest
+
+from asyncrl.config import Config, ConfigError, dump_config, load_config
+from asyncrl.preflight import resolve
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_schema_defaults_are_the_default_run():
+    # a recipe of four lines must behave like the demo, so every default is the demo's value
+    demo = json.loads(resolve(load_config()).model_dump_json())
+    bare = json.loads(resolve(Config()).model_dump_json())
+    assert bare == demo
+
+
+def test_minimal_recipe_gets_the_demo_values(tmp_path):
+    recipe = _write(tmp_path / "mine.yaml", "model:\n  path: builtin:tiny\ndata:\n  type: jsonl\n  path: x.jsonl\n")
+    cfg = resolve(load_config(recipe))
+    assert cfg.learner.lr == 3e-4 and cfg.total_steps == 300 and cfg.model.max_model_len == 64
+    assert cfg.data.path == "x.jsonl" and cfg.rollout.max_tokens == 16
+
+
+def test_base_is_inherited_field_by_field_and_overridable(tmp_path):
+    _write(tmp_path / "base.yaml", "name: base\nlearner:\n  lr: 1.0e-5\n  grad_clip: 0.5\nbuffer:\n  max_staleness: 3\n")
+    child = _write(tmp_path / "child.yaml", "base: base.yaml\nname: child\nlearner:\n  lr: 2.0e-5\n")
+    cfg = load_config(child)
+    assert cfg.name == "child"
+    assert cfg.learner.lr == 2e-5 and cfg.learner.grad_clip == 0.5  # merged, not replaced
+    assert cfg.buffer.max_staleness == 3
+    assert load_config(child, ["learner.grad_clip=2.0"]).learner.grad_clip == 2.0
+
+
+def test_base_by_name_from_configs_and_chains(tmp_path):
+    mid = _write(tmp_path / "mid.yaml", "base: grpo\nseed: 7\n")
+    top = _write(tmp_path / "top.yaml", "base: mid.yaml\nname: top\n")
+    cfg, grpo = load_config(top), load_config("configs/grpo.yaml")
+    assert cfg.seed == 7 and cfg.name == "top"
+    assert cfg.algo.kl.coef == grpo.algo.kl.coef and cfg.buffer.max_staleness == grpo.buffer.max_staleness
+
+
+def test_stages_list_of_a_base_is_replaced_whole(tmp_path):
+    _write(tmp_path / "b.yaml", "stages:\n  - steps: 5\n  - max_tokens: 12\n")
+    child = _write(tmp_path / "c.yaml", "base: b.yaml\nstages:\n  - max_tokens: 10\n")
+    assert [s.max_tokens for s in load_config(child).stages] == [10]
+
+
+def test_cyclic_and_missing_bases_fail(tmp_path):
+    _write(tmp_path / "a.yaml", "base: b.yaml\n")
+    _write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError, match="leads back to itself"):
+        load_config(tmp_path / "a.yaml")
+    with pytest.raises(ConfigError, match="base 'nowhere.yaml' not found"):
+        load_config(_write(tmp_path / "c.yaml", "base: nowhere.yaml\n"))
+
+
+def test_duplicate_override_and_duplicate_yaml_key_fail():
+    with pytest.raises(ConfigError, match="'learner.lr' is given twice"):
+        load_config(None, ["learner.lr=0.1", "learner.lr=0.2"])
+
+
+def test_duplicate_key_in_a_recipe_names_the_line(tmp_path):
+    recipe = _write(tmp_path / "d.yaml", "learner:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match=r"line 3: field 'lr' is given twice"):
+        load_config(recipe)
+
+
+def test_dump_config_loads_back_to_the_same_config(tmp_path):
+    cfg = resolve(load_config(None, ["name=x", "eval.n=4"]))
+    again = load_config(_write(tmp_path / "r.yaml", dump_config(cfg)))
+    assert again == cfg

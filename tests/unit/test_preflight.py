@@ -1,0 +1,71 @@
+"""What is checked before Ray starts: model path, lengths, packages, data."""
+
+import json
+
+import pytest
+
+from asyncrl import preflight
+from asyncrl.config import ConfigError, load_config
+
+
+def _model_dir(tmp_path, **cfg):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_context_is_read_from_the_model_and_fills_max_model_len(tmp_path):
+    d = _model_dir(tmp_path, max_position_embeddings=4096)
+    cfg = preflight.resolve(load_config(None, [f"model.path={d}"]))
+    assert cfg.model.max_model_len == 4096
+    (tmp_path / "vl").mkdir()
+    nested = _model_dir(tmp_path / "vl", text_config={"max_position_embeddings": 2048})
+    assert preflight.model_context(str(nested)) == 2048
+    assert preflight.model_context("builtin:tiny") == 64
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: str(p / "missing"), "does not exist"),
+    (lambda p: str((p / "f.txt").write_text("x") and p / "f.txt"), "is a file"),
+    (lambda p: str((p / "empty").mkdir() or p / "empty"), "without config.json"),
+    (lambda p: "someone/unknown-model-xyz", "not .*in the local Hugging Face cache|no model of that name"),
+    (lambda p: "builtin:huge", "the only built-in model"),
+])
+def test_bad_model_paths_are_named(tmp_path, make, message):
+    with pytest.raises(ConfigError, match=message):
+        preflight.preflight(load_config(None, [f"model.path={make(tmp_path)}"]))
+
+
+def test_lengths(tmp_path):
+    with pytest.raises(ConfigError, match=r"rollout.max_tokens \(64\) must be below model.max_model_len \(64\)"):
+        preflight.preflight(load_config(None, ["rollout.max_tokens=64"]))
+    with pytest.raises(ConfigError, match=r"model.max_model_len \(65\) is longer than the model's context \(64\)"):
+        preflight.preflight(load_config(None, ["model.max_model_len=65"]))
+    with pytest.raises(ConfigError, match=r"stages.1.max_tokens \(70\)"):
+        preflight.preflight(load_config(None, ["stages=[{steps: 2}, {max_tokens: 70}]"]))
+
+
+def test_a_missing_package_names_the_extra(monkeypatch):
+    real = preflight.importlib.util.find_spec
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda m: None if m == "wandb" else real(m))
+    with pytest.raises(ConfigError, match=r"observe.wandb_project needs the 'wandb' package.*\.\[wandb\]"):
+        preflight.preflight(load_config(None, ["observe.wandb_project=p"]))
+    preflight.preflight(load_config(None, ["rollout.engine=fake"]))  # nothing needed
+
+
+def test_data_of_the_run_its_stages_and_its_eval_is_checked(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "1+2=", "target": "3"}\n')
+    with pytest.raises(ConfigError, match=rf"{bad}:2: no 'answer' field.*did you mean 'target'"):
+        preflight.preflight(load_config(None, ["data.type=jsonl", f"data.path={bad}"]))
+    with pytest.raises(ConfigError, match=rf"{bad}:2"):
+        preflight.preflight(load_config(None, [f"stages=[{{data: [{{type: jsonl, path: '{bad}'}}]}}]"]))
+    with pytest.raises(ConfigError, match=rf"{bad}:2"):
+        preflight.preflight(load_config(None, ["data.type=jsonl", f"data.path={good}", f"eval.data={bad}"]))
+    # a user reward function reads what it likes: no answer needed
+    cfg = preflight.preflight(load_config(None, ["data.type=jsonl", f"data.path={bad}",
+                                                 "reward.type=import:asyncrl.reward.text_rewards:AnswerTagReward"]))
+    assert cfg.data.path == str(bad)

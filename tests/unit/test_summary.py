@@ -1,0 +1,29 @@
+"""The end-of-run summary: staleness is told apart into reuse of rollout batches and asynchrony."""
+
+from asyncrl.observe.summary import format_summary, summarize
+
+
+def row(reward, total, async_, reuse):
+    return {"reward/mean": reward, "staleness/max": total, "staleness/async_max": async_,
+            "staleness/reuse_max": reuse, "learner/loss_tokens": 10}
+
+
+def test_summary_reports_the_largest_lag_of_each_kind():
+    history = [row(0.0, 1, 1, 0), row(0.5, 3, 1, 2), row(1.0, 2, 2, 0), {"reward/mean": None}]
+    s = summarize(history, wall_s=12.34)
+    assert (s["max_staleness_seen"], s["max_async_staleness_seen"], s["max_reuse_lag_seen"]) == (3, 2, 2)
+    assert s["tokens_trained"] == 30 and s["wall_s"] == 12.3
+
+
+def test_format_names_the_parts_only_when_batches_are_reused():
+    reused = summarize([row(0.0, 15, 0, 15)], wall_s=1.0)
+    assert "max staleness: 15 (15 from reusing rollout batches, 0 asynchronous)\n" in format_summary(reused, "runs/x")
+    streaming = summarize([row(0.0, 2, 2, 0)], wall_s=1.0)
+    text = format_summary(streaming, "runs/x")
+    assert "max staleness: 2\n" in text and "reusing" not in text
+
+
+def test_a_history_from_before_the_split_still_summarizes():
+    s = summarize([{"reward/mean": 1.0, "staleness/max": 4}], wall_s=1.0)
+    assert (s["max_staleness_seen"], s["max_async_staleness_seen"], s["max_reuse_lag_seen"]) == (4, 0, 0)
+    assert "max staleness: 4\n" in format_summary(s, "runs/x")
