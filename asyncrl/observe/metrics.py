@@ -88,7 +88,7 @@ class MetricsWriter:
             self._wandb.finish()
 
 
-_COLUMNS = ("prompt_id", "data_source", "version", "reward", "outcome", "finish_reason", "response")
+_COLUMNS = ("prompt_id", "data_source", "version", "reward", "outcome", "finish_reason", "prompt", "response")
 
 
 def samples_table(examples: list[dict[str, Any]]) -> str:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.tiny.task import TinyTaskSpec, all_problems
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,6 +36,14 @@ def test_launch_run_trains_saves_and_the_policy_generates_in_vllm(tmp_path, tiny
     result = json.loads(gen.stdout.strip().splitlines()[-1])
     assert result["num_samples"] == 16 and result["mean_response_tokens"] > 0
     assert 0.0 <= result["accuracy"] <= 1.0
+
+    # the same held-out evaluation as in training, on the saved policy
+    ev = subprocess.run([sys.executable, "tools/evaluate.py", "--model", str(final), "--n", "2", "--json"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+    figures = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert figures["num_prompts"] == len(all_problems(TinyTaskSpec(), "eval"))
+    assert 0.0 <= figures["avg@2"] <= figures["pass@2"] <= 1.0
 
 
 @pytest.mark.parametrize("override, named", [

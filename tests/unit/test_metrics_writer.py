@@ -46,9 +46,9 @@ def test_samples_go_to_samples_jsonl_one_line_each_and_truncate_with_the_rows(tm
 
 
 def test_samples_table_escapes_cell_breaking_characters():
-    table = samples_table([{**EXAMPLE, "response": "a | b\nc"}, {"prompt_id": "p2"}])
+    table = samples_table([{**EXAMPLE, "prompt": "6*7=", "response": "a | b\nc"}, {"prompt_id": "p2"}])
     assert table.splitlines() == [
-        "| prompt_id | data_source | version | reward | outcome | finish_reason | response |",
-        "|---|---|---|---|---|---|---|",
-        "| p1 | math | 3 | 1.0 | verified | stop | a \\| b<br>c |",
-        "| p2 | None | None | None | None | None | None |"]
+        "| prompt_id | data_source | version | reward | outcome | finish_reason | prompt | response |",
+        "|---|---|---|---|---|---|---|---|",
+        "| p1 | math | 3 | 1.0 | verified | stop | 6*7= | a \\| b<br>c |",
+        "| p2 | None | None | None | None | None | None | None |"]

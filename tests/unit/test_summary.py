@@ -27,3 +27,15 @@ def test_a_history_from_before_the_split_still_summarizes():
     s = summarize([{"reward/mean": 1.0, "staleness/max": 4}], wall_s=1.0)
     assert (s["max_staleness_seen"], s["max_async_staleness_seen"], s["max_reuse_lag_seen"]) == (4, 0, 0)
     assert "max staleness: 4\n" in format_summary(s, "runs/x")
+
+
+def test_progress_line_keeps_the_latest_heldout_score(capsys):
+    from asyncrl.observe.console import ProgressDisplay
+
+    display = ProgressDisplay(total_steps=3, mode="lines", line_every_s=0)
+    display.update({"step": 1, "reward/mean": 0.5})
+    display.update({"step": 2, "eval/avg@8": 0.25})
+    display.update({"step": 3})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("held-out=-") and "reward=0.500" in lines[0]
+    assert lines[1].endswith("held-out=0.250") and lines[2].endswith("held-out=0.250")
