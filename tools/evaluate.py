@@ -30,9 +30,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", default=None, help="config YAML (default: the run's config.yaml)")
     p.add_argument("--data", default=None, help="held-out jsonl (default: the run's held-out data)")
     p.add_argument("--n", type=int, default=None, help="samples per prompt (default: eval.n)")
-    p.add_argument("--k", type=int, nargs="+", default=None, help="k values of pass@k (default: eval.pass_k, else 1 and n)")
+    p.add_argument("--k", type=int, nargs="+", default=None,
+                   help="k values of pass@k (default: eval.pass_k, else 1 and n)")
     p.add_argument("--max-prompts", type=int, default=None, help="first this many records (default: eval.max_prompts)")
-    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0: greedy (default: eval.temperature, else the last stage's)")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--out", default=None, help="write every sample (prompt, response, reward, outcome) as jsonl")
     p.add_argument("--json", action="store_true", help="print one JSON line only")
@@ -51,7 +53,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     from asyncrl.rollout.engine import SamplingSpec
 
     cfg, config_path = load_run_config(args.model, args.config, say)
-    n = args.n or cfg.eval.n
+    n = cfg.eval.n if args.n is None else args.n
     ks = args.k or cfg.eval.pass_k or sorted({1, n})
     if n < 1 or any(not 1 <= k <= n for k in ks):
         raise ConfigError(f"--k: every k must be between 1 and --n ({n}), got {ks}")
@@ -59,7 +61,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     if records is None:
         raise ConfigError("the run has no held-out data (jsonl data without eval.data); pass --data file.jsonl")
     stage = resolve_stages(cfg)[-1]  # the policy was trained last in the last stage
-    temperature = args.temperature or cfg.eval.temperature or stage.temperature
+    temperature = args.temperature if args.temperature is not None else cfg.eval.temperature or stage.temperature
     spec = SamplingSpec(temperature, cfg.rollout.top_p, args.max_tokens or stage.max_tokens, seed=cfg.seed)
     say(f"evaluating {cfg.model.path}: {len(records)} prompts x {n} samples at T={temperature}")
     samples = asyncio.run(sample_and_score(cfg, records, n, spec, say))

@@ -15,7 +15,8 @@ from asyncrl.config.schema import (BUILTIN_VERIFIERS, AlgoConfig, BufferConfig, 
                                    SandboxConfig, StageConfig, SyncConfig)
 
 __all__ = [
-    "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "dump_config", "load_config", "parse_override", "write_resolved",
+    "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "dump_config", "load_config", "parse_override",
+    "write_resolved",
     "BUILTIN_VERIFIERS", "AlgoConfig", "BufferConfig", "CodeRewardConfig", "Config", "DataConfig",
     "DataMixConfig", "EntropyControlConfig", "EvalConfig", "KLConfig", "LearnerConfig", "ModelConfig", "ObserveConfig",
     "RayConfig", "RewardConfig", "RolloutConfig", "SandboxConfig", "StageConfig", "SyncConfig",

@@ -1,11 +1,11 @@
 """Loading a config: YAML recipe (the tiny CPU one by default), dotted overrides, validation with
 messages that name the field and what is allowed, and the resolved copy in the run directory.
 
-A recipe may start from another with `base: <path>` (relative to the recipe, the working
-directory or the project, or a name in configs/ such as `grpo`): the base's sections are merged field by field under the recipe's, lists (stages) are
-replaced whole, and a base may have a base of its own. Fields no recipe sets take the schema's
-defaults, which are the default run's values, so a recipe of four lines behaves like the demo
-except where it says otherwise."""
+A recipe may start from another with `base: <path>` (relative to the recipe, the working directory
+or the project, or a name in configs/ such as `grpo`): the base's sections are merged field by
+field under the recipe's, lists (stages) are replaced whole, and a base may have a base of its own.
+Fields no recipe sets take the schema's defaults, which are the default run's values, so a recipe
+of four lines behaves like the demo except where it says otherwise."""
 
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ def closest_field(rec: dict[str, Any], wanted: str, known: tuple[str, ...]) -> s
     return close[0] if close else None
 
 
-def _missing(where: str, rec: dict[str, Any], field: str, known: tuple[str, ...], setting: str, why: str) -> RecordError:
+def _missing(where: str, rec: dict[str, Any], field: str, known: tuple[str, ...], setting: str,
+             why: str) -> RecordError:
     guess = closest_field(rec, field, known)
     hint = (f"; did you mean {guess!r}? set {setting}={guess}" if guess
             else f"; the record has {', '.join(map(repr, rec)) or 'no fields'}")

@@ -9,8 +9,8 @@ the buffer; the reward pool scores them like training samples (same verifiers an
 an `EvalKey`, and once all are scored the metrics (algo/pass_at_k.py) go into the next step row
 as `eval/avg@<n>`, `eval/pass@<k>`, with `eval/step` the version that was evaluated.
 
-One evaluation runs at a time: one that is due while another runs is skipped. An actor lost
-during an evaluation loses that evaluation (an `eval_lost` event), not the run.
+One evaluation runs at a time: one that is due while another runs is skipped. An actor lost (or
+an engine failing) during an evaluation loses that evaluation (an `eval_lost` event), not the run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
 from asyncrl.algo.pass_at_k import eval_metrics
 from asyncrl.config import Config
@@ -63,10 +63,10 @@ class Evaluator:
     """`items` None: the run has no held-out data and nothing is ever started. `metrics` gets
     an `eval` event per completed evaluation and `eval_lost` for one whose actor died."""
 
-    def __init__(self, cfg: Config, items: list[PromptItem] | None, metrics):
+    def __init__(self, cfg: Config, items: list[PromptItem] | None, metrics, say=print):
         if items is not None and not items:
             raise ValueError("no eval prompt fits the context (every one is longer than max_model_len - max_tokens)")
-        self.cfg, self.items, self.metrics = cfg.eval, items, metrics
+        self.cfg, self.items, self.metrics, self.say = cfg.eval, items, metrics, say
         self.top_p = cfg.rollout.top_p
         self.ks = cfg.eval.pass_k or [cfg.eval.n]
         self.done: set[int] = set()  # versions evaluated (or started)
@@ -82,11 +82,11 @@ class Evaluator:
         if records is None:
             if cfg.eval.every_steps:
                 say("no held-out evaluation: the data is jsonl and eval.data is not set")
-            return cls(cfg, None, metrics)
+            return cls(cfg, None, metrics, say)
         longest = max(st.max_tokens for st in resolve_stages(cfg))
         source = PromptSource(records, tokenizer, apply_chat_template=cfg.data.apply_chat_template,
                               max_prompt_tokens=cfg.model.max_model_len - longest, source_name="eval")
-        return cls(cfg, source.all_items(), metrics)
+        return cls(cfg, source.all_items(), metrics, say)
 
     @property
     def running(self) -> bool:
@@ -112,8 +112,10 @@ class Evaluator:
         ref, self._ref = self._ref, None
         try:
             samples = ray.get(ref)
-        except RayActorError as e:
+        except (RayActorError, RayTaskError) as e:  # the actor died, or its engine failed the requests
             self.metrics.event(step, "eval_lost", version=self._version, reason=repr(e)[:300])
+            self.say(f"warning: the evaluation of step {self._version} was lost ({type(e).__name__}); "
+                     "training goes on")
             self._version = None
             return
         self._expected = len(samples)
@@ -164,7 +166,8 @@ def eval_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {}
     key = next(k for k in rows[0] if k.startswith("eval/avg@"))
-    return {"eval_metric": key.removeprefix("eval/"), "eval_first": rows[0][key], "eval_first_step": rows[0]["eval/step"],
+    return {"eval_metric": key.removeprefix("eval/"),
+            "eval_first": rows[0][key], "eval_first_step": rows[0]["eval/step"],
             "eval_last": rows[-1][key], "eval_last_step": rows[-1]["eval/step"]}
 
 

@@ -148,9 +148,10 @@ class Orchestrator:
             raise self.checkpoints.learner_died(self.step + 1, e) from None
         finally:
             display.close()
+        # the last step too, so resume=auto on a finished run finds it finished
         if self.stop_reason is not None or (self.cfg.checkpoint.every_steps and
                                             self.step % self.cfg.checkpoint.every_steps):
-            self.checkpoints.save(self.step, self.state_dict(), self.learner)  # the last step too, so resume=auto on a finished run finds it finished
+            self.checkpoints.save(self.step, self.state_dict(), self.learner)
         self.checkpoints.poll(block=True)
         if self.stop_reason is not None:
             self._end("interrupted", self.stop_reason)
@@ -231,7 +232,8 @@ class Orchestrator:
                "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
                **self.stats.flush(self.ledger.buffer, self.ledger.assembler, self.samples),
                **self.stages.metrics(), **self.rewards.metrics(), **self.ledger.metrics(),
-               **self.route_results.errors.metrics(), **self.evaluator.take_metrics(self.step), "rollout/actors": len(self.pool.ids)}
+               **self.route_results.errors.metrics(), **self.evaluator.take_metrics(self.step),
+               "rollout/actors": len(self.pool.ids)}
         self.history.append(row)
         self.metrics.log(self.step, row)
         self.metrics.log_samples(self.step, self.stats.take_examples())
@@ -249,8 +251,7 @@ class Orchestrator:
         return row
 
     def _push(self) -> dict[str, float]:
-        """Drain push of the current version; actors lost on the way are replaced and the push
-        is retried around the survivors."""
+        """Drain push (and parity probe); lost actors are replaced, the push retried around the rest."""
         return self.pool.push_and_probe(
             self.version, self.step, self.probe_ids, self._actors_lost,
             lambda error: self.metrics.event(self.step, "parity_failure", version=self.version, error=error))

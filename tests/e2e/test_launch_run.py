@@ -37,13 +37,22 @@ def test_launch_run_trains_saves_and_the_policy_generates_in_vllm(tmp_path, tiny
     assert result["num_samples"] == 16 and result["mean_response_tokens"] > 0
     assert 0.0 <= result["accuracy"] <= 1.0
 
-    # the same held-out evaluation as in training, on the saved policy
+    # The same held-out evaluation as in training, on the saved policy: the run's config.yaml is
+    # found from final/, so the data is the built-in task's held-out split, every problem once.
     ev = subprocess.run([sys.executable, "tools/evaluate.py", "--model", str(final), "--n", "2", "--json"],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
-    figures = json.loads(ev.stdout.strip().splitlines()[-1])
-    assert figures["num_prompts"] == len(all_problems(TinyTaskSpec(), "eval"))
-    assert 0.0 <= figures["avg@2"] <= figures["pass@2"] <= 1.0
+    metrics = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert metrics["config"] == str(run_dir / "config.yaml")
+    assert 0.0 <= metrics["avg@2"] <= metrics["pass@2"] <= 1.0  # 0/1 rewards: avg@2 is pass@1
+    assert metrics["num_prompts"] == len(all_problems(TinyTaskSpec(), "eval"))
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "3*4=", "answer": "12"}\n{"prompt": "3*5=", "solution": "15"}\n')
+    ev = subprocess.run([sys.executable, "tools/evaluate.py", "--model", str(final), "--data", str(bad), "--json"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert ev.returncode == 2, ev.stderr[-2000:]
+    assert f"{bad}:2: no 'answer' field" in ev.stderr
 
 
 @pytest.mark.parametrize("override, named", [

@@ -28,7 +28,8 @@ def test_minimal_recipe_gets_the_demo_values(tmp_path):
 
 
 def test_base_is_inherited_field_by_field_and_overridable(tmp_path):
-    _write(tmp_path / "base.yaml", "name: base\nlearner:\n  lr: 1.0e-5\n  grad_clip: 0.5\nbuffer:\n  max_staleness: 3\n")
+    _write(tmp_path / "base.yaml",
+           "name: base\nlearner:\n  lr: 1.0e-5\n  grad_clip: 0.5\nbuffer:\n  max_staleness: 3\n")
     child = _write(tmp_path / "child.yaml", "base: base.yaml\nname: child\nlearner:\n  lr: 2.0e-5\n")
     cfg = load_config(child)
     assert cfg.name == "child"

@@ -100,7 +100,8 @@ def test_examples_are_the_first_completions_of_the_window_capped_and_taken_once(
     assert stats.take_examples() == [] and stats.wants_example()
     empty = Sample("p4", "g", 0, [1], [], [], [], "stop", 0)  # an empty response has no version
     stats.add_sample(empty, 0.0, {"outcome": "wrong"}, completion="")
-    assert stats.take_examples() == [{"prompt_id": "p4", "prompt": None, "response": "", "reward": 0.0, "outcome": "wrong",
+    assert stats.take_examples() == [{"prompt_id": "p4", "prompt": None, "response": "", "reward": 0.0,
+                                      "outcome": "wrong",
                                       "version": None, "finish_reason": "stop", "data_source": None}]
 
 

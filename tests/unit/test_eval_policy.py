@@ -1,0 +1,45 @@
+"""The pure parts of offline evaluation (asyncrl/eval_policy.py): finding a policy's run config
+and aggregating scored samples; generation itself is exercised by tests/e2e/test_launch_run.py."""
+
+import pytest
+
+from asyncrl.eval_policy import EvalSample, run_config_path, summarize
+
+
+def test_run_config_is_found_above_final_and_above_a_checkpoints_policy(tmp_path):
+    run = tmp_path / "run"
+    policy = run / "checkpoints" / "step_4" / "learner" / "policy"
+    policy.mkdir(parents=True)
+    (run / "final").mkdir()
+    (run / "config.yaml").write_text("name: run\n")
+    (run / "checkpoints" / "step_4" / "config.yaml").write_text("name: run\n")
+    assert run_config_path(run / "final") == run / "config.yaml"
+    assert run_config_path(policy) == run / "checkpoints" / "step_4" / "config.yaml"
+    # Any other directory, or a run without its config.yaml, has no run config.
+    assert run_config_path(tmp_path) is None
+    (run / "config.yaml").unlink()
+    assert run_config_path(run / "final") is None
+
+
+def sample(index: int, source: str, reward: float, num_tokens: int = 4, outcome: str = "wrong") -> EvalSample:
+    return EvalSample(index, f"p{index}", {"data_source": source}, "r", num_tokens, "stop", reward,
+                      {"outcome": outcome})
+
+
+def test_summarize_gives_overall_and_per_source_figures():
+    samples = [
+        sample(0, "add", 1.0, 2, "verified"), sample(0, "add", 0.0, 4),  # c=1 of 2
+        sample(1, "add", 1.0, 6, "verified"), sample(1, "add", 1.0, 8, "verified"),  # c=2 of 2
+        sample(2, "mul", 0.0, 4), sample(2, "mul", 0.0, 4, "timeout"),  # c=0 of 2
+    ]
+    r = summarize(samples, n=2, ks=[1, 2])
+    assert r["avg@2"] == pytest.approx(3 / 6)
+    assert r["pass@1"] == pytest.approx((1 / 2 + 1 + 0) / 3)
+    assert r["pass@2"] == pytest.approx((1 + 1 + 0) / 3)
+    assert r["num_prompts"] == 3 and r["num_incomplete"] == 0
+    assert r["by_source"]["add"]["avg@2"] == pytest.approx(3 / 4)
+    assert r["by_source"]["add"]["pass@2"] == pytest.approx(1.0)
+    assert r["by_source"]["mul"] == {"avg@2": 0.0, "pass@1": 0.0, "pass@2": 0.0, "num_prompts": 1,
+                                     "num_incomplete": 0}
+    assert r["mean_response_tokens"] == pytest.approx((2 + 4 + 6 + 8 + 4 + 4) / 6)
+    assert r["outcomes"] == {"verified": 3, "wrong": 2, "timeout": 1}
