@@ -131,7 +131,9 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
     base = [f"model.path={model}", f"rollout.engine={engine}", f"total_steps={steps}", f"name={name}",
             "buffer.token_budget=128", "observe.console=off", "observe.tensorboard=false", "save_final=false",
             f"observe.output_dir={out_dir}", "checkpoint.every_steps=0", "reward.num_workers=2",
-            "algo.drop_zero_variance_groups=false", "ray.num_cpus=4", *extra]
+            "algo.drop_zero_variance_groups=false", "ray.num_cpus=4"]
+    given = {e.split("=", 1)[0] for e in extra}  # a field may be given once: the scenario's wins
+    base = [b for b in base if b.split("=", 1)[0] not in given] + extra
     state: dict = {}
     t0 = time.monotonic()
     outcome, resumed = "completed", False

@@ -37,7 +37,9 @@ def small_model(tmp_path_factory):
 
 
 def launch(out, name, model, *extra):
-    cmd = [sys.executable, "launch/run.py", *ARGS, f"model.path={model}", f"name={name}",
+    given = {e.split("=", 1)[0] for e in extra}  # a field may be given once: extra replaces ARGS
+    base = [a for a in ARGS if a.split("=", 1)[0] not in given]
+    cmd = [sys.executable, "launch/run.py", *base, f"model.path={model}", f"name={name}",
            f"observe.output_dir={out}", *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -48,7 +50,10 @@ def rows(run_dir):
 
 
 def events(run_dir):
-    return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    """The run's events without their wall-clock `time` (checked to be there)."""
+    out = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert all(isinstance(e.pop("time"), float) for e in out)
+    return out
 
 
 def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model):
