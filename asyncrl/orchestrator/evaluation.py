@@ -36,9 +36,9 @@ from asyncrl.types import PromptItem
 
 @dataclass
 class EvalKey:
-    """The reward pool key of an eval sample (training samples use the Sample itself)."""
+    """The reward pool key of an eval sample (training samples use the Sample itself); the
+    version evaluated is the evaluator's, one for all (see the module docstring)."""
 
-    version: int
     prompt_index: int
     response_len: int
     response: str
@@ -65,7 +65,7 @@ class Evaluator:
 
     def __init__(self, cfg: Config, items: list[PromptItem] | None, metrics, say=print):
         if items is not None and not items:
-            raise ValueError("no eval prompt fits the context (every one is longer than max_model_len - max_tokens)")
+            raise ValueError("no eval prompt fits the context (each is longer than max_model_len - max_tokens)")
         self.cfg, self.items, self.metrics, self.say = cfg.eval, items, metrics, say
         self.top_p = cfg.rollout.top_p
         self.ks = cfg.eval.pass_k or [cfg.eval.n]
@@ -122,8 +122,7 @@ class Evaluator:
         for s in samples:
             index = int(s.prompt_id.rsplit("-", 1)[1])
             text = tokenizer.decode(s.response_ids, skip_special_tokens=True)
-            key = EvalKey(min(s.versions, default=self._version), index, len(s.response_ids), text, s.metadata)
-            rewards.submit(key, text, s.metadata)
+            rewards.submit(EvalKey(index, len(s.response_ids), text, s.metadata), text, s.metadata)
 
     def on_scored(self, key: EvalKey, reward: float) -> None:
         self._rewards.setdefault(key.prompt_index, []).append(reward)

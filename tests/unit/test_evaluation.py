@@ -39,7 +39,7 @@ def test_metrics_once_every_sample_is_scored():
     ev._version, ev._expected = 4, 4  # as after a started evaluation's samples were submitted
     for index, reward in [(0, 1.0), (1, 0.0), (0, 0.0), (1, 0.0)]:
         assert ev.take_metrics(step=5) == {}
-        ev.on_scored(EvalKey(4, index, 3, "r", {}), reward)
+        ev.on_scored(EvalKey(index, 3, "r", {}), reward)
     m = ev.take_metrics(step=5)
     assert m["eval/step"] == 4 and m["eval/avg@2"] == 0.25
     assert m["eval/pass@1"] == 0.25 and m["eval/pass@2"] == 0.5  # prompt a: 1 of 2 correct; b: none
