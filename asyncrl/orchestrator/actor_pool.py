@@ -97,7 +97,7 @@ class ActorPool:
         sync = self.cfg.sync
         port, ids = free_port(self.host), self.ids
         world = 1 + len(ids)
-        refs = [self.learner.init_weight_sync.remote(sync.type, self.host, port, world, sync.timeout_s,
+        refs = [self.learner.rank0("init_weight_sync", sync.type, self.host, port, world, sync.timeout_s,
                                                      sync.bucket_mb << 20)]
         refs += [self.actors[a].init_weight_sync.remote(self.host, port, r + 1, world, sync.timeout_s)
                  for r, a in enumerate(ids)]
@@ -106,7 +106,7 @@ class ActorPool:
         if dead or waiting:
             raise PushFailed(f"weight-sync group on port {port} could not form; actors {dead} did not join", dead)
         ray.get(refs[0])
-        self.weight_meta = ray.get(self.learner.weight_metadata.remote())
+        self.weight_meta = ray.get(self.learner.rank0("weight_metadata"))
         self._group_ids = ids
 
     # -- prompts ------------------------------------------------------------------------------
@@ -197,8 +197,8 @@ class ActorPool:
         if ids != self._group_ids:
             self.rebuild_group()
         refs = [self.actors[a].update_weights.remote(self.weight_meta, version) for a in ids]
-        learner_ref = self.learner.push_weights.remote() if self.weight_meta else None
-        all_refs = refs + ([learner_ref] if learner_ref is not None else [])
+        learner = self.learner.call("push_weights") if self.weight_meta else None
+        all_refs = refs + (learner.refs if learner is not None else [])
         _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=self.cfg.sync.timeout_s)
         if waiting:
             # A member that never joins the collective stalls everyone in it until gloo's own
@@ -212,19 +212,17 @@ class ActorPool:
         for a in dead:
             self.remove(a)
         if dead or hung:
-            if learner_ref is not None:
+            if learner is not None:
                 try:  # with its peers gone the learner's broadcast fails fast; wait it out
-                    ray.get(learner_ref, timeout=self.cfg.sync.timeout_s)
-                except (WeightSyncError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+                    learner.result(self.cfg.sync.timeout_s)
+                except (WeightSyncError, ray.exceptions.RayTaskError, TimeoutError):
                     pass
             self._group_ids = []
             raise PushFailed(f"weight push of version {version} (step {step}) lost rollout actors "
                              f"{sorted(dead + hung)} ({'died' if dead else 'timed out'})", sorted(dead + hung))
-        if learner_ref is not None and learner_ref not in waiting:
-            ray.get(learner_ref)  # raises RayActorError if the learner died: the caller reports it
-        if learner_ref in waiting:
+        if learner is not None and not learner.ready():  # raises RayActorError if a rank died
             raise TimeoutError(f"weight push of version {version} (step {step}) did not finish within "
-                               f"{self.cfg.sync.timeout_s}s on learner rank 0")
+                               f"{self.cfg.sync.timeout_s}s on the learner ranks")
         out = {"sync/push_s": time.monotonic() - t0, "sync/version": version}
         for r in ray.get(refs):
             for k, v in (r or {}).items():
@@ -251,7 +249,7 @@ class ActorPool:
 
         This is what catches a push that silently did not change what an engine computes (tied
         embeddings and prepacked CPU weights, see sync/vllm_gloo_engine.py)."""
-        want = ray.get(self.learner.prompt_logprobs.remote(probe_ids))
+        want = self.learner.call("prompt_logprobs", probe_ids).result()
         ids = self.ids
         gaps = [max(abs(a - b) for a, b in zip(got, want))
                 for got in ray.get([self.actors[a].prompt_logprobs.remote(probe_ids) for a in ids])]

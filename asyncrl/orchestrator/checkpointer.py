@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import ray
 
 from asyncrl.config import Config, ConfigError
 from asyncrl.orchestrator import checkpoint
@@ -50,15 +49,15 @@ class Checkpointer:
     def save(self, step: int, state: dict[str, Any], learner: Any) -> None:
         self.poll(block=True)  # one at a time
         tmp = checkpoint.begin(self.run_dir, step, state, self.cfg)
-        self._pending = (tmp, step, learner.save_checkpoint.remote(str(tmp / checkpoint.LEARNER_DIR)))
+        self._pending = (tmp, step, learner.call("save_checkpoint", str(tmp / checkpoint.LEARNER_DIR)))
 
     def poll(self, block: bool = False) -> Path | None:
         """Commit the pending checkpoint if the learner has written its part (or wait for it)."""
-        if self._pending is None or not (block or ray.wait([self._pending[2]], timeout=0)[0]):
+        if self._pending is None or not (block or self._pending[2].ready()):
             return None
-        tmp, step, ref = self._pending
+        tmp, step, call = self._pending
         self._pending = None
-        saved = ray.get(ref)
+        saved = call.result()
         path = checkpoint.commit(tmp, step, self.cfg.checkpoint.keep)
         if self.on_commit is not None:
             self.on_commit(step, path=str(path), learner_save_s=saved["save_s"])

@@ -1,4 +1,5 @@
-"""Builds the run's parts: the learner rank and the rollout actors under Ray, the ledger and its buffer.
+"""Builds the run's parts: the rollout actors under Ray, the ledger and its buffer (the learner
+ranks are started by learner_group.py).
 
 Each gets only its own sub-config. Engines are created inside their actor's process (a factory
 travels, not an engine); on CPU the vLLM KV cache is sized through the actor's environment.
@@ -18,7 +19,6 @@ from asyncrl.buffer.group_assembler import GroupAssembler
 from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
 from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.config import BufferConfig, Config, RewardConfig
-from asyncrl.learner.torch_learner import TorchLearner
 from asyncrl.observe.worker_logs import log_env
 from asyncrl.orchestrator.ledger import GroupLedger, Shaping
 from asyncrl.reward.pool import RewardPool
@@ -101,21 +101,12 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
         seed=cfg.seed)
 
 
-def start_learner(cfg: Config, model_path: str, host: str) -> Any:
-    cls = ray.remote(TorchLearner)
-    return cls.options(num_cpus=cfg.learner.num_cpus, num_gpus=cfg.learner.num_gpus,
-                       runtime_env={"env_vars": {**child_env(),
-                                                 **log_env(cfg.run_dir, "learner", cfg.observe.worker_logs)}}).remote(
-        model_path, cfg.learner, cfg.algo,
-        dtype=cfg.model.dtype, seed=cfg.seed, host=host)
-
-
 def shutdown(run: Any, say=print) -> None:
     """Whatever a run started, in reverse (each part only if it got that far); the temporary
     directory holds vLLM's sockets, killed engines' too."""
     if hasattr(run, "learner"):
         try:
-            ray.get(run.learner.shutdown.remote(), timeout=30)
+            run.learner.shutdown()
         except Exception as e:  # shutting down anyway; say what failed
             say(f"warning: learner shutdown failed: {e!r}")
     for part, close in (("pool", "shutdown"), ("rewards", "close"), ("metrics", "close")):

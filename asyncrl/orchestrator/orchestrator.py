@@ -36,7 +36,6 @@ import tempfile
 import time
 from typing import Any
 
-import ray
 from ray.exceptions import RayActorError
 
 from asyncrl import preflight
@@ -51,6 +50,7 @@ from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
 from asyncrl.orchestrator.checkpointer import Checkpointer
 from asyncrl.orchestrator.evaluation import Evaluator, eval_summary, format_eval_summary
+from asyncrl.orchestrator.learner_group import LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
 from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.orchestrator.stage_runner import StageRunner
@@ -90,11 +90,12 @@ class Orchestrator:
         self.samples = FrameReceiver(decode_sample, host=self.host)
         self.rpc_dir = tempfile.mkdtemp(prefix="asyncrl-vllm-rpc-")
         t0 = time.monotonic()
-        self.say(f"starting learner and {cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
-        self.learner = components.start_learner(cfg, self.model_path, self.host)
+        self.say(f"starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend}) and "
+                 f"{cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
+        self.learner = LearnerGroup(cfg, self.model_path, self.host)
         if resume:
-            self.version = ray.get(self.learner.load_checkpoint.remote(str(resume[0] / checkpoint.LEARNER_DIR)))
-        self.batch_senders = [FrameSender(ray.get(self.learner.batch_endpoint.remote()))]
+            self.version = self.learner.call("load_checkpoint", str(resume[0] / checkpoint.LEARNER_DIR)).result()
+        self.batch_senders = [FrameSender(e) for e in self.learner.batch_endpoints()]
         self.pool = ActorPool(cfg, base_model, self.samples.endpoint, self.learner, self.host, self.rpc_dir)
         self.pool.start(cfg.rollout.num_actors, self.version)
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
@@ -133,8 +134,8 @@ class Orchestrator:
                 if self._train_ref is None:
                     if self.stop_reason is None:
                         self._try_start_step()
-                elif ray.wait([self._train_ref], timeout=0)[0]:
-                    display.update(self._finish_step(ray.get(self._train_ref)))
+                elif self._train_ref.ready():
+                    display.update(self._finish_step(self._train_ref.result()))
                     continue
                 sample = self.samples.recv(timeout_s=0.01)
                 if sample is not None:
@@ -143,7 +144,7 @@ class Orchestrator:
                 self.checkpoints.poll()
                 self._check_health()
         except RayActorError as e:  # actors' deaths are handled in the pool; this is the learner's
-            if getattr(e, "actor_id", None) not in (None, self.learner._actor_id.hex()):
+            if getattr(e, "actor_id", None) is not None and not self.learner.owns(e.actor_id):
                 raise
             raise self.checkpoints.learner_died(self.step + 1, e) from None
         finally:
@@ -159,7 +160,7 @@ class Orchestrator:
             return {"steps": self.step, "stopped": self.stop_reason}
         summary = summarize(self.history, time.monotonic() - t_start)
         if self.cfg.save_final:
-            summary["final_policy"] = ray.get(self.learner.save.remote(str(self.run_dir / "final")))
+            summary["final_policy"] = self.learner.call("save", str(self.run_dir / "final")).result()
         summary.update(eval_summary(self.history))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self._end("finished")
@@ -212,7 +213,7 @@ class Orchestrator:
                           num_sequences_global=len(chunks), token_budget=self.stages.current.token_budget)
             self.batch_senders[rank].send(encode_batch(batch))
         self._step_started = time.monotonic()
-        self._train_ref = self.learner.train_step.remote(step, reset_reference=self.requests.take_reset(self.cfg))
+        self._train_ref = self.learner.call("train_step", step, reset_reference=self.requests.take_reset(self.cfg))
 
     def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None

@@ -45,6 +45,8 @@ class RunRequests:
         if not flag.exists():
             return
         text = flag.read_text().strip()
+        if not text:
+            return  # created but not yet written (`echo 2 > SCALE_ACTORS`): read it next step
         flag.unlink()
         if not text.isdecimal() or int(text) < 1:
             self.say(f"warning: {SCALE_FILE} must hold a number of actors >= 1, got {text!r}; ignored")

@@ -95,28 +95,31 @@ class GlooWeightSender:
     def push(self, named_params: NamedTensors, version: int) -> dict:
         """Broadcast the parameters bucket by bucket; returns `sync/...` stats.
 
-        `named_params` must match the last `metadata()` (names, shapes, dtypes, order).
+        `named_params` must match the last `metadata()` (names, shapes, dtypes, order). It is
+        read lazily, one bucket ahead at most: a sharded learner gathers each parameter as it
+        is needed, never the whole model at once.
         """
         if self._group is None:
             raise RuntimeError("GlooWeightSender.push before connect() (or after close())")
-        named_params = list(named_params)
-        plan = self._checked_plan(named_params)
-        tensors = [t for _, t in named_params]
+        if self._plan is None:
+            raise RuntimeError("GlooWeightSender.push before metadata(): receivers need the plan")
+        plan, params = self._plan, iter(named_params)
         num_bytes = sum(b["nbytes"] for b in plan)
         start = time.perf_counter()
         header = torch.tensor([HEADER_MAGIC, version, len(plan), num_bytes], dtype=torch.int64)
         self._wait(broadcast(self._group, header), version, "header")
-        pending, first = None, 0
+        pending = None
         for index, bucket in enumerate(plan):
-            count = len(bucket["tensors"])
-            buffer = pack_bucket(bucket, tensors[first : first + count], self._buffer(index))
-            first += count
+            tensors = [self._checked(entry, next(params, None)) for entry in bucket["tensors"]]
+            buffer = pack_bucket(bucket, tensors, self._buffer(index))
             work = broadcast(self._group, buffer)
             if pending is not None:  # bucket index-1 done: its buffer may be reused next
                 self._wait(pending, version, f"bucket {index - 1}/{len(plan)}")
             pending = work
         if pending is not None:
             self._wait(pending, version, f"bucket {len(plan) - 1}/{len(plan)}")
+        if next(params, None) is not None:
+            raise ValueError("push() got more parameters than the last metadata() planned")
         seconds = time.perf_counter() - start
         return {"sync/version": version, "sync/num_bytes": num_bytes,
                 "sync/num_buckets": len(plan), "sync/push_s": seconds,
@@ -127,14 +130,16 @@ class GlooWeightSender:
         self._group = self._store = None
         self._buffers = []
 
-    def _checked_plan(self, named_params: list[tuple[str, torch.Tensor]]) -> list[dict]:
-        if self._plan is None:
-            raise RuntimeError("GlooWeightSender.push before metadata(): receivers need the plan")
-        planned = [(e["name"], e["shape"], e["dtype"]) for b in self._plan for e in b["tensors"]]
-        if planned != [tuple(s) for s in specs_of(named_params)]:
-            raise ValueError("push() parameters differ from the last metadata(); call "
-                             "metadata() again and send it to the receivers first")
-        return self._plan
+    @staticmethod
+    def _checked(entry: dict, item: tuple[str, torch.Tensor] | None) -> torch.Tensor:
+        """The next parameter, which must be the one the plan has next. A mismatch is caught
+        before its bucket is broadcast, so receivers never load a wrong layout."""
+        got = None if item is None else specs_of([item])[0]
+        if got != (entry["name"], list(entry["shape"]), entry["dtype"]):
+            raise ValueError(f"push() parameter {got} differs from the last metadata()'s "
+                             f"{(entry['name'], entry['shape'], entry['dtype'])}; call metadata() again and "
+                             "send it to the receivers first")
+        return item[1]
 
     def _buffer(self, index: int) -> torch.Tensor:
         """One of two reusable pack buffers, large enough for the biggest bucket."""

@@ -63,17 +63,14 @@ class NcclWeightSender:
         """Packed broadcast of the parameters (CUDA tensors); returns `sync/...` stats."""
         if self._comm is None:
             raise RuntimeError("NcclWeightSender.push before connect() (or after a failure)")
-        named_params = list(named_params)
-        specs = [(n, list(t.shape), dtype_to_str(t.dtype)) for n, t in named_params]
-        if specs != self._specs:
-            raise ValueError("push() parameters differ from the last metadata(); call "
-                             "metadata() again and send it to the receivers first")
-        sizes = [t.numel() * t.element_size() for _, t in named_params]
+        if self._specs is None:
+            raise RuntimeError("NcclWeightSender.push before metadata(): receivers need the names and shapes")
+        sizes = [_numel(shape) * dtype_from_str(dtype).itemsize for _, shape, dtype in self._specs]
         num_bytes = sum(sizes)
         # The producer reads parameters on its own streams: finish pending optimizer writes.
         torch.cuda.current_stream().synchronize()
         start = time.perf_counter()
-        self._run(lambda: self._broadcast(named_params), "push", version)
+        self._run(lambda: self._broadcast(_checked(named_params, self._specs)), "push", version)
         seconds = time.perf_counter() - start
         return {"sync/version": version, "sync/num_bytes": num_bytes,
                 "sync/num_buckets": _num_chunks(sizes, self.bucket_bytes),
@@ -92,7 +89,7 @@ class NcclWeightSender:
         return trainer_init({"master_address": self.host, "master_port": self.port,
                              "world_size": self.world_size})
 
-    def _broadcast(self, named_params: list[tuple[str, torch.Tensor]]) -> None:
+    def _broadcast(self, named_params: NamedTensors) -> None:
         from vllm.distributed.weight_transfer.packed_tensor import (
             packed_nccl_broadcast_producer,
         )
@@ -115,6 +112,16 @@ class NcclWeightSender:
                 f"weight {what}{step}: NCCL group {self.host}:{self.port} (world size "
                 f"{self.world_size}) did not complete within {self.timeout_s:.0f}s"
             ) from exc
+
+
+def _checked(named_params: NamedTensors, specs: list) -> NamedTensors:
+    """The parameters, read lazily (a sharded learner gathers each as it is needed), each checked
+    against the metadata the receivers were given."""
+    for (name, tensor), spec in zip(named_params, specs, strict=True):
+        if (name, list(tensor.shape), dtype_to_str(tensor.dtype)) != tuple(spec):
+            raise ValueError(f"push() parameter {name} differs from the last metadata()'s {spec}; call "
+                             "metadata() again and send it to the receivers first")
+        yield name, tensor
 
 
 def _num_chunks(sizes: list[int], bucket_bytes: int) -> int:

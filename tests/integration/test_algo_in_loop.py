@@ -34,7 +34,8 @@ def run(tmp_path_factory, tiny_model_path):
     out = tmp_path_factory.mktemp("runs")
     cfg = load_config(None, [
         f"model.path={tiny_model_path}", "buffer.token_budget=128", "buffer.max_staleness=1",
-        f"total_steps={STEPS}", "learner.lr=1.5e-3", "algo.drop_zero_variance_groups=false", "observe.console=off", "observe.tensorboard=false",
+        f"total_steps={STEPS}", "learner.lr=1.5e-3", "algo.drop_zero_variance_groups=false", "observe.console=off",
+        "observe.tensorboard=false", "eval.every_steps=0",
         f"observe.output_dir={out}", "name=algo", "save_final=false",
         "algo.entropy_control.enabled=true", f"algo.entropy_control.target={TARGET}",
         f"algo.entropy_control.delta={DELTA}", "algo.kl.coef=1e-3", f"algo.kl.reset_every={RESET_EVERY}",

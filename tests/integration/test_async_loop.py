@@ -22,7 +22,7 @@ def finished_run(tmp_path_factory, tiny_model_path):
     cfg = load_config(None, [
         f"model.path={tiny_model_path}", "rollout.num_actors=2", "rollout.num_cpus_per_actor=1",
         f"buffer.token_budget={BUDGET}", "buffer.max_staleness=1", f"total_steps={STEPS}",
-        "sync.probe_every=1", "observe.console=off", "observe.tensorboard=false",
+        "sync.probe_every=1", "observe.console=off", "observe.tensorboard=false", "eval.every_steps=0",
         f"observe.output_dir={out}", "name=loop", "save_final=false",
     ])
     ray.init(num_cpus=4, include_dashboard=False)
@@ -30,10 +30,10 @@ def finished_run(tmp_path_factory, tiny_model_path):
     try:
         summary = orch.run()
         after = {
-            "learner_fp": ray.get(orch.learner.param_fingerprint.remote()),
+            "learner_fp": orch.learner.call("param_fingerprint").result(),
             "probe_gap": orch.pool.check_parity(orch.probe_ids, orch.cfg.sync.probe_tolerance, orch.version),
             "probe": [ray.get(orch.pool.actors[a].prompt_logprobs.remote(orch.probe_ids)) for a in orch.pool.ids],
-            "learner_probe": ray.get(orch.learner.prompt_logprobs.remote(orch.probe_ids)),
+            "learner_probe": orch.learner.call("prompt_logprobs", orch.probe_ids).result(),
             "actor_stats": orch.pool.stats(),
         }
         yield orch, summary, after

@@ -14,7 +14,7 @@ from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import policy_forward
 from asyncrl.learner.policy_step import forward_backward
-from asyncrl.learner.torch_learner import TorchLearner
+from asyncrl.learner.rank import LearnerRank
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
 from asyncrl.types import Batch, SequenceChunk
@@ -125,7 +125,7 @@ def test_adaptive_entropy_alpha_follows_the_equation_on_measured_entropy(model_d
     path, vocab = model_dir
     # target above the policy's entropy: c climbs by delta each step, alpha_k = c_k
     algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05, "coef_max": 0.12})
-    learner = TorchLearner(path, LearnerConfig(lr=1e-3), algo)
+    learner = LearnerRank(path, LearnerConfig(lr=1e-3), algo)
     try:
         rows = run_steps(learner, vocab, 5)
     finally:
@@ -147,7 +147,7 @@ def test_adaptive_entropy_alpha_follows_the_equation_on_measured_entropy(model_d
 def test_lagged_entropy_control_uses_the_previous_step(model_dir):
     path, vocab = model_dir
     algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05, "measure": "lagged"})
-    learner = TorchLearner(path, LearnerConfig(lr=1e-3), algo)
+    learner = LearnerRank(path, LearnerConfig(lr=1e-3), algo)
     try:
         rows = run_steps(learner, vocab, 3)
     finally:
@@ -160,7 +160,7 @@ def test_lagged_entropy_control_uses_the_previous_step(model_dir):
 def test_reference_reset_zeroes_kl_and_restarts_the_optimizer(model_dir):
     path, vocab = model_dir
     algo = AlgoConfig(kl={"coef": 1e-3, "reset_every": 3})
-    learner = TorchLearner(path, LearnerConfig(lr=1e-2), algo)
+    learner = LearnerRank(path, LearnerConfig(lr=1e-2), algo)
     try:
         rows = run_steps(learner, vocab, 6, requests={5})
     finally:
@@ -182,7 +182,7 @@ def test_algo_state_is_saved_with_the_policy_and_restored(model_dir, tmp_path):
 
     path, vocab = model_dir
     algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05}, kl={"track": True})
-    learner = TorchLearner(path, LearnerConfig(lr=1e-3), algo)
+    learner = LearnerRank(path, LearnerConfig(lr=1e-3), algo)
     try:
         run_steps(learner, vocab, 3, requests={2})
         saved = learner.save(str(tmp_path / "ckpt"))
@@ -190,7 +190,7 @@ def test_algo_state_is_saved_with_the_policy_and_restored(model_dir, tmp_path):
         learner.shutdown()
     state = json.loads((tmp_path / "ckpt" / "algo_state.json").read_text())
     assert state["entropy_control"]["coef"] == pytest.approx(0.15) and state["num_reference_resets"] == 1
-    fresh = TorchLearner(saved, LearnerConfig(lr=1e-3), algo)
+    fresh = LearnerRank(saved, LearnerConfig(lr=1e-3), algo)
     try:
         fresh.load_algo_state(state)
         assert fresh.entropy_ctl.coef == pytest.approx(0.15) and fresh.entropy_ctl.num_updates == 3

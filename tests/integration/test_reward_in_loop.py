@@ -23,6 +23,7 @@ def run(tmp_path, model, name, reward_type):
         f"model.path={model}", "buffer.token_budget=1024", "buffer.max_staleness=2", f"total_steps={STEPS}",
         f"reward.type={reward_type}",
         "reward.timeout_s=0.5", "reward.num_workers=4", "observe.console=off", "observe.tensorboard=false",
+        "eval.every_steps=0",
         f"observe.output_dir={tmp_path}", f"name={name}", "save_final=false",
     ])
     orch = Orchestrator(cfg)

@@ -54,6 +54,27 @@ def test_a_missing_package_names_the_extra(monkeypatch):
     preflight.preflight(load_config(None, ["rollout.engine=fake"]))  # nothing needed
 
 
+def test_deepspeed_backend_without_deepspeed_gives_the_install_hint(monkeypatch):
+    real = preflight.importlib.util.find_spec
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda m: None if m == "deepspeed" else real(m))
+    with pytest.raises(ConfigError, match=r"learner.backend=deepspeed needs the 'deepspeed' package.*"
+                                          r"pip install deepspeed.*g\+\+"):
+        preflight.preflight(load_config(None, ["learner.backend=deepspeed"]))
+
+
+def test_more_ranks_than_ray_cpus_is_named(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match=r"learner.num_ranks=4 .* need 5 Ray CPUs, more than ray.num_cpus=4"):
+        preflight.preflight(load_config(None, ["learner.num_ranks=4"]))
+    preflight.preflight(load_config(None, ["learner.num_ranks=3"]))  # 3 + 1 actor fit 4
+    preflight.preflight(load_config(None, ["learner.num_ranks=4", "ray.address=auto"]))  # a cluster places them
+
+
+def test_zero_stage_must_be_2_or_3():
+    with pytest.raises(ConfigError, match=r"learner.deepspeed.stage.*2 or 3"):
+        load_config(None, ["learner.deepspeed.stage=1"])
+
+
 def test_data_of_the_run_its_stages_and_its_eval_is_checked(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text('{"prompt": "1+1=", "answer": "2"}\n')

@@ -1,0 +1,92 @@
+"""The training backend of a learner rank: what wraps the model, reduces gradients across ranks,
+steps the optimizer and gathers full tensors from shards. One protocol, two implementations:
+
+- `torch_backend.py`: the plain module at one rank, FSDP2 (`fully_shard`) at several;
+- `deepspeed_backend.py`: DeepSpeed ZeRO stage 2 or 3 (the only module that imports deepspeed).
+
+Everything else in a step (micro-batches, the loss, metrics) is the rank's and the same for all
+backends (`rank.py`, `policy_step.py`).
+
+Gradients are *summed* over ranks, not averaged: every rank's loss is already normalized by
+the step's global counts (Φ loss tokens, sequences), so the sum of the ranks' gradients is the
+single-rank gradient. Both FSDP2 and DeepSpeed average by default; the backends undo it.
+
+Calls marked *collective* must be made by every rank of the learner group in the same order
+(they all-gather shards): the rank runs them on every rank, rank 0 uses the result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+
+NamedTensor = tuple[str, torch.Tensor]
+
+
+class TrainBackend(Protocol):
+    module: torch.nn.Module
+    """What forwards run through (the wrapped model)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of `loss` (one micro-batch); summed over ranks at the step."""
+
+    def step(self, max_norm: float) -> float:
+        """Clip the global gradient norm, step the optimizer, zero the gradients; returns the
+        norm before clipping (over all ranks' summed gradient)."""
+
+    def param_specs(self) -> list[tuple[str, torch.Size, torch.dtype]]:
+        """(name, full shape, dtype) of every parameter, in `named_full_params` order; no gathering."""
+
+    def named_full_params(self) -> Iterator[NamedTensor]:
+        """Collective. Full parameters, one at a time, in `named_parameters()` order (a tied
+        weight once, under its first name); only one parameter is gathered at a time."""
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """Collective. The accumulated full gradients (after backward, before `step`)."""
+
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradients without stepping."""
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """Collective. The optimizer's full state, independent of the number of ranks:
+        {"step": int, "exp_avg": {name: full tensor}, "exp_avg_sq": {name: full tensor}}
+        (empty dicts before the first step)."""
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Collective. Load what `optimizer_state` returned, on any number of ranks."""
+
+    def reset_optimizer(self) -> None:
+        """Forget the optimizer's moments and step count (a reference reset)."""
+
+    def optimizer_steps(self) -> int:
+        """The optimizer's step count (0 after a reset)."""
+
+
+def init_process_group(rank: int, world_size: int, address: str, timeout_s: float = 600.0) -> None:
+    """Join the learner group (the default process group): NCCL on GPUs, gloo on CPU. A single
+    rank needs none, but joins one too so every rank runs the same code."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def make_backend(kind: str, model: torch.nn.Module, learner_cfg, world_size: int) -> TrainBackend:
+    """The backend `learner.backend` names, around `model` (already on this rank's device)."""
+    if kind == "torch":
+        from asyncrl.learner.torch_backend import TorchBackend
+
+        return TorchBackend(model, learner_cfg, world_size)
+    if kind == "deepspeed":
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+        from asyncrl.learner.deepspeed_backend import DeepSpeedBackend
+
+        return DeepSpeedBackend(model, learner_cfg, world_size)
+    raise ValueError(f"learner.backend must be 'torch' or 'deepspeed', got {kind!r}")

@@ -1,0 +1,305 @@
+"""LearnerRank: one rank of the learner group, on the backend `learner.backend` names.
+
+It binds a zmq socket for its batches (the orchestrator streams each rank its part of a step
+as msgpack; nothing bulky crosses Ray), trains one step per `train_step` call, and rank 0
+pushes the weights to the rollout engines over the weight-sync process group. The
+orchestrator runs the ranks as Ray actors (`orchestrator/learner_group.py`); tests can use a
+single rank in-process.
+
+Every rank receives its own part of the step (split by tokens in `buffer/packing.py`) rather
+than rank 0 receiving the batch and scattering it: no rank handles more bytes than it trains
+on, and the step's global counts travel in each part's header, so each rank can normalize its
+loss by them without talking to the others. The backend sums the ranks' gradients. Sharded
+backends gather parameters inside every forward and reduce gradients inside every backward,
+so every rank runs as many micro-batches as the busiest one (padding with zero-loss ones).
+
+The rank owns the algorithm's state: the adaptive entropy controller (fed e_k all-reduced over
+ranks), the reference policy and its resets. `save_checkpoint` / `load_checkpoint` write and
+read the whole group's state independent of the number of ranks: policy (Hugging Face
+format), full optimizer state, reference policy, algorithm state, version and torch RNG, so a
+resumed run's next step is bit-identical on CPU and a checkpoint of N ranks resumes on M.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.algo.aggregation import StepCounts
+from asyncrl.algo.entropy_control import AdaptiveEntropyController
+from asyncrl.algo.kl import should_reset_reference
+from asyncrl.buffer.packing import micro_batches
+from asyncrl.compat import hide_broken_torch_extras
+from asyncrl.config import AlgoConfig, LearnerConfig
+from asyncrl.learner import collectives
+from asyncrl.learner.backend import init_process_group, make_backend
+from asyncrl.learner.collate import collate, empty_chunk
+from asyncrl.learner.hf_files import meta_params, save_hf_model
+from asyncrl.learner.model_forward import is_moe, policy_forward
+from asyncrl.learner.policy_step import forward_backward
+from asyncrl.learner.reference import ReferencePolicy
+from asyncrl.observe.worker_logs import redirect_output
+from asyncrl.transport.codec import decode_batch
+from asyncrl.sync.gloo_sender import free_port
+from asyncrl.transport.zmq_stream import FrameReceiver
+from asyncrl.types import StepResult
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LearnerRank:
+    def __init__(self, model_path: str, learner: LearnerConfig, algo: AlgoConfig, dtype: str = "float32",
+                 seed: int = 0, host: str = "127.0.0.1", batch_timeout_s: float = 600.0, rank: int = 0,
+                 world_size: int = 1, group_address: str | None = None):
+        redirect_output()  # to the run's logs/ when the orchestrator asked
+        hide_broken_torch_extras()
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(seed)
+        if not torch.cuda.is_available():
+            torch.set_num_threads(learner.num_threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.cfg, self.algo, self.model_path = learner, algo, model_path
+        self.rank, self.world_size = rank, world_size
+        # a single torch rank needs no process group; DeepSpeed always wants one
+        self.distributed = world_size > 1 or learner.backend == "deepspeed"
+        if self.distributed:
+            init_process_group(rank, world_size, group_address or f"{host}:{free_port(host)}", batch_timeout_s)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device)
+        model.train()
+        self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
+        self.generation_config = getattr(model, "generation_config", None)
+        self.moe_top_k = int(getattr(model.config, "num_experts_per_tok", 0)) if is_moe(model) else 0
+        self.reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device)
+                          if algo.kl.needs_reference else None)  # copied before any sharding
+        self.backend = make_backend(learner.backend, model, learner, world_size)
+        self.model = self.backend.module
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.version = 0
+        self.batches = FrameReceiver(decode_batch, host=host)
+        self.batch_timeout_s = batch_timeout_s
+        self.sender = None
+        ec = algo.entropy_control
+        self.entropy_ctl = (AdaptiveEntropyController(ec.target, ec.delta, ec.coef_max if ec.coef_max is not None
+                                                      else float("inf")) if ec.enabled else None)
+        self._last_entropy: float | None = None
+
+    def batch_endpoint(self) -> str:
+        return self.batches.endpoint
+
+    def _forward(self, mb):
+        return policy_forward(self.model, mb, self.cfg.entropy_chunk_tokens, self.device)
+
+    def _micro_batches(self, chunks) -> tuple[list, int]:
+        """This rank's micro-batches, and how many zero-loss ones it must add to match the
+        busiest rank (sharded backends run collectives in every forward and backward)."""
+        mbs = [collate(c, self.pad_id) for c in micro_batches(chunks, self.cfg.micro_batch_tokens)]
+        if not self.distributed:
+            return mbs, 0
+        return mbs, collectives.max_over_ranks(len(mbs)) - len(mbs)
+
+    def _padding(self, count: int, grad: bool) -> None:
+        """`count` forwards (and backwards) that change nothing, in step with the other ranks."""
+        for _ in range(count):
+            with torch.set_grad_enabled(grad):
+                out = self._forward(collate([empty_chunk(self.pad_id)], self.pad_id))
+            if grad:
+                self.backend.backward(out.logprobs.sum() * 0.0)
+
+    @torch.no_grad()
+    def _measure_entropy(self, mbs, pad: int, num_tokens: int) -> float:
+        """e_k: mean entropy of the current policy over the step's loss tokens (before the update),
+        over all ranks."""
+        total = sum(float(self._forward(mb).entropy.double().sum()) for mb in mbs)
+        self._padding(pad, grad=False)
+        if self.distributed:
+            total = collectives.sum_over_ranks(total)
+        return total / max(num_tokens, 1)
+
+    def _entropy_coef(self, mbs, pad: int, num_tokens: int) -> tuple[float, dict[str, float]]:
+        """alpha_k: fixed, or from the controller fed e_k (exact) or e_{k-1} (lagged)."""
+        ctl = self.entropy_ctl
+        if ctl is None:
+            return self.algo.entropy_coef, {}
+        if self.algo.entropy_control.measure == "exact":
+            measured = self._measure_entropy(mbs, pad, num_tokens)
+        else:
+            measured = self._last_entropy
+        if measured is None:  # lagged mode's first step: no e_0 yet, and c_0 = 0 anyway
+            return 0.0, {**ctl.metrics(), "entropy_control/target": ctl.target}
+        alpha = ctl.update(measured)
+        return alpha, {**ctl.metrics(), "entropy_control/measured": measured, "entropy_control/target": ctl.target}
+
+    def train_step(self, step: int, reset_reference: bool = False) -> StepResult:
+        """Receive this rank's part of the step, do one optimizer step, advance the version; then
+        reset the reference if a trigger fires (`reset_reference`: a request from the operator)."""
+        t0 = time.monotonic()
+        metrics = self._accumulate(step)
+        grad_norm = self.backend.step(self.cfg.grad_clip)
+        self.version += 1
+        metrics.update({
+            "learner/grad_norm": grad_norm,
+            "learner/optimizer_steps": self.backend.optimizer_steps(),
+            "timing/learner_compute_s": time.monotonic() - t0 - metrics["timing/learner_wait_batch_s"],
+        })
+        events = []
+        if self.reference is not None:
+            kl = self.algo.kl
+            fire, why = should_reset_reference(step, metrics["kl/mean"], kl.reset_every, kl.reset_kl_threshold,
+                                               requested=reset_reference)
+            if fire:
+                self.reset_reference()
+                events.append({"event": "reference_reset", "reason": why, "kl": metrics["kl/mean"]})
+            metrics["kl/resets_total"] = self.reference.num_resets
+        return StepResult(self.version, metrics, events)
+
+    def gradients(self, step: int) -> dict[str, torch.Tensor]:
+        """Receive the step's part and return the full gradient it gives (summed over ranks),
+        without an optimizer step: for inspecting gradients, and for the tests that check that
+        every backend and split gives the single-rank gradient. Collective."""
+        self._accumulate(step)
+        grads = {name: g.cpu() for name, g in self.backend.full_grads().items()}
+        self.backend.zero_grad()
+        return grads
+
+    def _accumulate(self, step: int) -> dict[str, float]:
+        """Receive the part, run its micro-batches (and padding) forward and backward."""
+        t0 = time.monotonic()
+        batch = self.batches.recv(self.batch_timeout_s)
+        if batch is None:
+            raise TimeoutError(f"learner rank {self.rank}: no batch for step {step} within {self.batch_timeout_s}s")
+        if batch.step != step:
+            raise RuntimeError(f"learner rank {self.rank}: expected the batch of step {step}, got step {batch.step}")
+        t1 = time.monotonic()
+        mbs, pad = self._micro_batches(batch.chunks)
+        counts = StepCounts(batch.num_loss_tokens_global, batch.num_sequences_global, batch.token_budget)
+        alpha, ctl_metrics = self._entropy_coef(mbs, pad, counts.num_tokens)
+        metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
+                                   ref_logprobs=self.reference.logprobs if self.reference else None,
+                                   moe_top_k=self.moe_top_k, backward=self.backend.backward,
+                                   reduce=collectives.all_reduce_tally if self.distributed else None)
+        self._padding(pad, grad=True)
+        self._last_entropy = metrics["entropy/learner"]
+        return {**metrics, **ctl_metrics, **self._rank_metrics(batch.chunks),
+                "entropy/coef": alpha, "timing/learner_wait_batch_s": t1 - t0}
+
+    def _rank_metrics(self, chunks) -> dict[str, float]:
+        """How the step was split: loss tokens and forward tokens (context included) per rank."""
+        mine = [sum(c.num_loss_tokens for c in chunks), sum(c.num_tokens for c in chunks)]
+        per_rank = collectives.gather_over_ranks(mine) if self.distributed else [mine]
+        out: dict[str, float] = {"learner/ranks": self.world_size}
+        for r, (loss_tokens, tokens) in enumerate(per_rank):
+            out[f"learner/loss_tokens_rank{r}"] = loss_tokens
+            out[f"learner/tokens_rank{r}"] = tokens
+        return out
+
+    def reset_reference(self) -> None:
+        """pi_ref <- pi_theta and a fresh optimizer state (ProRL section 3.3.1). Collective."""
+        if self.reference is None:
+            raise ValueError("no reference policy to reset: set algo.kl.coef > 0 or algo.kl.track=true")
+        self.reference.reset_from(self.backend.named_full_params())
+        self.backend.reset_optimizer()
+
+    def algo_state(self) -> dict[str, Any]:
+        """The algorithm's state for a checkpoint (the reference weights travel separately)."""
+        return {"entropy_control": self.entropy_ctl.state_dict() if self.entropy_ctl else None,
+                "last_entropy": self._last_entropy,
+                "num_reference_resets": self.reference.num_resets if self.reference else 0}
+
+    def load_algo_state(self, state: dict[str, Any]) -> None:
+        if self.entropy_ctl is not None and state.get("entropy_control"):
+            self.entropy_ctl.load_state_dict(state["entropy_control"])
+        self._last_entropy = state.get("last_entropy")
+        if self.reference is not None:
+            self.reference.num_resets = int(state.get("num_reference_resets", 0))
+
+    # -- weights (every rank calls these: gathering a sharded parameter is collective) ---------
+
+    def init_weight_sync(self, kind: str, host: str, port: int, world_size: int, timeout_s: float,
+                         bucket_bytes: int) -> None:
+        """Rank 0 joins the weight-sync group (the other ranks only help gather)."""
+        from asyncrl.sync.protocol import make_sender
+
+        if self.rank != 0:
+            return
+        self.sender = make_sender(kind, host=host, port=port, world_size=world_size,
+                                  timeout_s=timeout_s, bucket_bytes=bucket_bytes)
+        self.sender.connect()
+
+    def weight_metadata(self) -> dict[str, Any]:
+        """Rank 0 only: planned from names, shapes and dtypes, nothing gathered."""
+        return self.sender.metadata(meta_params(self.backend.param_specs()))
+
+    def push_weights(self) -> dict[str, float]:
+        """Broadcast the current weights (the engines receive concurrently); on a sharded
+        learner every rank gathers one parameter at a time and rank 0 sends it on."""
+        params = self.backend.named_full_params()
+        if self.rank != 0:
+            for _ in params:
+                pass
+            return {}
+        return self.sender.push(params, self.version)
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(token_i | tokens_<i) for i >= 1 at temperature 1 (the parity probe)."""
+        ids = torch.tensor([token_ids], device=self.device)
+        logits = self.model(input_ids=ids).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        return logp.cpu().tolist()
+
+    @torch.no_grad()
+    def param_fingerprint(self) -> float:
+        return float(sum(p.double().abs().sum() for _, p in self.backend.named_full_params()))
+
+    def save(self, path: str) -> str:
+        """The policy in Hugging Face format (rank 0 writes; every rank helps gather)."""
+        state = {name: t.cpu().contiguous() for name, t in self.backend.named_full_params()}
+        out = Path(path)
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            save_hf_model(out, state, self.hf_config, self.generation_config)
+            self.tokenizer.save_pretrained(out)
+            (out / "algo_state.json").write_text(json.dumps(self.algo_state(), indent=2))
+        return str(out)
+
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """The policy in HF format under `path/policy`, everything else in `path/learner.pt`."""
+        t0 = time.monotonic()
+        self.save(str(Path(path) / "policy"))
+        optimizer = self.backend.optimizer_state()
+        if self.rank == 0:
+            torch.save({"version": self.version, "optimizer": optimizer,
+                        "reference": self.reference.model.state_dict() if self.reference else None,
+                        "algo": self.algo_state(), "torch_rng": torch.get_rng_state(),
+                        "ranks": self.world_size}, Path(path) / "learner.pt")
+        return {"version": self.version, "save_s": time.monotonic() - t0}
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restore what `save_checkpoint` wrote, with any number of ranks; the policy weights come
+        from `path/policy`, which the learner must have been built from. Returns the version."""
+        state = torch.load(Path(path) / "learner.pt", map_location="cpu", weights_only=False)
+        self.backend.load_optimizer_state(state["optimizer"])
+        if self.reference is not None:
+            if state["reference"] is None:
+                raise ValueError(f"{path} holds no reference policy, but this run's algo.kl needs one")
+            self.reference.model.load_state_dict(state["reference"])
+        self.load_algo_state(state["algo"])
+        torch.set_rng_state(state["torch_rng"])
+        self.version = int(state["version"])
+        return self.version
+
+    def shutdown(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        self.batches.close()

@@ -1,0 +1,111 @@
+"""The torch training backend: the plain module at one rank, FSDP2 (`fully_shard`) at several.
+
+FSDP2 shards every decoder layer on its own and the rest (embeddings, final norm, LM head) as
+the root group, so a forward all-gathers one layer at a time. The root's parameters stay
+gathered from the forward until the backward is done (FSDP2 does not reshard the root after
+forward), which is what lets `model_forward.py` apply the LM head to the gathered hidden rows
+outside the model's forward.
+
+FSDP2 reduce-scatters gradients as a mean over ranks; the loss is multiplied by the world size
+so that the result is the sum (the loss is already normalized by the step's global counts).
+Parameters, gradients and Adam's moments are DTensors sharded on dim 0; the full tensor of one
+parameter at a time is gathered for pushes, checkpoints and tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from asyncrl.learner.backend import NamedTensor
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly sharded) DTensor; collective for a DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t.detach()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (`model.model.layers` for Llama, Qwen,
+    Mistral...); none found means the whole model is one FSDP group."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if layers is not None else []
+
+
+class TorchBackend:
+    def __init__(self, model: torch.nn.Module, cfg, world_size: int):
+        self.world_size = world_size
+        if world_size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world_size,))
+            for layer in decoder_layers(model):
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        self.module = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss * self.world_size).backward() if self.world_size > 1 else loss.backward()
+
+    def step(self, max_norm: float) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(_full(norm))
+
+    def param_specs(self) -> list[tuple[str, torch.Size, torch.dtype]]:
+        return [(name, p.shape, p.dtype) for name, p in self.module.named_parameters()]  # a DTensor's shape is global
+
+    def named_full_params(self) -> Iterator[NamedTensor]:
+        # named_parameters() yields a tied embedding once, under its input-embedding name
+        for name, p in self.module.named_parameters():
+            yield name, _full(p)
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return {n: _full(p.grad) for n, p in self.module.named_parameters() if p.grad is not None}
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.optimizer_steps(), "exp_avg": {}, "exp_avg_sq": {}}
+        for name, p in self.module.named_parameters():
+            state = self.optimizer.state.get(p)
+            if state:
+                out["exp_avg"][name] = _full(state["exp_avg"]).cpu()
+                out["exp_avg_sq"][name] = _full(state["exp_avg_sq"]).cpu()
+        return out
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.state.clear()
+        for name, p in self.module.named_parameters():
+            if name in state["exp_avg"]:
+                self.optimizer.state[p] = {
+                    "step": torch.tensor(float(state["step"])),
+                    "exp_avg": _like(p, state["exp_avg"][name]),
+                    "exp_avg_sq": _like(p, state["exp_avg_sq"][name])}
+
+    def reset_optimizer(self) -> None:
+        self.optimizer.state.clear()
+
+    def optimizer_steps(self) -> int:
+        state = next(iter(self.optimizer.state.values()), {})
+        return int(state.get("step", 0))
+
+
+def _like(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """`full` laid out like `param`: this rank's shard of it when `param` is a DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full = full.to(device=param.device, dtype=param.dtype)
+    if isinstance(param, DTensor):
+        return distribute_tensor(full, param.device_mesh, param.placements)
+    return full.clone()

@@ -1,0 +1,113 @@
+"""The learner ranks as Ray actors, started, called and stopped through one handle.
+
+`learner.num_ranks` ranks are placed in one placement group (PACK: on one node where they fit;
+a bundle per rank of `learner.num_cpus` CPUs and `learner.num_gpus` GPUs, so one GPU each on a
+GPU cluster) and join one torch.distributed group at start (gloo on CPU, NCCL on GPU), whose
+rendezvous is hosted on rank 0's node.
+
+Most calls go to every rank, because most are collective on a sharded learner (a step, a
+push, a checkpoint and the parity probe all gather parameters); the orchestrator gets rank 0's
+answer. A `GroupCall` is ready when every rank has answered, and raises as soon as one rank
+fails, rather than waiting for the others to time out in a collective the failed rank left.
+Only the weight-sync rendezvous and its metadata are rank 0's alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from asyncrl.compat import child_env
+from asyncrl.config import Config
+from asyncrl.learner.rank import LearnerRank
+from asyncrl.observe.worker_logs import log_env
+from asyncrl.sync.gloo_sender import free_port
+from asyncrl.types import RunFailed
+
+
+class GroupCall:
+    """One method called on every rank."""
+
+    def __init__(self, refs: list[Any]):
+        self.refs = refs
+        self._seen: set[Any] = set()
+
+    def ready(self) -> bool:
+        """True once every rank answered; raises the first failure as soon as it is known."""
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        for ref in done:
+            if ref not in self._seen:
+                ray.get(ref)  # raises the rank's error
+                self._seen.add(ref)
+        return len(done) == len(self.refs)
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        """Rank 0's answer, after every rank answered; a failed rank raises at once."""
+        waiting = list(self.refs)
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=1, timeout=timeout_s)
+            if not done:
+                raise TimeoutError(f"learner ranks did not answer within {timeout_s}s")
+            ray.get(done[0])
+        return ray.get(self.refs[0])
+
+
+class LearnerGroup:
+    def __init__(self, cfg: Config, model_path: str, host: str, ready_timeout_s: float = 120.0):
+        lc = cfg.learner
+        bundle = {"CPU": lc.num_cpus, **({"GPU": lc.num_gpus} if lc.num_gpus else {})}
+        self.placement = placement_group([bundle] * lc.num_ranks, strategy="PACK")
+        ready, _ = ray.wait([self.placement.ready()], timeout=ready_timeout_s)
+        if not ready:
+            remove_placement_group(self.placement)
+            raise RunFailed(f"Ray could not place {lc.num_ranks} learner rank(s) of {bundle} within "
+                            f"{ready_timeout_s:.0f}s (cluster: {ray.cluster_resources()}); lower learner.num_ranks, "
+                            "learner.num_cpus or learner.num_gpus")
+        address = ray.get(_rendezvous.options(scheduling_strategy=self._bundle(0)).remote())
+        self.ranks = [
+            ray.remote(LearnerRank).options(
+                num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, scheduling_strategy=self._bundle(r),
+                runtime_env={"env_vars": {**child_env(), **log_env(cfg.run_dir, _log_name(r), cfg.observe.worker_logs)}}
+            ).remote(
+                model_path, lc, cfg.algo, dtype=cfg.model.dtype, seed=cfg.seed, host=host, rank=r,
+                world_size=lc.num_ranks, group_address=address)
+            for r in range(lc.num_ranks)]
+
+    def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)
+
+    def call(self, method: str, *args, **kwargs) -> GroupCall:
+        return GroupCall([getattr(r, method).remote(*args, **kwargs) for r in self.ranks])
+
+    def rank0(self, method: str, *args, **kwargs) -> Any:
+        """An ObjectRef of rank 0's answer (calls no other rank has a part in)."""
+        return getattr(self.ranks[0], method).remote(*args, **kwargs)
+
+    def batch_endpoints(self) -> list[str]:
+        return ray.get([r.batch_endpoint.remote() for r in self.ranks])
+
+    def owns(self, actor_id: str | None) -> bool:
+        """Whether a dead actor's id (hex) is one of the ranks."""
+        return actor_id in {r._actor_id.hex() for r in self.ranks}
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        try:
+            self.call("shutdown").result(timeout_s)
+        finally:
+            for r in self.ranks:  # their processes end; the placement group goes with the Ray session
+                ray.kill(r)
+
+
+@ray.remote(num_cpus=0)
+def _rendezvous() -> str:
+    """host:port of the learner group's rendezvous, found on rank 0's node."""
+    host = ray.util.get_node_ip_address()
+    return f"{host}:{free_port(host)}"
+
+
+def _log_name(rank: int) -> str:
+    """logs/learner.log for rank 0 (the one most runs have), learner-<r>.log for the others."""
+    return "learner" if rank == 0 else f"learner-{rank}"

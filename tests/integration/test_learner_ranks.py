@@ -1,0 +1,170 @@
+"""Learner ranks in real torch.distributed groups (gloo, one process each): 2 ranks with FSDP2,
+DeepSpeed ZeRO-2 and ZeRO-3 give the single-rank gradient for every aggregation mode, with the
+step's responses split across ranks and micro-batches (ranks with fewer micro-batches pad), and
+the same parameters after optimizer steps; metrics are global; checkpoints move between rank
+counts."""
+
+import multiprocessing as mp
+import os
+import random
+import traceback
+
+import pytest
+import torch
+
+from asyncrl.buffer.packing import split_for_ranks
+from asyncrl.config import AlgoConfig, LearnerConfig
+from asyncrl.learner.rank import LearnerRank
+from asyncrl.sync.gloo_sender import free_port
+from asyncrl.transport.codec import encode_batch
+from asyncrl.transport.zmq_stream import FrameSender
+from asyncrl.types import Batch, SequenceChunk
+
+VOCAB = 48  # token ids drawn below it
+MODES = ["budget", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+STEPS = 3
+BUDGET = 64
+
+
+def build_model(path, tie):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from asyncrl.tiny.tokenizer import save_tokenizer
+
+    vocab = len(save_tokenizer(path))
+
+    # no attention biases: a key bias's true gradient is 0 (softmax ignores a shift), so Adam
+    # would turn its rounding noise into full-size updates that differ with summation order
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tie))
+    model.save_pretrained(path)
+    return str(path)
+
+
+def step_chunks(step):
+    """Responses of different lengths; some start mid-response (the rest of a split response)."""
+    rng = random.Random(step)
+    out = []
+    for i in range(7):
+        prompt = [rng.randrange(4, VOCAB) for _ in range(3 + i % 3)]
+        resp = [rng.randrange(4, VOCAB) for _ in range(2 + (5 * i) % 9)]
+        start = i % 2
+        n = len(resp) - start
+        out.append(SequenceChunk(f"g{i}", i % 2, prompt, resp, start, [rng.uniform(-4, -1) for _ in range(n)],
+                                 [step - 1] * n, advantage=rng.uniform(-1, 1)))
+    return out
+
+
+def feed(learner, sender, step, rank, world):
+    chunks = step_chunks(step)
+    part = split_for_ranks(chunks, world)[rank]
+    sender.send(encode_batch(Batch(step=step, rank=rank, chunks=part,
+                                   num_loss_tokens_global=sum(c.num_loss_tokens for c in chunks),
+                                   num_sequences_global=len(chunks), token_budget=BUDGET)))
+
+
+def learner_cfg(backend, stage, world, **kw):
+    return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=1e-3,
+                         micro_batch_tokens=kw.pop("micro_batch_tokens", 24), **kw)
+
+
+def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ckpt_in=None, ckpt_out=None):
+    """What one rank does; returns rank 0's results: the gradient of step 1 per aggregation mode,
+    then STEPS optimizer steps' metrics and the parameters after them."""
+    # clipped at 0.1: the steps' norms are above it, so the global norm must be right
+    cfg = learner_cfg(backend, stage, world, grad_clip=0.1, micro_batch_tokens=micro_batch_tokens)
+    learner = LearnerRank(model, cfg, AlgoConfig(), rank=rank, world_size=world,
+                          group_address=f"127.0.0.1:{port}")
+    sender = FrameSender(learner.batch_endpoint())
+    grads = {}
+    for mode in MODES:
+        learner.algo = AlgoConfig(aggregation=mode)
+        feed(learner, sender, 1, rank, world)
+        grads[mode] = learner.gradients(1)
+    learner.algo = AlgoConfig(aggregation="token_mean")
+    if ckpt_in:
+        learner.load_checkpoint(ckpt_in)
+    start = {n: t.clone() for n, t in learner.backend.named_full_params()}
+    metrics = []
+    for step in range(learner.version + 1, learner.version + 1 + STEPS):
+        feed(learner, sender, step, rank, world)
+        metrics.append(learner.train_step(step).metrics)
+    if ckpt_out:
+        learner.save_checkpoint(ckpt_out)
+    params = {n: t.clone() for n, t in learner.backend.named_full_params()}
+    sender.close()
+    learner.shutdown()
+    return {"grads": grads, "metrics": metrics, "params": params, "start": start}
+
+
+def _child(rank, world, port, args, out):
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    try:
+        result = run_rank(rank, world, port, *args)
+        if rank == 0:  # a file, not the queue: a queued tensor's shared memory dies with its process
+            torch.save(result, out)
+    except BaseException:
+        (out.parent / f"error-{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def run_ranks(tmp_path, world, *args):
+    """`run_rank` on `world` processes in one gloo group; rank 0's results."""
+    ctx = mp.get_context("spawn")
+    out, port = tmp_path / "rank0.pt", free_port()
+    procs = [ctx.Process(target=_child, args=(r, world, port, args, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:  # a rank that fails leaves the others waiting in a collective: stop them
+        p.join(timeout=600 if p is procs[0] else 30)
+        if any(f for f in tmp_path.glob("error-*.txt")):
+            break
+    for p in procs:
+        p.join(timeout=5)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    errors = [f.read_text() for f in sorted(tmp_path.glob("error-*.txt"))]
+    assert not errors, "\n".join(errors)
+    assert [p.exitcode for p in procs] == [0] * world, "a rank died without a Python error"
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def tied_model(tmp_path_factory):
+    return build_model(tmp_path_factory.mktemp("tied"), tie=True)
+
+
+@pytest.fixture(scope="module")
+def single(tied_model):
+    """The reference: one plain torch rank, in-process, one micro-batch for the whole step."""
+    return run_rank(0, 1, None, tied_model, "torch", 2, micro_batch_tokens=4096)
+
+
+def assert_close(got, want, what, tol=1e-6):
+    assert set(got) == set(want), what
+    for name in want:
+        diff = float((got[name].detach().double() - want[name].double()).abs().max())
+        assert diff <= tol, f"{what}: {name} differs by {diff:.3g}"
+
+
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 2), ("deepspeed", 3)],
+                         ids=["fsdp2", "zero2", "zero3"])
+def test_two_ranks_give_the_single_rank_gradient_and_update(tmp_path, tied_model, single, backend, stage):
+    two = run_ranks(tmp_path, 2, tied_model, backend, stage)
+    for mode in MODES:
+        assert_close(two["grads"][mode], single["grads"][mode], f"{backend}-{stage} gradient, {mode}")
+    assert_close(two["params"], single["params"], f"{backend}-{stage} parameters after {STEPS} steps")
+    moved = max(float((single["params"][n] - single["start"][n]).abs().max()) for n in single["start"])
+    assert moved > 1e-3  # the updates compared are real (lr 1e-3, 3 steps)
+    assert max(m["learner/grad_norm"] for m in single["metrics"]) > 0.1  # clipping was active
+    for m2, m1 in zip(two["metrics"], single["metrics"], strict=True):
+        # global, not rank-local: the same numbers as one rank that saw everything
+        for key in ("learner/loss_tokens", "entropy/learner", "ratio/max", "clip/high_frac", "loss/total"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+        assert m2["learner/grad_norm"] == pytest.approx(m1["learner/grad_norm"], rel=1e-5)
+        assert m2["learner/ranks"] == 2 and m1["learner/ranks"] == 1
+        assert m2["learner/loss_tokens_rank0"] + m2["learner/loss_tokens_rank1"] == m1["learner/loss_tokens"]
+        assert abs(m2["learner/tokens_rank0"] - m2["learner/tokens_rank1"]) <= 14  # balanced by tokens
+
