@@ -69,7 +69,8 @@ def learner_cfg(backend, stage, world, **kw):
                          micro_batch_tokens=kw.pop("micro_batch_tokens", 24), **kw)
 
 
-def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ckpt_in=None, ckpt_out=None):
+def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ckpt_in=None, ckpt_out=None,
+             steps=STEPS):
     """What one rank does; returns rank 0's results: the gradient of step 1 per aggregation mode,
     then STEPS optimizer steps' metrics and the parameters after them."""
     # clipped at 0.1: the steps' norms are above it, so the global norm must be right
@@ -87,7 +88,7 @@ def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ck
         learner.load_checkpoint(ckpt_in)
     start = {n: t.clone() for n, t in learner.backend.named_full_params()}
     metrics = []
-    for step in range(learner.version + 1, learner.version + 1 + STEPS):
+    for step in range(learner.version + 1, learner.version + 1 + steps):
         feed(learner, sender, step, rank, world)
         metrics.append(learner.train_step(step).metrics)
     if ckpt_out:
@@ -168,3 +169,16 @@ def test_two_ranks_give_the_single_rank_gradient_and_update(tmp_path, tied_model
         assert m2["learner/loss_tokens_rank0"] + m2["learner/loss_tokens_rank1"] == m1["learner/loss_tokens"]
         assert abs(m2["learner/tokens_rank0"] - m2["learner/tokens_rank1"]) <= 14  # balanced by tokens
 
+
+
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
+def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, tied_model, backend, stage):
+    """3 steps on 2 sharded ranks, a checkpoint, 3 more on one plain rank == 6 steps on one rank:
+    the checkpoint holds the full optimizer state (moments and step count), not shards."""
+    ckpt = tmp_path / "ckpt"
+    run_ranks(tmp_path, 2, tied_model, backend, stage, 24, None, str(ckpt))
+    assert (ckpt / "policy" / "model.safetensors").is_file()
+    resumed = run_rank(0, 1, None, str(ckpt / "policy"), "torch", 2, 4096, ckpt_in=str(ckpt))
+    whole = run_rank(0, 1, None, tied_model, "torch", 2, 4096, steps=2 * STEPS)
+    assert resumed["metrics"][-1]["learner/optimizer_steps"] == 2 * STEPS
+    assert_close(resumed["params"], whole["params"], f"{backend} checkpoint resumed on 1 rank")

@@ -25,9 +25,9 @@ BUCKET_BYTES = 64 << 10  # small, so layers span buckets and some tensors exceed
 PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+2=4."
 
 
-def build_tiny_model(path) -> Qwen2ForCausalLM:
-    """Char-level tokenizer and a random 2-layer tied-embedding Qwen2 (head_dim 32: the
-    smallest vLLM-CPU attention supports), saved to `path`."""
+def build_tiny_model(path, tie: bool = True) -> Qwen2ForCausalLM:
+    """Char-level tokenizer and a random 2-layer (by default tied-embedding) Qwen2 (head_dim 32:
+    the smallest vLLM-CPU attention supports), saved to `path`."""
     chars = ["<pad>", "<eos>", "<unk>"] + list(string.printable[:95])
     tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
@@ -35,7 +35,7 @@ def build_tiny_model(path) -> Qwen2ForCausalLM:
                             unk_token="<unk>").save_pretrained(path)
     config = Qwen2Config(vocab_size=len(chars), hidden_size=128, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=True,
+                         max_position_embeddings=256, tie_word_embeddings=tie,
                          bos_token_id=1, eos_token_id=1, pad_token_id=0, dtype="float32")
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
