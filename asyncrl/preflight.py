@@ -115,8 +115,8 @@ def check_resources(cfg: Config) -> None:
         raise ConfigError(
             f"learner.num_ranks={cfg.learner.num_ranks} ranks of learner.num_cpus={cfg.learner.num_cpus:g} and "
             f"{cfg.rollout.num_actors} rollout actor(s) of {cfg.rollout.num_cpus_per_actor:g} need "
-            f"{learner + actors:g} Ray CPUs, more than ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus (logical CPUs: it may exceed "
-            "the cores) or lower learner.num_ranks")
+            f"{learner + actors:g} Ray CPUs, more than ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus "
+            "(logical CPUs: it may exceed the cores) or lower learner.num_ranks")
 
 
 def check_data(cfg: Config) -> None:

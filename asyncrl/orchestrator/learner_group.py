@@ -20,12 +20,15 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from asyncrl.buffer.packing import split_for_ranks
 from asyncrl.compat import child_env
 from asyncrl.config import Config
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.observe.worker_logs import log_env
 from asyncrl.sync.gloo_sender import free_port
-from asyncrl.types import RunFailed
+from asyncrl.transport.codec import encode_batch
+from asyncrl.transport.zmq_stream import FrameSender
+from asyncrl.types import Batch, RunFailed, SequenceChunk
 
 
 class GroupCall:
@@ -75,6 +78,7 @@ class LearnerGroup:
                 model_path, lc, cfg.algo, dtype=cfg.model.dtype, seed=cfg.seed, host=host, rank=r,
                 world_size=lc.num_ranks, group_address=address)
             for r in range(lc.num_ranks)]
+        self._senders: list[FrameSender] | None = None  # created at the first step: ranks are still starting
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)
@@ -86,14 +90,24 @@ class LearnerGroup:
         """An ObjectRef of rank 0's answer (calls no other rank has a part in)."""
         return getattr(self.ranks[0], method).remote(*args, **kwargs)
 
-    def batch_endpoints(self) -> list[str]:
-        return ray.get([r.batch_endpoint.remote() for r in self.ranks])
+    def train_step(self, step: int, chunks: list[SequenceChunk], token_budget: int, reset_reference: bool) -> GroupCall:
+        """Stream each rank its part of the step (split by tokens), with the step's global counts,
+        and start the step on every rank."""
+        if self._senders is None:
+            self._senders = [FrameSender(e) for e in ray.get([r.batch_endpoint.remote() for r in self.ranks])]
+        for rank, part in enumerate(split_for_ranks(chunks, len(self.ranks))):
+            self._senders[rank].send(encode_batch(Batch(
+                step=step, rank=rank, chunks=part, num_loss_tokens_global=sum(c.num_loss_tokens for c in chunks),
+                num_sequences_global=len(chunks), token_budget=token_budget)))
+        return self.call("train_step", step, reset_reference=reset_reference)
 
     def owns(self, actor_id: str | None) -> bool:
         """Whether a dead actor's id (hex) is one of the ranks."""
         return actor_id in {r._actor_id.hex() for r in self.ranks}
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
+        for sender in self._senders or []:
+            sender.close()
         try:
             self.call("shutdown").result(timeout_s)
         finally:

@@ -5,7 +5,7 @@
                          │ learner version            │ weights (gloo / NCCL)        ▼
                          │                            │                    reward pool → ledger
     [step] ◄─────────────┴──── token buffer ◄─────────┴──── (shaping, groups, advantages) ◄┘
-       │  batch (zmq) ─► learner ─► StepResult (version + 1) ─► [push] every sync.every_steps
+       │  a part per rank (zmq) ─► learner ranks ─► StepResult (version + 1) ─► [push]
 
 One thread drives three loops, interleaved, each step of which is cheap and non-blocking:
 
@@ -16,10 +16,11 @@ One thread drives three loops, interleaved, each step of which is cheap and non-
   timeout per sample); rewards coming back (scoring.py) go to the group ledger (ledger.py), which
   shapes them, completes groups, drops zero-variance ones and fills the buffer, or to the held-out
   evaluation (evaluation.py, run on an actor at step 0, every eval.every_steps and at the end).
-- train loop (here + learner): when no step is running and the buffer can fill one, streams the
-  batch to the learner and starts the step. Waits for: the buffer and the previous step. After a
-  step, every `sync.every_steps`, a drain push (actor_pool.py): actors stop starting requests,
-  finish the running ones and load the new weights while the learner broadcasts them.
+- train loop (here + learner ranks): when no step is running and the buffer can fill one, streams
+  each rank its part of the batch (learner_group.py) and starts the step. Waits for: the buffer
+  and the previous step. After a step, every `sync.every_steps`, a drain push (actor_pool.py):
+  actors stop starting requests, finish the running ones and load the new weights while the
+  learner broadcasts them.
 
 Versions: the orchestrator owns the policy version; it advances with every optimizer step (the
 learner's StepResult must agree). An actor's version advances when it has applied a push.
@@ -39,7 +40,6 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from asyncrl import preflight
-from asyncrl.buffer.packing import split_for_ranks
 from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.config import Config, write_resolved
 from asyncrl.observe.console import ProgressDisplay
@@ -57,9 +57,9 @@ from asyncrl.orchestrator.stage_runner import StageRunner
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.reward.errors import RewardErrorMonitor
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.transport.codec import decode_sample, encode_batch
-from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
-from asyncrl.types import Batch, Sample, StepResult
+from asyncrl.transport.codec import decode_sample
+from asyncrl.transport.zmq_stream import FrameReceiver
+from asyncrl.types import Sample, StepResult
 
 
 class Orchestrator:
@@ -95,7 +95,6 @@ class Orchestrator:
         self.learner = LearnerGroup(cfg, self.model_path, self.host)
         if resume:
             self.version = self.learner.call("load_checkpoint", str(resume[0] / checkpoint.LEARNER_DIR)).result()
-        self.batch_senders = [FrameSender(e) for e in self.learner.batch_endpoints()]
         self.pool = ActorPool(cfg, base_model, self.samples.endpoint, self.learner, self.host, self.rpc_dir)
         self.pool.start(cfg.rollout.num_actors, self.version)
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
@@ -207,13 +206,9 @@ class Orchestrator:
         step = self.step + 1
         self.stats.add_batch(chunks, self.version, self.ledger.buffer.batch_start_version)
         self._wait_for_data_s = time.monotonic() - self._last_step_t
-        for rank, part in enumerate(split_for_ranks(chunks, len(self.batch_senders))):
-            batch = Batch(step=step, rank=rank, chunks=part,
-                          num_loss_tokens_global=sum(c.num_loss_tokens for c in chunks),
-                          num_sequences_global=len(chunks), token_budget=self.stages.current.token_budget)
-            self.batch_senders[rank].send(encode_batch(batch))
         self._step_started = time.monotonic()
-        self._train_ref = self.learner.call("train_step", step, reset_reference=self.requests.take_reset(self.cfg))
+        self._train_ref = self.learner.train_step(step, chunks, self.stages.current.token_budget,
+                                                  self.requests.take_reset(self.cfg))
 
     def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None
@@ -221,7 +216,8 @@ class Orchestrator:
         self.step += 1
         self.version += 1
         if result.version != self.version:
-            raise RuntimeError(f"learner reports version {result.version} after step {self.step}, expected {self.version}")
+            raise RuntimeError(f"learner reports version {result.version} after step {self.step}, "
+                               f"expected {self.version}")
         train_s = time.monotonic() - self._step_started
         joined = self.pool.admit_started()
         sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}
