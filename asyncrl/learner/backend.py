@@ -31,6 +31,9 @@ class TrainBackend(Protocol):
     module: torch.nn.Module
     """What forwards run through (the wrapped model)."""
 
+    def expect_backwards(self, count: int) -> None:
+        """How many `backward` calls the coming step makes (the last is where ZeRO reduces)."""
+
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradient of `loss` (one micro-batch); summed over ranks at the step."""
 
@@ -73,6 +76,9 @@ def init_process_group(rank: int, world_size: int, address: str, timeout_s: floa
 
     if dist.is_initialized():
         return
+    # what torchrun would set, and DeepSpeed reads; under Ray a GPU rank sees its one GPU as cuda:0
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK="0" if torch.cuda.is_available() else str(rank))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))

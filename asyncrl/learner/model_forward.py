@@ -34,7 +34,21 @@ def policy_forward(model: torch.nn.Module, mb: MicroBatch, chunk: int, device: t
     out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
                 output_hidden_states=True, logits_to_keep=1, **kwargs)
     hidden = out.hidden_states[-1][mb.rows.to(device), mb.cols.to(device)]  # [T, H], after the final norm
-    head = model.get_output_embeddings()
-    logp, entropy = token_logprobs_and_entropy_from_hidden(
-        hidden, head.weight, mb.targets.to(device), mb.temperatures.to(device), chunk, getattr(head, "bias", None))
+    token_head = getattr(model, "token_head", None) or TokenHead(model.get_output_embeddings())
+    logp, entropy = token_head(hidden, mb.targets.to(device), mb.temperatures.to(device), chunk)
     return TokenForward(logp, entropy, getattr(out, "router_logits", None) if kwargs else None)
+
+
+class TokenHead(torch.nn.Module):
+    """The LM head applied to the loss positions' hidden rows, in chunks. A module of its own so
+    that a backend which gathers parameters only inside a module's forward (DeepSpeed ZeRO-3) can
+    be told that this forward uses the head's weight (`register_external_parameter`); the head
+    is referenced, not registered as a child, so parameter names do not change."""
+
+    def __init__(self, head: torch.nn.Module):
+        super().__init__()
+        self.__dict__["head"] = head  # not a submodule
+
+    def forward(self, hidden, targets, temperatures, chunk: int):
+        return token_logprobs_and_entropy_from_hidden(hidden, self.head.weight, targets, temperatures, chunk,
+                                                      getattr(self.head, "bias", None))

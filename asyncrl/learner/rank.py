@@ -102,9 +102,10 @@ class LearnerRank:
         """This rank's micro-batches, and how many zero-loss ones it must add to match the
         busiest rank (sharded backends run collectives in every forward and backward)."""
         mbs = [collate(c, self.pad_id) for c in micro_batches(chunks, self.cfg.micro_batch_tokens)]
-        if not self.distributed:
-            return mbs, 0
-        return mbs, collectives.max_over_ranks(len(mbs)) - len(mbs)
+        mbs = [mb for mb in mbs if mb.num_loss_tokens]  # the loss step skips those: no forward to match
+        pad = collectives.max_over_ranks(len(mbs)) - len(mbs) if self.distributed else 0
+        self.backend.expect_backwards(len(mbs) + pad)
+        return mbs, pad
 
     def _padding(self, count: int, grad: bool) -> None:
         """`count` forwards (and backwards) that change nothing, in step with the other ranks."""

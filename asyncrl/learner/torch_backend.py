@@ -52,6 +52,9 @@ class TorchBackend:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
 
+    def expect_backwards(self, count: int) -> None:
+        pass  # FSDP2 reduce-scatters in every backward; nothing waits for the last
+
     def backward(self, loss: torch.Tensor) -> None:
         (loss * self.world_size).backward() if self.world_size > 1 else loss.backward()
 

@@ -1,0 +1,164 @@
+"""The DeepSpeed training backend: ZeRO stage 2 (optimizer state and gradients partitioned over
+ranks) or 3 (parameters too). The only module that imports deepspeed.
+
+- The learner group is already the default process group when this starts; DeepSpeed joins it
+  (`dist_init_required=False`) rather than running its own launcher's rendezvous.
+- Optimizer: AdamW; torch's on CPU (`DS_ACCELERATOR=cpu`), DeepSpeed's fused one on GPU.
+- A step is a variable number of backward calls (micro-batches, then padding) and one `step`.
+  The rank says how many are coming (`expect_backwards`), and the last one is marked as the
+  gradient-accumulation boundary, where ZeRO reduces and the optimizer may step.
+- DeepSpeed averages gradients over ranks; the loss is multiplied by the world size so that
+  the reduction is a sum (every rank's loss is already normalized by the step's global counts).
+- ZeRO-3 gathers a layer's parameters only inside that module's forward. The LM head is applied
+  to the loss positions outside the model's forward (model_forward.py), so the head's weight is
+  registered as an external parameter of a `TokenHead` module attached to the model.
+- Full tensors (pushes, checkpoints, tests) come from the partitions one parameter at a time
+  (`GatheredParameters`, `safe_get_full_*`); optimizer state is saved as full tensors by name,
+  so it loads on any number of ranks and in the torch backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from asyncrl.learner.backend import NamedTensor
+from asyncrl.learner.model_forward import TokenHead
+
+try:
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad, safe_get_full_optimizer_state, safe_set_full_optimizer_state
+except ImportError as e:  # preflight says this first; here for a learner built in code
+    raise ImportError("learner.backend=deepspeed needs DeepSpeed: pip install deepspeed (on CPU its first start "
+                      "JIT-compiles a small op with g++ and ninja)") from e
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+class DeepSpeedBackend:
+    def __init__(self, model: torch.nn.Module, cfg, world_size: int):
+        self.world_size, self.stage = world_size, cfg.deepspeed.stage
+        on_gpu = torch.cuda.is_available()
+        bf16 = on_gpu and next(model.parameters()).dtype == torch.bfloat16
+        head = TokenHead(model.get_output_embeddings())
+        model.add_module("token_head", head)  # before initialize: ZeRO-3 puts its hooks on it
+        config = {
+            "train_micro_batch_size_per_gpu": 1,  # unused: batches are ours
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": self.stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "betas": list(cfg.betas), "eps": 1e-8,
+                                                      "weight_decay": cfg.weight_decay, "torch_adam": not on_gpu}},
+            "bf16": {"enabled": bf16},
+            "steps_per_print": 2**31 - 1,
+        }
+        self.module, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config,
+            dist_init_required=False)
+        if self.stage == 3:
+            deepspeed.zero.register_external_parameter(head, head.head.weight)
+        self.model = model
+        self._expected, self._calls = 1, 0
+        self._reset_steps = False
+
+    # -- a step ---------------------------------------------------------------------------------
+
+    def expect_backwards(self, count: int) -> None:
+        self._expected, self._calls = max(count, 1), 0
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._calls += 1
+        self.module.set_gradient_accumulation_boundary(self._calls >= self._expected)
+        self.module.backward(loss * self.world_size)
+
+    def step(self, max_norm: float) -> float:
+        # clipping to learner.grad_clip is DeepSpeed's (gradient_clipping); max_norm is the same value
+        self.module.set_gradient_accumulation_boundary(True)
+        self.module.step()
+        self._calls = 0
+        norm = self.module.get_global_grad_norm()
+        return float(norm) if norm is not None else 0.0
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+        self.module.zero_grad()
+        self._calls = 0
+
+    # -- full tensors (collective) ----------------------------------------------------------------
+
+    def _params(self):
+        return list(self.model.named_parameters())
+
+    def param_specs(self) -> list[tuple[str, torch.Size, torch.dtype]]:
+        return [(n, torch.Size(getattr(p, "ds_shape", p.shape)), p.dtype) for n, p in self._params()]
+
+    def named_full_params(self) -> Iterator[NamedTensor]:
+        for name, p in self._params():
+            if self.stage == 3:
+                with deepspeed.zero.GatheredParameters([p]):
+                    full = p.detach().clone()
+                yield name, full
+            else:
+                yield name, p.detach()
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, p in self._params():
+            g = safe_get_full_grad(p)
+            if g is not None:
+                out[name] = g.detach().clone()
+        return out
+
+    # -- optimizer state ------------------------------------------------------------------------
+
+    def _inner_states(self) -> list[dict]:
+        """The wrapped torch optimizer's per-partition states (where `step` lives)."""
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        return [s for s in inner.state.values() if s]
+
+    def optimizer_steps(self) -> int:
+        states = self._inner_states()
+        if not states:
+            inner = getattr(self.optimizer, "optimizer", self.optimizer)
+            return int(inner.param_groups[0].get("step", 0))
+        return int(states[0].get("step", 0))
+
+    def optimizer_state(self) -> dict[str, Any]:
+        steps = self.optimizer_steps()
+        out: dict[str, Any] = {"step": steps, "exp_avg": {}, "exp_avg_sq": {}}
+        if steps == 0:
+            return out
+        for name, p in self._params():
+            for key in MOMENTS:
+                value = safe_get_full_optimizer_state(p, key)
+                if value is not None:
+                    out[key][name] = value.detach().cpu().clone()
+        return out
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        if not state["exp_avg"]:
+            self.reset_optimizer()
+            return
+        for name, p in self._params():
+            for key in MOMENTS:
+                if name in state[key]:
+                    safe_set_full_optimizer_state(p, state[key][name].to(p.device), key)
+        self._set_steps(int(state["step"]))
+
+    def reset_optimizer(self) -> None:
+        for s in self._inner_states():
+            for key in MOMENTS:
+                if key in s:
+                    s[key].zero_()
+        self._set_steps(0)
+
+    def _set_steps(self, steps: int) -> None:
+        for s in self._inner_states():
+            if "step" in s:
+                s["step"] = torch.tensor(float(steps)) if torch.is_tensor(s["step"]) else steps
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        for group in inner.param_groups:
+            if "step" in group:
+                group["step"] = steps
