@@ -3,7 +3,9 @@
 
 Overrides only shorten the run (steps, stage lengths, rollout-batch size) so each recipe crosses
 its interesting boundaries (stages, online filtering, reference resets, rollout batches) in three
-steps; the algorithm settings are the recipe's own."""
+steps; the algorithm settings are the recipe's own. Two recipes run on two learner ranks, as a
+user who outgrew one process would run them: C3PO's exact Φ on DeepSpeed ZeRO-2, ProRL's
+reference resets on FSDP2."""
 
 import json
 import os
@@ -23,6 +25,7 @@ SHORTEN = {
     "skywork_or1_magic": ["stages.0.steps=1", "stages.1.steps=1"],
     "prorl": ["stages.0.steps=1", "stages.1.steps=1", "algo.kl.reset_every=2", "buffer.rollout_batch_prompts=8"],
 }
+RANKS = {"ring_lite_c3po": ["learner.num_ranks=2", "learner.backend=deepspeed"], "prorl": ["learner.num_ranks=2"]}
 
 
 def test_every_recipe_is_covered():
@@ -32,7 +35,7 @@ def test_every_recipe_is_covered():
 def run_recipe(name, tmp_path):
     cmd = [sys.executable, "launch/run.py", "--config", f"configs/{name}.yaml", f"total_steps={STEPS}",
            f"observe.output_dir={tmp_path}", "observe.console=lines", "observe.tensorboard=false",
-           "save_final=false", *SHORTEN[name]]
+           "save_final=false", "eval.every_steps=0", *SHORTEN[name], *RANKS.get(name, [])]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -48,6 +51,10 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
     rows, events = run_recipe(name, tmp_path)
     tokens = [r["learner/loss_tokens"] for r in rows]
     assert all(t > 0 for t in tokens)
+    assert [r["learner/ranks"] for r in rows] == [2 if name in RANKS else 1] * STEPS
+    if name in RANKS:  # the ranks' parts add up to the step
+        assert all(r["learner/loss_tokens_rank0"] + r["learner/loss_tokens_rank1"] == r["learner/loss_tokens"]
+                   for r in rows)
     if name == "ring_lite_c3po":
         assert tokens == [512] * STEPS  # C3PO: exactly Phi loss tokens every step
     if name in ("grpo", "ring_lite_c3po", "prorl"):
