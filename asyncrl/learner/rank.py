@@ -44,8 +44,8 @@ from asyncrl.learner.model_forward import is_moe, policy_forward
 from asyncrl.learner.policy_step import forward_backward
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
-from asyncrl.transport.codec import decode_batch
 from asyncrl.sync.gloo_sender import free_port
+from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import StepResult
 
