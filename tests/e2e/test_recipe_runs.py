@@ -25,7 +25,8 @@ SHORTEN = {
     "skywork_or1_magic": ["stages.0.steps=1", "stages.1.steps=1"],
     "prorl": ["stages.0.steps=1", "stages.1.steps=1", "algo.kl.reset_every=2", "buffer.rollout_batch_prompts=8"],
 }
-RANKS = {"ring_lite_c3po": ["learner.num_ranks=2", "learner.backend=deepspeed"], "prorl": ["learner.num_ranks=2"]}
+RANKS = {"ring_lite_c3po": ["learner.num_ranks=2", "learner.backend=deepspeed"],
+         "prorl": ["learner.num_ranks=2", "sync.probe_every=1"]}  # FSDP2 pushes of the tied tiny model, probed
 
 
 def test_every_recipe_is_covered():
@@ -67,6 +68,7 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
     if name == "prorl":
         assert [e["reason"] for e in events if e["event"] == "reference_reset"] == ["every_k"]
         assert rows[2]["kl/mean"] == 0.0 and rows[2]["learner/optimizer_steps"] == 1
+        assert all(r["sync/probe_max_abs_diff"] <= 1e-4 for r in rows)
         assert [r["stage/index"] for r in rows] == [0, 1, 2]
     if name == "dapo":
         sealed = [r["buffer/rollout_batches_sealed_total"] for r in rows]
