@@ -11,6 +11,8 @@ needs; the learner divides its logits by the same temperature.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from typing import Any
 
@@ -41,28 +43,20 @@ class VLLMEngine:
 
         from asyncrl.sync import vllm_receiver
 
-        args = AsyncEngineArgs(
-            model=self.model_path,
-            dtype=self.dtype,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            enforce_eager=True,
-            seed=self.seed,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            logprobs_mode="processed_logprobs",
-            disable_log_stats=True,
-            **vllm_receiver.engine_kwargs(self.sync_type),
-        )
+        args = AsyncEngineArgs(**self.engine_kwargs(), **vllm_receiver.engine_kwargs(self.sync_type))
         self.llm = AsyncLLM.from_engine_args(args)
 
-    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+    def engine_kwargs(self) -> dict[str, Any]:
+        """vLLM engine arguments without the weight receiver: what a bare `vllm.LLM` of the same
+        engine takes (tools/bench_actor.py measures the actor against one)."""
+        return dict(model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len,
+                    max_num_seqs=self.max_num_seqs, enforce_eager=True, seed=self.seed,
+                    gpu_memory_utilization=self.gpu_memory_utilization,
+                    logprobs_mode="processed_logprobs", disable_log_stats=True)
 
-        params = SamplingParams(
-            n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
-            seed=spec.seed, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY,
-        )
+    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion:
+        params = copy.copy(self._params(spec.temperature, spec.top_p, spec.max_tokens))
+        params.seed = spec.seed
         final = None
         async for out in self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id):
             final = out
@@ -71,6 +65,19 @@ class VLLMEngine:
         logprobs = [pos[tok].logprob for tok, pos in zip(token_ids, seq.logprobs)]
         reason = seq.finish_reason if seq.finish_reason in ("stop", "length") else "abort"
         return Completion(token_ids, logprobs, reason)
+
+    @functools.lru_cache(maxsize=64)
+    def _params(self, temperature: float, top_p: float, max_tokens: int):
+        """One validated SamplingParams per setting; each request takes a copy with its seed
+        (building and validating one per request cost ~10% of the actor's process time). The
+        template itself never reaches vLLM, so no cached property (sampling_type) is set on it."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False)  # rewards decode on their own workers; text here cost ~20% of tokens/s
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         from vllm import SamplingParams
