@@ -346,8 +346,9 @@ class SyncConfig(_Section):
     """Weight-transfer backend: gloo on CPU, NCCL (vLLM's engine) on GPUs."""
     every_steps: int = Field(1, ge=1)
     """Push weights to the actors every this many optimizer steps."""
-    mode: Literal["drain"] = "drain"
-    """drain: finish in-flight requests, then load (in-flight updates come later)."""
+    mode: Literal["drain", "inflight"] = "inflight"
+    """inflight: abort running requests, load, resume each from the tokens it had (a response's
+    tokens carry the version that generated each); drain: let running requests finish, then load."""
     bucket_mb: int = Field(256, gt=0)
     """Largest bucket of parameters broadcast at once."""
     timeout_s: float = Field(120.0, gt=0)

@@ -226,7 +226,8 @@ class ActorPool:
         out = {"sync/push_s": time.monotonic() - t0, "sync/version": version}
         for r in ray.get(refs):
             for k, v in (r or {}).items():
-                out[k] = max(out.get(k, 0.0), v)  # the slowest actor is what the step waited for
+                # counts add up; for times the slowest actor is what the step waited for
+                out[k] = out.get(k, 0) + v if k == "sync/aborted_requests" else max(out.get(k, 0.0), v)
         return out
 
     def _dead_among(self, ids: list[int], refs: list[Any]) -> list[int]:

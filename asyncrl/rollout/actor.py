@@ -2,10 +2,24 @@
 sample the moment it finishes.
 
 The orchestrator submits prompts (admission control decides how many); each prompt becomes n
-independent requests so one slow sample never holds back its siblings. A weight update in drain
-mode closes the gate to new requests, waits for the in-flight ones to finish, loads the new
-weights, then reopens: every token of a sample therefore carries the version that was loaded
-when its request started.
+independent requests so one slow sample never holds back its siblings. A weight update closes
+the gate to new requests, loads the new weights once the engine is idle, then reopens. How it
+gets idle is `sync_mode`:
+- "drain": wait for the running requests to finish. Every token of a sample carries the version
+  that was loaded when its request started; the engine idles for the longest running response.
+- "inflight" (AReaL-style abort and resume): abort the running training requests, keep what
+  each generated (tokens, behaviour logprobs, the version that generated them), and after the
+  load resume each as a new request whose prompt is the original prompt plus that prefix, asking
+  for the tokens still missing. The engine recomputes the prefix's KV under the new weights (the
+  prefix cache is reset on every load), so each token's logprob is exactly that of the policy
+  that sampled it, and `Sample.versions` changes value inside a response. The pause lasts as
+  long as the load, not the longest response. Evaluation requests are never aborted: they drain,
+  so each evaluation sample comes from one version.
+
+Why abort-and-resume rather than freezing requests in the engine across the load (vLLM's
+pause mode "keep"): the number of tokens each frozen request had produced before the load is
+not exposed by the engine, so per-token versions would need its internals; and a reset prefix
+cache recomputes the KV of kept requests anyway, which costs the same prefill as a resume.
 
 The class is plain asyncio; the orchestrator runs it as a Ray actor (`ray.remote(RolloutActor)`),
 and tests can drive it directly with a fake engine and an in-memory `emit`.
@@ -14,6 +28,8 @@ and tests can drive it directly with a fake engine and an in-memory `emit`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
 import time
@@ -22,16 +38,22 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.observe.worker_logs import redirect_output
-from asyncrl.rollout.engine import InferenceEngine, SamplingSpec
+from asyncrl.rollout.engine import Completion, InferenceEngine, SamplingSpec
 from asyncrl.types import PromptItem, Sample
 
 log = logging.getLogger(__name__)
+
+# How long an in-flight update waits for aborted requests to return before aborting again.
+ABORT_RETRY_S = 0.05
 
 
 class RolloutActor:
     def __init__(self, actor_id: int, engine_factory: Callable[[], InferenceEngine],
                  spec: SamplingSpec, group_size: int, emit: Callable[[Sample], None] | str,
-                 seed: int = 0):
+                 seed: int = 0, sync_mode: str = "inflight"):
+        if sync_mode not in ("drain", "inflight"):
+            raise ValueError(f"sync_mode must be 'drain' or 'inflight', got {sync_mode!r}")
+        self.sync_mode = sync_mode
         self.actor_id = actor_id
         self._engine_factory = engine_factory
         self.engine: InferenceEngine | None = None
@@ -46,9 +68,11 @@ class RolloutActor:
         self._idle = asyncio.Event()
         self._idle.set()
         self._active_requests = 0
+        self._abortable: set[str] = set()  # running training requests (evaluation ones drain)
+        self._aborted: set[str] = set()    # aborted by a weight update: to be resumed
         self._tasks: set[asyncio.Task] = set()
         self._failures: list[BaseException] = []
-        self.stats = {"samples": 0, "tokens": 0, "prompts": 0, "updates": 0}
+        self.stats = {"samples": 0, "tokens": 0, "prompts": 0, "updates": 0, "resumed": 0}
         redirect_output()  # to the run's logs/ when the orchestrator asked (before the engine starts)
 
     async def start(self) -> dict[str, Any]:
@@ -91,33 +115,59 @@ class RolloutActor:
         self.stats["tokens"] += len(sample.response_ids)
         self._emit(sample)
 
-    async def _sample(self, p: PromptItem, index: int, base: SamplingSpec) -> Sample:
+    async def _sample(self, p: PromptItem, index: int, base: SamplingSpec, abortable: bool = True) -> Sample:
+        """One sample of p; after an in-flight update aborted it, resumed from its prefix."""
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        name = f"{p.prompt_id}-{index}-a{self.actor_id}"
+        for attempt in itertools.count():
+            request_id = name if attempt == 0 else f"{name}-r{attempt}"  # vLLM ids must be fresh
+            spec = SamplingSpec(base.temperature, base.top_p, base.max_tokens - len(tokens),
+                                seed=zlib.crc32(f"{self.seed}/{request_id}".encode()))
+            out, version, aborted = await self._request(p.prompt_ids + tokens, spec, request_id, abortable)
+            tokens += out.token_ids
+            logprobs += out.logprobs
+            versions += [version] * len(out.token_ids)
+            if not aborted or len(tokens) >= base.max_tokens:
+                break
+            self.stats["resumed"] += 1
+        reason = out.finish_reason if not aborted else "length"  # aborted at its last token
+        return Sample(
+            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
+            prompt_ids=p.prompt_ids, response_ids=tokens, logprobs=logprobs,
+            versions=versions, finish_reason=reason,
+            actor_id=self.actor_id, metadata=p.metadata, temperature=base.temperature)
+
+    async def _request(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str,
+                       abortable: bool) -> tuple[Completion, int, bool]:
+        """One engine request once the gate is open: its completion, the version that generated
+        it and whether a weight update aborted it."""
         await self._gate.wait()
         self._active_requests += 1
         self._idle.clear()
+        if abortable:
+            self._abortable.add(request_id)
         version = self.version
         try:
-            request_id = f"{p.prompt_id}-{index}-a{self.actor_id}"
-            spec = SamplingSpec(base.temperature, base.top_p, base.max_tokens,
-                                seed=zlib.crc32(f"{self.seed}/{request_id}".encode()))
-            out = await self.engine.generate(p.prompt_ids, spec, request_id)
+            out = await self.engine.generate(prompt_ids, spec, request_id)
         finally:
+            self._abortable.discard(request_id)
+            aborted = request_id in self._aborted
+            self._aborted.discard(request_id)
             self._active_requests -= 1
             if self._active_requests == 0:
                 self._idle.set()
-        return Sample(
-            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
-            prompt_ids=p.prompt_ids, response_ids=out.token_ids, logprobs=out.logprobs,
-            versions=[version] * len(out.token_ids), finish_reason=out.finish_reason,
-            actor_id=self.actor_id, metadata=p.metadata, temperature=spec.temperature)
+        return out, version, aborted and out.finish_reason == "abort"
 
     async def evaluate(self, prompts: list[PromptItem], spec: SamplingSpec, n: int) -> list[Sample]:
         """Held-out evaluation: n samples per prompt, returned together instead of streamed to
         the buffer. They share the engine with training requests; every request starts at once
-        if the gate is open, so they all see one version and a push waits for them as for any
-        other request (prompt ids must differ from training ones: they name vLLM's requests)."""
+        if the gate is open, so they all see one version, and a push waits for them in either
+        sync mode (prompt ids must differ from training ones: they name vLLM's requests)."""
         self._raise_failures()
-        return list(await asyncio.gather(*[self._sample(p, i, spec) for p in prompts for i in range(n)]))
+        return list(await asyncio.gather(*[self._sample(p, i, spec, abortable=False)
+                                           for p in prompts for i in range(n)]))
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -136,7 +186,7 @@ class RolloutActor:
         await self.engine.init_weight_sync(host, port, rank, world_size, timeout_s)
 
     async def update_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
-        """Drain update: stop starting requests, let in-flight ones finish, load, reopen.
+        """Close the gate, get the engine idle (drain or abort, per sync_mode), load, reopen.
 
         The same version may come again: after a group rebuild every member takes part in the
         push that brings a new actor up to date. A failed load leaves the gate closed (the model
@@ -146,13 +196,29 @@ class RolloutActor:
             raise ValueError(f"actor {self.actor_id}: push of version {version} after {self.version}")
         t0 = time.monotonic()
         self._gate.clear()
+        aborted = await self._abort_running() if self.sync_mode == "inflight" else 0
         await self._idle.wait()
         t1 = time.monotonic()
         stats = await self.engine.load_weights(metadata, version)
         self.version = version
         self.stats["updates"] += 1
         self._gate.set()
-        return {**stats, "sync/drain_s": t1 - t0, "sync/actor_update_s": time.monotonic() - t0}
+        return {**stats, "sync/pause_s": t1 - t0, "sync/aborted_requests": aborted,
+                "sync/actor_update_s": time.monotonic() - t0}
+
+    async def _abort_running(self) -> int:
+        """Abort every running training request until none is left; returns how many. A request
+        that had not reached the engine when aborted is aborted again on the next round (an
+        abort is idempotent); evaluation requests are left to finish."""
+        aborted: set[str] = set()
+        while self._abortable:
+            ids = list(self._abortable)
+            self._aborted.update(ids)
+            aborted.update(ids)
+            await self.engine.abort(ids)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), ABORT_RETRY_S)
+        return len(aborted)
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         return await self.engine.prompt_logprobs(token_ids)

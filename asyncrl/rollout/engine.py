@@ -33,6 +33,11 @@ class InferenceEngine(Protocol):
 
     async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion: ...
 
+    async def abort(self, request_ids: list[str]) -> None:
+        """End these requests now: each one's `generate` returns what it has generated so far
+        with finish_reason "abort". Unknown or finished ids are ignored."""
+        ...
+
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """log p(token_i | tokens_<i) for i >= 1 under the engine's current weights (T = 1)."""
         ...

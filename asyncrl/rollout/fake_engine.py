@@ -1,8 +1,9 @@
 """A deterministic stand-in engine for tests of scheduling, streaming and staleness logic.
 
-It "generates" seeded pseudo-random tokens with uniform logprobs after a short async sleep, so
-requests overlap and finish out of order like a real engine's. Weight loads just record the
-version; no process group is joined.
+It "generates" seeded pseudo-random tokens after a short async sleep, so requests overlap and
+finish out of order like a real engine's. Each token's logprob is uniform, shifted by 0.001 nats
+per loaded weight version (`logprob_at`), so tests can tell which weights sampled a token. Weight
+loads just record the version; no process group is joined.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ class FakeEngine:
         self.eos_id = eos_id
         self.delay_s = delay_s
         self.loaded_versions: list[int] = []
+        self._running: set[str] = set()
+        self._aborted: set[str] = set()
+
+    def logprob_at(self, version: int) -> float:
+        return -math.log(self.vocab_size) - 0.001 * version
 
     async def start(self) -> None:
         pass
@@ -28,13 +34,25 @@ class FakeEngine:
     async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion:
         rng = random.Random(f"{spec.seed}/{request_id}")
         tokens: list[int] = []
-        while len(tokens) < spec.max_tokens:
-            await asyncio.sleep(self.delay_s * rng.random())
-            tokens.append(rng.randrange(self.vocab_size))
-            if tokens[-1] == self.eos_id:
-                break
+        logprobs: list[float] = []
+        self._running.add(request_id)
+        try:
+            while len(tokens) < spec.max_tokens:
+                await asyncio.sleep(self.delay_s * rng.random())
+                if request_id in self._aborted:
+                    return Completion(tokens, logprobs, "abort")
+                tokens.append(rng.randrange(self.vocab_size))
+                logprobs.append(self.logprob_at(self.loaded_versions[-1] if self.loaded_versions else 0))
+                if tokens[-1] == self.eos_id:
+                    break
+        finally:
+            self._running.discard(request_id)
+            self._aborted.discard(request_id)
         reason = "stop" if tokens[-1] == self.eos_id else "length"
-        return Completion(tokens, [-math.log(self.vocab_size)] * len(tokens), reason)
+        return Completion(tokens, logprobs, reason)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        self._aborted.update(set(request_ids) & self._running)
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         return [-math.log(self.vocab_size)] * (len(token_ids) - 1)
@@ -44,6 +62,8 @@ class FakeEngine:
         pass
 
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
+        if self._running:  # a real engine would serve them with a mix of two versions
+            raise RuntimeError(f"weights loaded while {len(self._running)} requests run")
         self.loaded_versions.append(version)
         return {"sync/load_s": 0.0}
 

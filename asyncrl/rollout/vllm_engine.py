@@ -66,6 +66,9 @@ class VLLMEngine:
         reason = seq.finish_reason if seq.finish_reason in ("stop", "length") else "abort"
         return Completion(token_ids, logprobs, reason)
 
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.llm.abort(request_ids)  # each generate() gets a final output, reason "abort"
+
     @functools.lru_cache(maxsize=64)
     def _params(self, temperature: float, top_p: float, max_tokens: int):
         """One validated SamplingParams per setting; each request takes a copy with its seed

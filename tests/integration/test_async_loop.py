@@ -55,6 +55,15 @@ def test_both_actors_generated(finished_run):
     assert all(s["samples"] > 0 for s in after["actor_stats"])
 
 
+def test_inflight_pushes_abort_and_resume_requests(finished_run):
+    # the default sync mode: actors generate through every step, so pushes find requests running
+    orch, _, after = finished_run
+    aborted = sum(h["sync/aborted_requests"] for h in orch.history)
+    assert aborted > 0 and sum(s["resumed"] for s in after["actor_stats"]) > 0
+    # a resumed response's tokens carry two versions; the trained ones still respect the bound
+    assert max(h["staleness/max"] for h in orch.history) <= 1
+
+
 def test_every_batch_holds_exactly_the_budget(finished_run):
     orch, _, _ = finished_run
     assert [h["learner/loss_tokens"] for h in orch.history] == [BUDGET] * STEPS

@@ -10,9 +10,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def make_actor(emitted, delay_s=0.002):
-    return RolloutActor(0, lambda: FakeEngine(vocab_size=16, delay_s=delay_s), SamplingSpec(1.0, 1.0, 8),
-                        group_size=4, emit=emitted.append, seed=1)
+def make_actor(emitted, delay_s=0.002, sync_mode="drain", vocab_size=16):
+    return RolloutActor(0, lambda: FakeEngine(vocab_size=vocab_size, delay_s=delay_s), SamplingSpec(1.0, 1.0, 8),
+                        group_size=4, emit=emitted.append, seed=1, sync_mode=sync_mode)
 
 
 def test_every_sample_of_every_prompt_is_emitted_once_with_consistent_fields():
@@ -56,7 +56,7 @@ def test_drain_update_waits_for_in_flight_requests_and_tags_later_tokens():
     assert all(s.versions == [0] * len(s.versions) for s in out if s.group_id == "early")
     assert all(s.versions == [1] * len(s.versions) for s in out if s.group_id == "late")
     assert actor.engine.loaded_versions == [1] and actor.version == 1
-    assert stats["sync/drain_s"] >= 0
+    assert stats["sync/pause_s"] >= 0 and stats["sync/aborted_requests"] == 0
 
 
 def test_a_push_may_repeat_the_version_but_never_go_back():
@@ -101,3 +101,76 @@ def test_a_failed_load_keeps_new_requests_waiting_until_a_push_succeeds():
 
     held, versions = run(main())
     assert held == 0 and versions == {1}
+
+
+def test_inflight_update_aborts_and_resumes_with_each_token_tagged_by_the_weights_that_sampled_it():
+    # vocab 1000 with eos 0: responses run to max_tokens (8), about 40 ms each at 10 ms a token
+    async def main():
+        out = []
+        actor = make_actor(out, delay_s=0.01, sync_mode="inflight", vocab_size=1000)
+        await actor.start()
+        await actor.submit([PromptItem("early", [1, 2], {})])
+        await asyncio.sleep(0.015)  # every request has some tokens and not all of them
+        stats = await actor.update_weights({}, version=1)  # the fake engine refuses a load while requests run
+        n_at_update = len(out)
+        while len(out) < 4:
+            await asyncio.sleep(0.01)
+        return out, n_at_update, actor, stats
+
+    out, n_at_update, actor, stats = run(main())
+    engine = actor.engine
+    assert n_at_update == 0 and stats["sync/aborted_requests"] == 4
+    assert stats["sync/pause_s"] < 0.03  # not the ~40 ms a drain would wait
+    for s in out:
+        s.validate()
+        assert len(s.response_ids) == 8 and s.finish_reason == "length"
+        k = s.versions.index(1)  # versions step from 0 to 1 once, inside the response
+        assert 0 < k < 8 and s.versions == [0] * k + [1] * (8 - k)
+        assert s.logprobs == [engine.logprob_at(v) for v in s.versions]
+    assert actor.stats["resumed"] == 4
+
+
+def test_inflight_resume_continues_from_the_prefix_and_keeps_the_prompt():
+    prompts = []
+
+    async def main():
+        out = []
+        actor = make_actor(out, delay_s=0.01, sync_mode="inflight", vocab_size=1000)
+        await actor.start()
+        real = actor.engine.generate
+
+        async def recording(prompt_ids, spec, request_id):
+            prompts.append((request_id, list(prompt_ids), spec.max_tokens))
+            return await real(prompt_ids, spec, request_id)
+
+        actor.engine.generate = recording
+        await actor.submit([PromptItem("p", [7, 8], {})])
+        await asyncio.sleep(0.015)
+        await actor.update_weights({}, version=1)
+        while len(out) < 4:
+            await asyncio.sleep(0.01)
+        return out
+
+    out = run(main())
+    first = {rid: (ids, n) for rid, ids, n in prompts if "-r" not in rid}
+    resumed = {rid: (ids, n) for rid, ids, n in prompts if rid.endswith("-r1")}
+    assert len(first) == 4 and len(resumed) == 4 and all(n == 8 for _, n in first.values())
+    for s in out:
+        rid = f"p-{s.sample_index}-a0"
+        k = s.versions.count(0)
+        ids, n = resumed[rid + "-r1"]
+        assert s.prompt_ids == [7, 8] and ids == [7, 8] + s.response_ids[:k] and n == 8 - k
+
+
+def test_inflight_update_lets_evaluation_requests_finish_on_one_version():
+    async def main():
+        actor = make_actor([], delay_s=0.01, sync_mode="inflight", vocab_size=1000)
+        await actor.start()
+        evaluation = asyncio.create_task(actor.evaluate([PromptItem("eval-0", [1], {})], SamplingSpec(1.0, 1.0, 8), n=2))
+        await asyncio.sleep(0.015)
+        stats = await actor.update_weights({}, version=1)
+        return await evaluation, stats
+
+    samples, stats = run(main())
+    assert stats["sync/aborted_requests"] == 0
+    assert all(s.versions == [0] * 8 for s in samples)

