@@ -373,6 +373,9 @@ class ObserveConfig(_Section):
     """Write TensorBoard event files beside the JSONL."""
     wandb_project: str | None = None
     """Log to this W&B project too (needs wandb: `pip install -e ".[wandb]"`)."""
+    engine_log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    """vLLM's log level in the rollout actors (VLLM_LOGGING_LEVEL): "info" brings back its
+    start-up and per-push lines (prefix-cache resets); they go where worker_logs says."""
     worker_logs: Literal["file", "console"] = "file"
     """file: what Ray, the learner and the vLLM engines print goes to <run dir>/logs/ and the
     console shows asyncrl's own lines; console: it is also forwarded to the console."""

@@ -91,6 +91,7 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
     IPC sockets in the run's own directory, removed at shutdown, so a killed engine leaves none in /tmp."""
     spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib), **child_env(),
+           "VLLM_LOGGING_LEVEL": cfg.observe.engine_log_level.upper(),
            **log_env(cfg.run_dir, f"actor-{actor_id}", cfg.observe.worker_logs)}
     if rpc_dir:
         env["VLLM_RPC_BASE_PATH"] = rpc_dir

@@ -24,6 +24,7 @@ CPU-specific gaps are closed in `finish_weight_update`:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
+        tied = bool(getattr(self.model_config.hf_config, "tie_word_embeddings", False))
+        logging.getLogger(RELOAD_LOGGER).addFilter(BenignReloadWarnings(tied))
         self.group = None
         self.store = None
         self.where = "gloo weight-sync group (not joined)"
@@ -165,6 +168,24 @@ def refresh_cpu_gemm(model: torch.nn.Module) -> int:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
             count += 1
     return count
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class BenignReloadWarnings(logging.Filter):
+    """Drops the two "<Layer>: Failed to load weights" warnings every reload prints that are
+    expected: a RotaryEmbedding has no checkpoint weights, and a tied LM head's weight arrives
+    as embed_tokens (and is re-packed by `refresh_cpu_gemm`). Any other layer that fails to load
+    is still reported."""
+
+    def __init__(self, tied_head: bool):
+        super().__init__()
+        self.expected = {"RotaryEmbedding"} | ({"ParallelLMHead"} if tied_head else set())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args
+                    and record.args[0] in self.expected)
 
 
 def register() -> None:
