@@ -12,7 +12,6 @@ needs; the learner divides its logits by the same temperature.
 from __future__ import annotations
 
 import copy
-import functools
 import os
 from typing import Any
 
@@ -34,6 +33,7 @@ class VLLMEngine:
         self.bucket_bytes = bucket_bytes
         self.seed = seed
         self.llm = None
+        self._templates: dict[tuple, Any] = {}
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
@@ -69,18 +69,21 @@ class VLLMEngine:
     async def abort(self, request_ids: list[str]) -> None:
         await self.llm.abort(request_ids)  # each generate() gets a final output, reason "abort"
 
-    @functools.lru_cache(maxsize=64)
     def _params(self, temperature: float, top_p: float, max_tokens: int):
         """One validated SamplingParams per setting; each request takes a copy with its seed
         (building and validating one per request cost ~10% of the actor's process time). The
-        template itself never reaches vLLM, so no cached property (sampling_type) is set on it."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        template itself never reaches vLLM, so no cached property (sampling_type) is set on it.
+        Resumed requests ask for fewer tokens: at most max_tokens templates per setting."""
+        key = (temperature, top_p, max_tokens)
+        if key not in self._templates:
+            from vllm import SamplingParams
+            from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(
-            n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-            detokenize=False)  # rewards decode on their own workers; text here cost ~20% of tokens/s
+            self._templates[key] = SamplingParams(
+                n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                detokenize=False)  # rewards decode on their own workers; text here cost ~20% of tokens/s
+        return self._templates[key]
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         from vllm import SamplingParams
