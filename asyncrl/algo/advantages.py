@@ -5,9 +5,11 @@ population std over the group. Dr. GRPO drops the std. RLOO uses the mean of the
 as the baseline: A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean(r)). Every token of a
 response shares its response's advantage.
 
-A group whose rewards are all equal has no learning signal under any of these estimators;
-DAPO's dynamic sampling and Skywork-OR1 section 3.1 (rejection sampling) drop such groups rather
-than train on zeros (`is_zero_variance`, `groups_with_signal`).
+A group whose advantages are all zero has no learning signal; DAPO's dynamic sampling and
+Skywork-OR1 section 3.1 (rejection sampling) drop such groups rather than train on zeros.
+Skywork-OR1 keeps a group when "exists j: A_ij != 0", i.e. after the truncation mask
+(`has_signal` on the masked advantages): a group whose rewards differ only in masked responses
+has none. Without a mask this is the same as DAPO's "rewards not all equal" (`is_zero_variance`).
 
 Deviations: `eps` is added to the std so an all-equal group gives zeros instead of 0/0; a
 single-sample group gets advantage 0 under RLOO (no other sample to form a baseline). The
@@ -91,6 +93,12 @@ def masked_group_advantages(
 def is_zero_variance(rewards: list[float], tol: float = 1e-12) -> bool:
     """True when every reward in the group is the same (single-sample groups included)."""
     return max(rewards) - min(rewards) <= tol
+
+
+def has_signal(advantages: list[float], tol: float = 1e-12) -> bool:
+    """Skywork-OR1 section 3.1's rejection criterion: some advantage is non-zero (|A| > tol).
+    Pass the advantages after the truncation mask."""
+    return any(abs(a) > tol for a in advantages)
 
 
 def groups_with_signal(groups: list[list[float]], tol: float = 1e-12) -> list[int]:

@@ -233,7 +233,8 @@ class AlgoConfig(_Section):
     advantage_eps: float = Field(1e-6, gt=0)
     """eps in the GRPO denominator."""
     drop_zero_variance_groups: bool = True
-    """Drop groups whose rewards are all equal (no signal), counted in metrics."""
+    """Drop groups with no non-zero advantage after the truncation mask (Skywork-OR1 section 3.1;
+    without a mask: rewards all equal, DAPO's dynamic sampling), counted in metrics."""
     eps_low: float = Field(0.2, ge=0, lt=1)
     """Lower clip bound: ratio clipped at 1 - eps_low."""
     eps_high: float = Field(0.28, ge=0)
