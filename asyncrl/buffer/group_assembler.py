@@ -29,11 +29,12 @@ class AssemblerStats:
 
 class GroupAssembler:
     def __init__(self, group_size: int, advantage: str = "grpo", eps: float = 1e-6,
-                 drop_zero_variance: bool = True, truncation_mask: str = "none"):
+                 drop_zero_variance: bool = True, truncation_mask: str = "none", std: str = "population"):
         self.group_size = group_size
         self.advantage = advantage
         self.truncation_mask = truncation_mask
         self.eps = eps
+        self.std = std
         self.drop_zero_variance = drop_zero_variance
         self.stats = AssemblerStats()
         self._open: dict[str, dict[int, ScoredSample]] = {}
@@ -74,7 +75,7 @@ class GroupAssembler:
         samples = [members[i] for i in range(n)]
         truncated = [m.sample.finish_reason == "length" for m in samples]
         advantages = masked_group_advantages([m.reward for m in samples], truncated, self.truncation_mask,
-                                             self.advantage, self.eps)
+                                             self.advantage, self.eps, self.std)
         if self.drop_zero_variance and not has_signal(advantages):
             self.stats.groups_zero_variance += 1
             self.stats.samples_zero_variance += len(samples)

@@ -222,6 +222,9 @@ class KLConfig(_Section):
 class AlgoConfig(_Section):
     advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
     """grpo: (r - mean) / (std + eps); drgrpo: r - mean; rloo: r - mean of the others."""
+    advantage_std: Literal["population", "sample"] = "population"
+    """grpo's std over the group: population (divides by n) or sample (by n - 1, torch.std's
+    default, as verl's and TRL's GRPO compute it). The papers' formulas do not say which."""
     truncation_mask: Literal["none", "before", "after"] = "none"
     """Advantage mask for responses cut at max_tokens (Skywork-OR1 section 3.2.3)."""
     no_eos_penalty: float = Field(0.0, ge=0)
