@@ -41,7 +41,7 @@ from asyncrl.learner.backend import init_process_group, make_backend
 from asyncrl.learner.collate import collate, empty_chunk
 from asyncrl.learner.hf_files import meta_params, save_hf_model
 from asyncrl.learner.model_forward import is_moe, policy_forward
-from asyncrl.learner.policy_step import forward_backward
+from asyncrl.learner.policy_step import MoeStep, forward_backward, fractions, measure_pass, routed_positions
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.sync.gloo_sender import free_port
@@ -78,6 +78,7 @@ class LearnerRank:
         self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
         self.generation_config = getattr(model, "generation_config", None)
         self.moe_top_k = int(getattr(model.config, "num_experts_per_tok", 0)) if is_moe(model) else 0
+        self.num_experts = int(getattr(model.config, "num_experts", 0) or getattr(model.config, "num_local_experts", 0))
         self.reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device)
                           if algo.kl.needs_reference else None)  # copied before any sharding
         self.backend = make_backend(learner.backend, model, learner, world_size)
@@ -96,7 +97,7 @@ class LearnerRank:
         return self.batches.endpoint
 
     def _forward(self, mb):
-        return policy_forward(self.model, mb, self.cfg.entropy_chunk_tokens, self.device)
+        return policy_forward(self.model, mb, self.cfg.entropy_chunk_tokens, self.device, moe=bool(self.moe_top_k))
 
     def _micro_batches(self, chunks) -> tuple[list, int]:
         """This rank's micro-batches, and how many zero-loss ones it must add to match the
@@ -115,24 +116,33 @@ class LearnerRank:
             if grad:
                 self.backend.backward(out.logprobs.sum() * 0.0)
 
-    @torch.no_grad()
-    def _measure_entropy(self, mbs, pad: int, num_tokens: int) -> float:
-        """e_k: mean entropy of the current policy over the step's loss tokens (before the update),
-        over all ranks."""
-        total = sum(float(self._forward(mb).entropy.double().sum()) for mb in mbs)
-        self._padding(pad, grad=False)
-        if self.distributed:
-            total = collectives.sum_over_ranks(total)
-        return total / max(num_tokens, 1)
+    def _measure(self, mbs, pad: int, num_tokens: int) -> tuple[float | None, MoeStep | None]:
+        """The no-grad pass over the step before its update, when something needs it, over all
+        ranks: e_k, the current policy's mean entropy over the step's loss tokens (exact entropy
+        control), and the MoE step's routed positions and expert fractions f (when the
+        load-balance loss trains). One forward serves both."""
+        exact = self.entropy_ctl is not None and self.algo.entropy_control.measure == "exact"
+        routing = bool(self.moe_top_k) and self.algo.moe_aux_loss_coef > 0
+        entropy, counts = None, None
+        if exact or routing:
+            entropy, counts = measure_pass(self._forward, mbs, self.moe_top_k if routing else 0, self.num_experts)
+            self._padding(pad, grad=False)
+            if self.distributed:
+                entropy = collectives.sum_over_ranks(entropy)
+                counts = collectives.sum_tensor_over_ranks(counts) if counts is not None else None
+        moe = None
+        if self.moe_top_k:
+            positions = routed_positions(mbs)
+            positions = int(collectives.sum_over_ranks(positions)) if self.distributed else positions
+            moe = MoeStep(self.moe_top_k, self.num_experts, positions, None if counts is None else fractions(counts))
+        return (entropy / max(num_tokens, 1) if exact else None), moe
 
-    def _entropy_coef(self, mbs, pad: int, num_tokens: int) -> tuple[float, dict[str, float]]:
+    def _entropy_coef(self, measured: float | None) -> tuple[float, dict[str, float]]:
         """alpha_k: fixed, or from the controller fed e_k (exact) or e_{k-1} (lagged)."""
         ctl = self.entropy_ctl
         if ctl is None:
             return self.algo.entropy_coef, {}
-        if self.algo.entropy_control.measure == "exact":
-            measured = self._measure_entropy(mbs, pad, num_tokens)
-        else:
+        if self.algo.entropy_control.measure == "lagged":
             measured = self._last_entropy
         if measured is None:  # lagged mode's first step: no e_0 yet, and c_0 = 0 anyway
             return 0.0, {**ctl.metrics(), "entropy_control/target": ctl.target}
@@ -182,10 +192,11 @@ class LearnerRank:
         t1 = time.monotonic()
         mbs, pad = self._micro_batches(batch.chunks)
         counts = StepCounts(batch.num_loss_tokens_global, batch.num_sequences_global, batch.token_budget)
-        alpha, ctl_metrics = self._entropy_coef(mbs, pad, counts.num_tokens)
+        measured, moe = self._measure(mbs, pad, counts.num_tokens)
+        alpha, ctl_metrics = self._entropy_coef(measured)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
                                    ref_logprobs=self.reference.logprobs if self.reference else None,
-                                   moe_top_k=self.moe_top_k, backward=self.backend.backward,
+                                   moe=moe, backward=self.backend.backward,
                                    reduce=collectives.all_reduce_tally if self.distributed else None)
         self._padding(pad, grad=True)
         self._last_entropy = metrics["entropy/learner"]

@@ -90,6 +90,40 @@ def test_moe_aux_losses_are_added_with_their_coefficients():
     assert 1.0 < lb < 4.0  # between perfectly balanced (k = 2) and everything on k experts (E = 4)
 
 
+def test_moe_aux_losses_do_not_depend_on_micro_batching():
+    """The load-balance loss E * sum f_e P_e and the z-loss are means over every routed token of
+    the step: cutting the step into micro-batches changes neither their values nor their
+    gradients (f, which has no gradient, is the whole step's). Both equal the whole batch's
+    values computed directly from its router logits, as Hugging Face defines them."""
+    model = qwen2_moe()
+    chunks = make_chunks(n=8)
+    counts = StepCounts.from_sequence_lengths([c.num_loss_tokens for c in chunks], token_budget=64)
+    algo = AlgoConfig(moe_aux_loss_coef=0.5, moe_z_loss_coef=0.05)  # large, so their gradients show
+    dev = torch.device("cpu")
+
+    def run(mbs):
+        model.zero_grad()
+        m = forward_backward(lambda b: policy_forward(model, b, 8, dev), [collate(c) for c in mbs], algo, counts,
+                             moe_top_k=2)
+        return m, [p.grad.clone() for p in model.parameters()]
+
+    whole, g_whole = run([chunks])
+    with torch.no_grad():
+        mb = collate(chunks)
+        out = policy_forward(model, mb, 8, dev)
+        lb = float(load_balance_loss(out.router_logits, 2, mb.attention_mask))
+        z = float(router_z_loss(out.router_logits, mb.attention_mask))
+    assert whole["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-6)
+    assert whole["loss/moe_z"] == pytest.approx(z, rel=1e-6)
+    for parts in ([chunks[:4], chunks[4:]], [chunks[:1], chunks[1:5], chunks[5:]]):
+        split, g_split = run(parts)
+        assert split["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-6), len(parts)
+        assert split["loss/moe_z"] == pytest.approx(z, rel=1e-6), len(parts)
+        assert split["loss/total"] == pytest.approx(whole["loss/total"], rel=1e-6)
+        for a, b in zip(g_split, g_whole):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 @pytest.fixture
 def model_dir(tmp_path):
     from asyncrl.tiny.tokenizer import save_tokenizer

@@ -46,6 +46,20 @@ def build_model(path, tie):
     return str(path)
 
 
+def build_moe_model(path):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from asyncrl.tiny.tokenizer import save_tokenizer
+
+    vocab = len(save_tokenizer(path))
+    torch.manual_seed(0)
+    Qwen2MoeForCausalLM(Qwen2MoeConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)).save_pretrained(path)
+    return str(path)
+
+
 def step_chunks(step):
     """Responses of different lengths; some start mid-response (the rest of a split response)."""
     rng = random.Random(step)
@@ -102,10 +116,29 @@ def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ck
     return {"grads": grads, "metrics": metrics, "params": params, "start": start}
 
 
+MOE_ALGO = AlgoConfig(aggregation="token_mean", moe_aux_loss_coef=0.5, moe_z_loss_coef=0.05)
+
+
+def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24):
+    """A MoE model's gradient of step 1 (load-balance and z-losses large enough to show), and
+    one optimizer step's metrics."""
+    cfg = learner_cfg(backend, stage, world, micro_batch_tokens=micro_batch_tokens)
+    learner = LearnerRank(model, cfg, MOE_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    sender = FrameSender(learner.batch_endpoint())
+    feed(learner, sender, 1, rank, world)
+    grads = learner.gradients(1)
+    feed(learner, sender, 1, rank, world)
+    metrics = learner.train_step(1).metrics
+    sender.close()
+    learner.shutdown()
+    return {"grads": grads, "metrics": metrics}
+
+
 def _child(rank, world, port, args, out):
     os.environ["DS_ACCELERATOR"] = "cpu"
+    target, args = (run_moe_rank, args[1:]) if args[0] == "moe" else (run_rank, args)
     try:
-        result = run_rank(rank, world, port, *args)
+        result = target(rank, world, port, *args)
         if rank == 0:  # a file, not the queue: a queued tensor's shared memory dies with its process
             torch.save(result, out)
     except BaseException:
@@ -193,3 +226,18 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, tied_model, backend,
     # order on 2 ranks) into updates of a few 1e-6; a lost moment or step count changes whole
     # updates (of order lr = 1e-3)
     assert_close(resumed["params"], whole["params"], f"{backend} checkpoint resumed on 1 rank", tol=1e-5)
+
+
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
+def test_moe_aux_losses_on_two_ranks_equal_the_single_rank_ones(tmp_path_factory, tmp_path, backend, stage):
+    """The load-balance loss uses the step's expert fractions f over both ranks, and both MoE
+    losses divide by the step's routed tokens, so 2 ranks with micro-batches give the single
+    rank's gradient and loss values (per-micro-batch losses do not: e.g. 1.108 vs 1.059)."""
+    model = build_moe_model(tmp_path_factory.mktemp("moe"))
+    one = run_moe_rank(0, 1, None, model, "torch", 2, micro_batch_tokens=4096)
+    two = run_ranks(tmp_path, 2, "moe", model, backend, stage)
+    assert_close(two["grads"], one["grads"], f"MoE {backend}-{stage} gradient")
+    for key in ("loss/moe_load_balance", "loss/moe_z", "loss/total"):
+        assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-6), key
+    assert one["metrics"]["loss/moe_load_balance"] > 1.0  # k = 2 is perfect balance; a real value
+
