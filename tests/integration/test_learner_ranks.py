@@ -134,9 +134,32 @@ def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24
     return {"grads": grads, "metrics": metrics}
 
 
+ENTROPY_ALGO = AlgoConfig(aggregation="token_mean", entropy_control={"enabled": True, "target": 10.0, "delta": 0.05})
+
+
+def run_entropy_rank(rank, world, port, model, backend, stage):
+    """Rank 0 gets one short response, rank 1 the other six: very unequal token counts. Two
+    optimizer steps of adaptive entropy control (exact e_k)."""
+    cfg = learner_cfg(backend, stage, world, micro_batch_tokens=4096)
+    learner = LearnerRank(model, cfg, ENTROPY_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    sender = FrameSender(learner.batch_endpoint())
+    rows = []
+    for step in (1, 2):
+        chunks = step_chunks(step)
+        parts = [chunks[:1], chunks[1:]] if world == 2 else [chunks]
+        sender.send(encode_batch(Batch(step=step, rank=rank, chunks=parts[rank],
+                                       num_loss_tokens_global=sum(c.num_loss_tokens for c in chunks),
+                                       num_sequences_global=len(chunks), token_budget=BUDGET)))
+        rows.append(learner.train_step(step).metrics)
+    sender.close()
+    learner.shutdown()
+    return {"metrics": rows}
+
+
 def _child(rank, world, port, args, out):
     os.environ["DS_ACCELERATOR"] = "cpu"
-    target, args = (run_moe_rank, args[1:]) if args[0] == "moe" else (run_rank, args)
+    targets = {"moe": run_moe_rank, "entropy": run_entropy_rank}
+    target, args = (targets[args[0]], args[1:]) if args[0] in targets else (run_rank, args)
     try:
         result = target(rank, world, port, *args)
         if rank == 0:  # a file, not the queue: a queued tensor's shared memory dies with its process
@@ -241,3 +264,31 @@ def test_moe_aux_losses_on_two_ranks_equal_the_single_rank_ones(tmp_path_factory
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-6), key
     assert one["metrics"]["loss/moe_load_balance"] > 1.0  # k = 2 is perfect balance; a real value
 
+
+def test_entropy_control_uses_the_global_entropy_of_unequal_ranks(tmp_path, tied_model):
+    """e_k is the step's entropy summed over both ranks / all its loss tokens, not a mean of the
+    ranks' means: with 1 response on rank 0 and 6 on rank 1 the two differ, and e_k (and alpha,
+    the coefficient it drives) equal one rank that saw everything."""
+    one = run_entropy_rank(0, 1, None, tied_model, "torch", 2)
+    two = run_ranks(tmp_path, 2, "entropy", tied_model, "torch", 2)
+    for m2, m1 in zip(two["metrics"], one["metrics"], strict=True):
+        assert m2["learner/loss_tokens_rank0"] < m2["learner/loss_tokens_rank1"] / 5
+        assert m2["entropy_control/measured"] == pytest.approx(m1["entropy_control/measured"], rel=1e-6, abs=0)
+        assert m2["entropy/learner"] == pytest.approx(m1["entropy/learner"], rel=1e-6, abs=0)
+        assert m2["entropy/coef"] == m1["entropy/coef"] and m2["entropy_control/c"] == m1["entropy_control/c"]
+    # the test can tell: at step 1 (the initial policy) the ranks' own mean entropies, averaged,
+    # are not the global mean that both runs measured
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.learner.collate import collate
+    from asyncrl.learner.model_forward import policy_forward
+
+    model = AutoModelForCausalLM.from_pretrained(tied_model)
+    chunks = step_chunks(1)
+    with torch.no_grad():
+        parts = [policy_forward(model, collate(p), 1024, torch.device("cpu")).entropy.double()
+                 for p in (chunks[:1], chunks[1:])]
+    global_mean = float(torch.cat(parts).mean())
+    assert one["metrics"][0]["entropy_control/measured"] == pytest.approx(global_mean, rel=1e-6)
+    # (a near-uniform random policy: 3.5e-4 apart, 70 times the 1e-6 relative tolerance above)
+    assert abs(sum(float(p.mean()) for p in parts) / 2 - global_mean) > 1e-4
