@@ -245,8 +245,9 @@ class AlgoConfig(_Section):
     dual_clip: float | None = Field(None, gt=1)
     """Dual clip: for A < 0 cap the token loss at -c * A (None: off)."""
     decoupled: bool = False
-    """Decoupled PPO (AReaL): ratio against the learner's policy at the start of the step (pi_prox),
-    each token weighted by the importance weight pi_prox / pi_b truncated at is_weight_cap."""
+    """Decoupled PPO (AReaL): ratio against pi_prox, the learner's policy at the start of the
+    step's rollout batch (fixed over its N_SGD steps; a step that is its own batch: the start of
+    the step, ratio 1), each token weighted by pi_prox / pi_b truncated at is_weight_cap."""
     is_weight_cap: float | None = Field(None, gt=0)
     """C, the truncation of the decoupled importance weight (None: untruncated); needs decoupled."""
     entropy_coef: float = Field(0.0, ge=0)

@@ -9,10 +9,12 @@ adds its sums divided by the step's routed count, the load balance with the step
 fractions f (`MoeStep`, from a no-grad routing pass when its coefficient is > 0), so they too
 equal the whole batch's, values and gradients, on any split into micro-batches and ranks.
 
-Decoupled PPO: pi_prox is the learner's policy at the start of the step. The step makes one
-optimizer update after all its micro-batches, so while they run pi_theta still *is* pi_prox and
-its logprobs equal this forward's values: they are taken as `logp.detach()`, exactly what a
-separate no-grad pass would recompute, without the extra forward.
+Decoupled PPO: pi_prox is the learner's policy at the start of the step's rollout batch,
+fixed across that batch's N_SGD steps (learner/proximal.py): `proximal(mb)` gives its logprobs.
+Without it the step is its own batch: pi_prox is the policy at the start of the step, and since
+the step makes its one optimizer update after all its micro-batches, pi_theta still *is*
+pi_prox while they run, so this forward's logprobs, detached, are exactly what a separate
+no-grad pass would recompute (ratio 1 in value).
 
 Returns the step's metrics, pooled over all its loss tokens.
 """
@@ -106,13 +108,15 @@ def forward_backward(
     *,
     entropy_coef: float = 0.0,
     ref_logprobs: Callable[[MicroBatch], torch.Tensor] | None = None,
+    proximal: Callable[[MicroBatch], torch.Tensor] | None = None,
     moe_top_k: int = 0,
     moe: MoeStep | None = None,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     reduce: Callable[[Tally, dict[str, float]], None] | None = None,
 ) -> dict[str, float]:
     """Accumulate the step's gradients; `forward(mb)` gives the loss tokens' logprobs/entropies,
-    `ref_logprobs(mb)` the reference policy's logprobs of the same tokens (no grad). `backward`
+    `ref_logprobs(mb)` the reference policy's logprobs of the same tokens (no grad), `proximal(mb)`
+    decoupled PPO's pi_prox of them (None: the step is its own rollout batch). `backward`
     is the training backend's; `reduce(tally, scalars)` combines the ranks' sums in place, so
     the metrics describe the whole step. A MoE model needs `moe` (the step over all ranks) or
     `moe_top_k` (then this process's micro-batches are the whole step)."""
@@ -130,9 +134,11 @@ def forward_backward(
         logp, entropy = out.logprobs, out.entropy
         dev = logp.device
         old, adv = mb.old_logprobs.to(dev), mb.advantages.to(dev)
-        pg, diag = clipped_policy_loss(
-            logp, old, adv, algo.eps_low, algo.eps_high, dual_clip=algo.dual_clip,
-            proximal_logprobs=logp.detach() if algo.decoupled else None, is_weight_cap=algo.is_weight_cap)
+        prox = None
+        if algo.decoupled:
+            prox = proximal(mb).to(device=dev, dtype=logp.dtype) if proximal is not None else logp.detach()
+        pg, diag = clipped_policy_loss(logp, old, adv, algo.eps_low, algo.eps_high, dual_clip=algo.dual_clip,
+                                       proximal_logprobs=prox, is_weight_cap=algo.is_weight_cap)
         weights = token_weights(algo.aggregation, mb.seq_loss_tokens.to(dev), counts, dtype=pg.dtype)
         pg_share = weighted_sum(pg, weights)
         loss = pg_share - entropy_coef * weighted_sum(entropy, weights)

@@ -14,9 +14,11 @@ backends gather parameters inside every forward and reduce gradients inside ever
 so every rank runs as many micro-batches as the busiest one (padding with zero-loss ones).
 
 The rank owns the algorithm's state: the adaptive entropy controller (fed e_k all-reduced over
-ranks), the reference policy and its resets. `save_checkpoint` / `load_checkpoint` write and
-read the whole group's state independent of the number of ranks: policy (Hugging Face
-format), full optimizer state, reference policy, algorithm state, version and torch RNG, so a
+ranks), the reference policy and its resets, and decoupled PPO's pi_prox of the open rollout
+batch (learner/proximal.py), computed when a step opens a batch (`Batch.role`).
+`save_checkpoint` / `load_checkpoint` write and read the whole group's state independent of
+the number of ranks: policy (Hugging Face format), full optimizer state, reference policy,
+algorithm state (pi_prox included: every rank holds all of it), version and torch RNG, so a
 resumed run's next step is bit-identical on CPU and a checkpoint of N ranks resumes on M.
 """
 
@@ -42,6 +44,7 @@ from asyncrl.learner.collate import collate, empty_chunk
 from asyncrl.learner.hf_files import meta_params, save_hf_model
 from asyncrl.learner.model_forward import is_moe, policy_forward
 from asyncrl.learner.policy_step import MoeStep, forward_backward, fractions, measure_pass, routed_positions
+from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.sync.gloo_sender import free_port
@@ -92,6 +95,7 @@ class LearnerRank:
         self.entropy_ctl = (AdaptiveEntropyController(ec.target, ec.delta, ec.coef_max if ec.coef_max is not None
                                                       else float("inf")) if ec.enabled else None)
         self._last_entropy: float | None = None
+        self.proximal = ProximalLogprobs()  # decoupled PPO's pi_prox of the open rollout batch
 
     def batch_endpoint(self) -> str:
         return self.batches.endpoint
@@ -115,6 +119,24 @@ class LearnerRank:
                 out = self._forward(collate([empty_chunk(self.pad_id)], self.pad_id))
             if grad:
                 self.backend.backward(out.logprobs.sum() * 0.0)
+
+    @torch.no_grad()
+    def _open_rollout_batch(self, batch) -> None:
+        """The step opens a rollout batch: a no-grad pass over this rank's share of its responses
+        gives their logprobs under the current policy, pi_prox for the batch's steps; the ranks
+        sum their parts (each fills its own slots of the batch's layout) so all hold all of it."""
+        mbs = [collate(c, self.pad_id) for c in micro_batches(batch.opened, self.cfg.micro_batch_tokens)]
+        pad = collectives.max_over_ranks(len(mbs)) - len(mbs) if self.distributed else 0
+        mine = [self._forward(mb).logprobs.double().cpu() for mb in mbs]
+        self._padding(pad, grad=False)
+        layout = batch.opened_layout
+        values = torch.zeros(sum(s.num_tokens for s in layout), dtype=torch.float64)
+        start = sum(s.num_tokens for s in layout[:batch.opened_offset])
+        if mine:
+            values[start:start + sum(t.numel() for t in mine)] = torch.cat(mine)
+        if self.distributed:
+            values = collectives.sum_tensor_over_ranks(values)
+        self.proximal.open(layout, values.float())
 
     def _measure(self, mbs, pad: int, num_tokens: int) -> tuple[float | None, MoeStep | None]:
         """The no-grad pass over the step before its update, when something needs it, over all
@@ -190,18 +212,22 @@ class LearnerRank:
         if batch.step != step:
             raise RuntimeError(f"learner rank {self.rank}: expected the batch of step {step}, got step {batch.step}")
         t1 = time.monotonic()
+        if batch.role == "open" and self.algo.decoupled:
+            self._open_rollout_batch(batch)
         mbs, pad = self._micro_batches(batch.chunks)
         counts = StepCounts(batch.num_loss_tokens_global, batch.num_sequences_global, batch.token_budget)
         measured, moe = self._measure(mbs, pad, counts.num_tokens)
         alpha, ctl_metrics = self._entropy_coef(measured)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
                                    ref_logprobs=self.reference.logprobs if self.reference else None,
+                                   proximal=self.proximal.lookup if batch.role != "own" else None,
                                    moe=moe, backward=self.backend.backward,
                                    reduce=collectives.all_reduce_tally if self.distributed else None)
         self._padding(pad, grad=True)
         self._last_entropy = metrics["entropy/learner"]
         return {**metrics, **ctl_metrics, **self._rank_metrics(batch.chunks),
-                "entropy/coef": alpha, "timing/learner_wait_batch_s": t1 - t0}
+                "entropy/coef": alpha, "learner/opens_rollout_batch": float(batch.role != "continue"),
+                "timing/learner_wait_batch_s": t1 - t0}
 
     def _rank_metrics(self, chunks) -> dict[str, float]:
         """How the step was split: loss tokens and forward tokens (context included) per rank."""
@@ -293,7 +319,8 @@ class LearnerRank:
         if self.rank == 0:
             torch.save({"version": self.version, "optimizer": optimizer,
                         "reference": self.reference.model.state_dict() if self.reference else None,
-                        "algo": self.algo_state(), "torch_rng": torch.get_rng_state(),
+                        "algo": self.algo_state(), "proximal": self.proximal.state_dict(),
+                        "torch_rng": torch.get_rng_state(),
                         "ranks": self.world_size}, Path(path) / "learner.pt")
         return {"version": self.version, "save_s": time.monotonic() - t0}
 
@@ -307,6 +334,7 @@ class LearnerRank:
                 raise ValueError(f"{path} holds no reference policy, but this run's algo.kl needs one")
             self.reference.model.load_state_dict(state["reference"])
         self.load_algo_state(state["algo"])
+        self.proximal.load_state_dict(state.get("proximal"))  # absent in older checkpoints
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
         return self.version

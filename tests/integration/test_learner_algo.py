@@ -10,6 +10,7 @@ import torch
 from asyncrl.algo.aggregation import StepCounts
 from asyncrl.algo.moe import load_balance_loss, router_z_loss
 from asyncrl.algo.token_stats import token_logprobs_and_entropy
+from asyncrl.buffer.packing import rank_batches
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import policy_forward
@@ -231,3 +232,80 @@ def test_algo_state_is_saved_with_the_policy_and_restored(model_dir, tmp_path):
         assert fresh.algo_state() == state
     finally:
         fresh.shutdown()
+
+
+# one rollout batch trained for 3 steps (N_SGD = 3): all of it, then two reuse passes in halves
+def batch_plan(vocab):
+    batch = make_chunks(seed=11, n=8, vocab=vocab)
+    return batch, [("open", batch), ("continue", batch[:4]), ("continue", batch[4:])]
+
+
+def train_plan(learner, batch, plan, first_step=1):
+    sender = FrameSender(learner.batch_endpoint())
+    rows = []
+    try:
+        for step, (role, chunks) in enumerate(plan, start=first_step):
+            sender.send(encode_batch(rank_batches(step, chunks, 1, 64, role, batch)[0]))
+            rows.append(learner.train_step(step).metrics)
+    finally:
+        sender.close()
+    return rows
+
+
+@torch.no_grad()
+def batch_logprobs(learner, chunks):
+    return policy_forward(learner.model, collate(chunks), 1024, torch.device("cpu")).logprobs.double()
+
+
+DECOUPLED = AlgoConfig(decoupled=True, is_weight_cap=3.0, aggregation="token_mean", eps_low=0.2, eps_high=0.28)
+
+
+def test_decoupled_steps_of_a_rollout_batch_take_the_ratio_against_its_start_policy(model_dir):
+    """pi_prox is the policy the batch opened with, fixed over its 3 steps: the first step's
+    ratio is 1, the later steps' is pi_theta / pi_start (checked against logprobs recomputed
+    independently before step 1 and before step 2) and the clip engages."""
+    path, vocab = model_dir
+    learner = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    batch, plan = batch_plan(vocab)
+    try:
+        start = batch_logprobs(learner, plan[1][1])
+        rows = train_plan(learner, batch, plan[:1])
+        after_one = batch_logprobs(learner, plan[1][1])
+        rows += train_plan(learner, batch, plan[1:], first_step=2)
+    finally:
+        learner.shutdown()
+    assert rows[0]["ratio/mean"] == pytest.approx(1.0, abs=1e-6) and rows[0]["clip/high_frac"] == 0
+    ratio = torch.exp(after_one - start)
+    adv = collate(plan[1][1]).advantages.double()
+    assert rows[1]["ratio/mean"] == pytest.approx(float(ratio.mean()), rel=1e-5)
+    assert abs(rows[1]["ratio/mean"] - 1.0) > 0.05
+    assert rows[1]["clip/high_frac"] == pytest.approx(float(((ratio > 1.28) & (adv > 0)).double().mean()), abs=1e-9)
+    assert rows[1]["clip/low_frac"] == pytest.approx(float(((ratio < 0.8) & (adv < 0)).double().mean()), abs=1e-9)
+    assert rows[1]["clip/high_frac"] + rows[1]["clip/low_frac"] > 0 and rows[2]["ratio/mean"] != 1.0
+
+
+def test_a_checkpoint_inside_a_rollout_batch_keeps_its_proximal_policy(model_dir, tmp_path):
+    """Saved after the step that opened the batch and resumed by a fresh learner, the batch's later
+    steps are the uninterrupted run's: pi_prox travels in learner.pt."""
+    path, vocab = model_dir
+    batch, plan = batch_plan(vocab)
+    whole = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    try:
+        want = train_plan(whole, batch, plan)
+    finally:
+        whole.shutdown()
+    first = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    try:
+        train_plan(first, batch, plan[:1])
+        first.save_checkpoint(str(tmp_path / "ckpt"))
+    finally:
+        first.shutdown()
+    resumed = LearnerRank(str(tmp_path / "ckpt" / "policy"), LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    try:
+        assert resumed.load_checkpoint(str(tmp_path / "ckpt")) == 1
+        got = train_plan(resumed, batch, plan[1:], first_step=2)
+    finally:
+        resumed.shutdown()
+    for g, w in zip(got, want[1:], strict=True):
+        for key in ("ratio/mean", "ratio/max", "clip/high_frac", "clip/low_frac", "is_weight/mean", "loss/total"):
+            assert g[key] == pytest.approx(w[key], rel=1e-6, abs=1e-9), key

@@ -12,7 +12,7 @@ import traceback
 import pytest
 import torch
 
-from asyncrl.buffer.packing import split_for_ranks
+from asyncrl.buffer.packing import rank_batches, split_for_ranks
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.sync.gloo_sender import free_port
@@ -83,7 +83,7 @@ def feed(learner, sender, step, rank, world):
 
 
 def learner_cfg(backend, stage, world, **kw):
-    return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=1e-3,
+    return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=kw.pop("lr", 1e-3),
                          micro_batch_tokens=kw.pop("micro_batch_tokens", 24), **kw)
 
 
@@ -156,9 +156,29 @@ def run_entropy_rank(rank, world, port, model, backend, stage):
     return {"metrics": rows}
 
 
+DECOUPLED_ALGO = AlgoConfig(decoupled=True, is_weight_cap=3.0, aggregation="token_mean")
+
+
+def run_decoupled_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24):
+    """Decoupled PPO over one rollout batch of 3 steps (N_SGD = 3, data reused): the whole batch,
+    then its responses again in two halves; pi_prox is the batch's start policy throughout."""
+    cfg = learner_cfg(backend, stage, world, lr=2e-2, micro_batch_tokens=micro_batch_tokens)
+    learner = LearnerRank(model, cfg, DECOUPLED_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    sender = FrameSender(learner.batch_endpoint())
+    batch = step_chunks(1)
+    rows = []
+    for step, (role, chunks) in enumerate([("open", batch), ("continue", batch[:4]), ("continue", batch[4:])], 1):
+        sender.send(encode_batch(rank_batches(step, chunks, world, BUDGET, role, batch)[rank]))
+        rows.append(learner.train_step(step).metrics)
+    params = {n: t.clone() for n, t in learner.backend.named_full_params()}
+    sender.close()
+    learner.shutdown()
+    return {"metrics": rows, "params": params}
+
+
 def _child(rank, world, port, args, out):
     os.environ["DS_ACCELERATOR"] = "cpu"
-    targets = {"moe": run_moe_rank, "entropy": run_entropy_rank}
+    targets = {"moe": run_moe_rank, "entropy": run_entropy_rank, "decoupled": run_decoupled_rank}
     target, args = (targets[args[0]], args[1:]) if args[0] in targets else (run_rank, args)
     try:
         result = target(rank, world, port, *args)
@@ -292,3 +312,29 @@ def test_entropy_control_uses_the_global_entropy_of_unequal_ranks(tmp_path, tied
     assert one["metrics"][0]["entropy_control/measured"] == pytest.approx(global_mean, rel=1e-6)
     # (a near-uniform random policy: 3.5e-4 apart, 70 times the 1e-6 relative tolerance above)
     assert abs(sum(float(p.mean()) for p in parts) / 2 - global_mean) > 1e-4
+
+
+@pytest.fixture(scope="module")
+def decoupled_single(tied_model):
+    return run_decoupled_rank(0, 1, None, tied_model, "torch", 2, micro_batch_tokens=4096)
+
+
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 2), ("deepspeed", 3)],
+                         ids=["fsdp2", "zero2", "zero3"])
+def test_decoupled_reuse_on_two_ranks_equals_one_rank(tmp_path, tied_model, decoupled_single, backend, stage):
+    """Each rank computes pi_prox for its share of the opened batch and the ranks sum them, so a
+    token trained on either rank in any later step of the batch has the single rank's pi_prox:
+    the same ratios, clip fractions and parameters."""
+    one = decoupled_single
+    two = run_ranks(tmp_path, 2, "decoupled", tied_model, backend, stage)
+    # 5e-5: lr 2e-2 (for ratios that reach the clip) lets Adam turn float32 rounding of near-zero
+    # gradients, summed in another order on 2 ranks, into differences of ~1e-5; a wrong pi_prox
+    # changes the ratios by tenths and the updates by ~lr
+    assert_close(two["params"], one["params"], f"decoupled {backend}-{stage} parameters after 3 steps", tol=5e-5)
+    assert one["metrics"][0]["ratio/mean"] == pytest.approx(1.0, abs=1e-6)
+    assert one["metrics"][2]["clip/high_frac"] + one["metrics"][2]["clip/low_frac"] > 0  # the clip engaged
+    for m2, m1 in zip(two["metrics"], one["metrics"], strict=True):
+        for key in ("ratio/mean", "ratio/max", "ratio/min", "clip/high_frac", "clip/low_frac", "is_weight/mean",
+                    "is_weight/capped_frac", "loss/total"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+
