@@ -131,5 +131,7 @@ def _log_name(rank: int) -> str:
 
 def needs_rollout_batch_pass(algo) -> bool:
     """Whether the learner runs a no-grad pass over each rollout batch it opens: decoupled PPO
-    takes pi_prox from it (learner/proximal.py)."""
-    return algo.decoupled
+    takes pi_prox from it (learner/proximal.py), exact entropy control the batch's e_k
+    (learner/entropy_schedule.py)."""
+    ec = algo.entropy_control
+    return algo.decoupled or (ec.enabled and ec.measure == "exact")

@@ -309,3 +309,25 @@ def test_a_checkpoint_inside_a_rollout_batch_keeps_its_proximal_policy(model_dir
     for g, w in zip(got, want[1:], strict=True):
         for key in ("ratio/mean", "ratio/max", "clip/high_frac", "clip/low_frac", "is_weight/mean", "loss/total"):
             assert g[key] == pytest.approx(w[key], rel=1e-6, abs=1e-9), key
+
+
+def test_adaptive_entropy_coefficient_moves_once_per_rollout_batch(model_dir):
+    """Skywork-OR1 section 3.2.5: c moves once per training step, i.e. per rollout batch, with e_k
+    estimated from that batch. Two rollout batches of 3 optimizer steps each (exact e_k, target
+    above the policy's entropy): alpha is c_0 = 0 for the whole first batch and Delta for the
+    second, and e_k is the first batch's mean entropy at its start, every token once."""
+    path, vocab = model_dir
+    algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05})
+    learner = LearnerRank(path, LearnerConfig(lr=1e-3), algo)
+    batch, plan = batch_plan(vocab)
+    try:
+        with torch.no_grad():
+            e_start = float(policy_forward(learner.model, collate(batch), 1024, torch.device("cpu")).entropy.double().mean())
+        rows = train_plan(learner, batch, plan) + train_plan(learner, batch, plan, first_step=4)
+    finally:
+        learner.shutdown()
+    assert [r["entropy/coef"] for r in rows] == pytest.approx([0.0] * 3 + [0.05] * 3, abs=1e-12)
+    assert [r["entropy_control/c"] for r in rows] == pytest.approx([0.05] * 3 + [0.1] * 3, abs=1e-12)
+    assert all(r["entropy_control/measured"] == pytest.approx(e_start, rel=1e-6) for r in rows[:3])
+    assert rows[3]["entropy_control/measured"] != rows[0]["entropy_control/measured"]  # the second batch's
+    assert learner.entropy_ctl.num_updates == 2
