@@ -16,11 +16,11 @@ from asyncrl.config.study import AnalysisSpec, Finding, SweepPlot
 
 
 def definitions(analysis: AnalysisSpec) -> str:
-    w, frac = analysis.window, analysis.collapse_fraction
-    return (f"Curves are the mean over seeds at each step. Final: mean of the last {w} steps; peak: maximum of "
-            f"the {w}-step trailing mean; ± is the sample sd over seeds of the same number computed per seed. "
-            f"Collapse step: the first step at which the {w}-step trailing mean of {analysis.collapse_metric} "
-            f"falls below {frac:g} x the mean of its first {w} steps; `never` if it does not within the run.")
+    w, frac, x = analysis.window, analysis.collapse_fraction, analysis.x_axis
+    return (f"Curves are the mean over seeds at each step, against {x}. Final: mean of the last {w} steps; peak: "
+            f"maximum of the {w}-step trailing mean; ± is the sample sd over seeds of the same number computed per "
+            f"seed. Collapse: the first {x} at which the {w}-step trailing mean of {analysis.collapse_metric} falls "
+            f"below {frac:g} x the mean of its first {w} steps; `never` if it does not within the run.")
 
 
 def status_text(arm: Arm) -> str:
@@ -92,7 +92,7 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
         sc = plot_metric(arms, metric, out_dir / "figures", analysis.x_axis)
         if sc is not None:
             figures.append((metric, f"figures/{sc['png']}"))
-    curves = mean_curves(arms)
+    curves = mean_curves(arms, analysis.x_axis)
     verdicts = [judge(curves, f, analysis) for f in findings]
     sweeps = [sweep(arms, sp, analysis, names, out_dir) for sp in sweep_plots]
     metrics = [m for m in analysis.figures if any(len(a.band(m).steps) for a in arms)]

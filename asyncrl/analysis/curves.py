@@ -1,8 +1,10 @@
 """Curves of one metric: aggregation over seeds and the statistics that reports and verdicts read.
 
 Everything here is pure (plain floats in, floats out) and float64. A curve is a `Series` of
-(step, value) pairs; one run gives one per metric (asyncrl/analysis/runs.py). Definitions, with w
-the analysis window (StudyConfig.analysis.window):
+(step, value) pairs; one run gives one per metric (asyncrl/analysis/runs.py). `step` is the x
+value: the optimizer step, or another running column the curve was reindexed to (samples
+generated), and every statistic below is in those units. Definitions, with w the analysis window
+(StudyConfig.analysis.window):
 
 - seed aggregate: at each step, the mean over the seeds that logged the metric at that step and
   their sample standard deviation (n - 1; 0 for one seed) -> `Band`;
@@ -66,6 +68,14 @@ def aggregate(per_seed: list[Series]) -> Band:
         means.append(m)
         sds.append(math.sqrt(math.fsum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0)
     return Band(tuple(steps), tuple(means), tuple(sds), tuple(len(by_step[s]) for s in steps))
+
+
+def reindex(s: Series, x: Series) -> Series:
+    """s against another axis: each step replaced by x's value at that step (steps x lacks are
+    dropped), e.g. against rollout/samples_total to line up arms with equal data budgets."""
+    at = dict(zip(x.steps, x.values))
+    keep = [(at[step], v) for step, v in zip(s.steps, s.values) if step in at]
+    return Series(tuple(a for a, _ in keep), tuple(v for _, v in keep))
 
 
 def smooth(values: tuple[float, ...] | list[float], window: int) -> list[float]:

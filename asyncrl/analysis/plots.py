@@ -18,7 +18,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from asyncrl.analysis.arms import Arm  # noqa: E402
-from asyncrl.analysis.curves import Band  # noqa: E402
 
 SIZE_IN = (8.0, 4.5)
 DPI = 100
@@ -27,17 +26,6 @@ DPI = 100
 def file_stem(metric: str) -> str:
     """`entropy/learner` -> `entropy_learner`."""
     return metric.replace("/", "_").replace("@", "at")
-
-
-def _x_of(arm: Arm, band: Band, x_axis: str) -> tuple[list[float], list[int]]:
-    """The x value of each of band's steps (the step itself, or the seed mean of the x_axis column
-    at that step) and the indices of the steps that have one."""
-    if x_axis == "step":
-        return list(band.steps), list(range(len(band.steps)))
-    xb = arm.band(x_axis)
-    at = dict(zip(xb.steps, xb.mean))
-    keep = [i for i, s in enumerate(band.steps) if s in at]
-    return [at[band.steps[i]] for i in keep], keep
 
 
 def _lines_of(ax) -> list[dict]:
@@ -67,10 +55,8 @@ def plot_metric(arms: list[Arm], metric: str, out_dir: Path, x_axis: str = "step
         return None
     fig, ax = plt.subplots(figsize=SIZE_IN)
     for arm in with_data:
-        band = arm.band(metric)
-        xs, keep = _x_of(arm, band, x_axis)
-        mean = [band.mean[i] for i in keep]
-        sd = [band.sd[i] for i in keep]
+        curve = arm.curve(metric, x_axis)
+        xs, mean, sd = curve.steps, curve.values, arm.curve(metric, x_axis, values="sd").values
         (line,) = ax.plot(xs, mean, label=arm.name, linewidth=1.4)
         if any(sd):
             ax.fill_between(xs, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],

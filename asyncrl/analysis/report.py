@@ -41,7 +41,7 @@ def verdict_table(verdicts: list[Verdict]) -> str:
 
 
 def arm_table(rows: list[ArmRow], metrics: list[str], collapse_metric: str) -> str:
-    header = ["arm", "settings", "runs", "steps", f"collapse step ({collapse_metric})", *metrics]
+    header = ["arm", "settings", "runs", "steps", f"collapse ({collapse_metric})", *metrics]
     body = [[r.arm, r.settings or "–", r.status, str(r.steps), r.collapse, *(r.cells.get(m, "–") for m in metrics)]
             for r in rows]
     return table(header, body)

@@ -80,3 +80,11 @@ def test_reset_ratio_before_and_after_each_reset():
 
 def test_steps_where():
     assert curves.steps_where(s([0, 1, 0, 1]), lambda v: v > 0) == [2.0, 4.0]
+
+
+def test_reindex_puts_a_curve_on_another_axis():
+    samples = Series((1.0, 2.0, 4.0), (64.0, 128.0, 256.0))  # step 3 has no sample count
+    assert curves.reindex(s([0.5, 0.4, 0.3, 0.2]), samples) == Series((64.0, 128.0, 256.0), (0.5, 0.4, 0.2))
+    # statistics are then in samples: the collapse happens at 256 samples
+    assert curves.collapse_step(curves.reindex(s([1, 1, 0.1, 0.1]), Series((1.0, 2.0, 3.0, 4.0),
+                                                                             (8.0, 16.0, 24.0, 32.0))), 2, 0.5) == 32.0

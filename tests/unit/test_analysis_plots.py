@@ -15,7 +15,8 @@ from asyncrl.config.study import AnalysisSpec, StudyConfig
 def make_run(root, name, entropy, reward, eta, decoupled=False):
     d = root / name
     d.mkdir(parents=True)
-    rows = [{"step": i + 1, "time": 0.0, "entropy/learner": e, "reward/mean": r, "clip/high_frac": 0.01 * eta}
+    rows = [{"step": i + 1, "time": 0.0, "entropy/learner": e, "reward/mean": r, "clip/high_frac": 0.01 * eta,
+             "rollout/samples_total": 64 * (i + 1) + eta}
             for i, (e, r) in enumerate(zip(entropy, reward))]
     rows[1]["reward/mean"] = None  # a step whose reward is missing is left out of the line
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -54,6 +55,15 @@ def test_a_figure_missing_an_arm_fails_the_check(tmp_path, runs):
     analyse([Arm("eta0", [read_run(d) for d in runs["eta0"]])], out, AnalysisSpec(figures=["entropy/learner"]), "t")
     with pytest.raises(AssertionError):
         check_metric_figure(out / "figures", "entropy/learner", runs)
+
+
+def test_a_figure_against_samples_generated(tmp_path, runs):
+    arms = arms_from_dirs(runs["eta4"], group_seeds=True)
+    analyse(arms, tmp_path, AnalysisSpec(figures=["entropy/learner"], x_axis="rollout/samples_total"), "t")
+    sidecar = json.loads((tmp_path / "figures" / "entropy_learner.json").read_text())
+    assert sidecar["x_axis"] == "rollout/samples_total"
+    assert sidecar["panels"][0]["lines"][0]["x"] == [68.0, 132.0, 196.0, 260.0]  # 64 (i + 1) + 4
+    assert sidecar["panels"][0]["lines"][0]["y"] == pytest.approx([1.0, 0.55, 0.3, 0.15], abs=1e-12)
 
 
 def test_sweep_figure_and_report(tmp_path, runs):
