@@ -5,6 +5,7 @@
     python tools/study.py configs/studies/prorl_resets.yaml --parallel 2     # 2 runs at once, one Ray cluster
     python tools/study.py configs/studies/skywork_sec4.yaml --quick --plan   # the runs and their commands
     python tools/study.py configs/studies/skywork_sec4.yaml --quick --report # figures and report only
+    python tools/study.py configs/studies/skywork_sec4.yaml --quick --arms nsgd1 nsgd4   # some arms only
 
 Dotted overrides after the study file apply to every arm (not to a field an arm varies). Each run
 is an ordinary run directory, <observe.output_dir>/<study>[-quick]/<arm>-s<seed>, made by
@@ -33,6 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="dotted overrides for every arm, e.g. observe.output_dir=/tmp/s")
     p.add_argument("--quick", action="store_true", help="the study's quick variant (fewer steps and seeds)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once on one Ray cluster (default 1)")
+    p.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all)")
     p.add_argument("--plan", action="store_true", help="print the runs, what each needs and its command; run nothing")
     p.add_argument("--report", action="store_true", help="only write figures and the report from the runs there")
     return p.parse_intermixed_args(argv)
@@ -59,11 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from asyncrl.config.study import load_study
     from asyncrl.study.plan import plan_study
-    from asyncrl.study.runner import StudyRunner
+    from asyncrl.study.runner import StudyRunner, write_manifest
 
     try:
         study = load_study(args.study)
-        plan = plan_study(study, Path(args.study), args.quick, args.overrides)
+        plan = plan_study(study, Path(args.study), args.quick, args.overrides, args.arms)
+        whole = plan_study(study, Path(args.study), args.quick, args.overrides) if args.arms else plan
         runner = StudyRunner(plan, parallel=max(1, args.parallel), log=lambda s: print(s, flush=True))
         todo = runner.actions()
     except ConfigError as e:
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         t0 = time.monotonic()
         outcomes = runner.run()
+        write_manifest(whole, outcomes)
         bad = [o for o in outcomes if o.status != "finished"]
         notes.append(f"this invocation: {sum(o.action != 'skip' for o in outcomes)} run(s) made in "
                      f"{time.monotonic() - t0:.0f} s, {sum(o.action == 'skip' for o in outcomes)} finished before")
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
         if runner.stop_signal is not None:
             code = 128 + runner.stop_signal
-    path = report(plan, notes)
+    path = report(whole, notes)  # every arm that has runs, also those of earlier invocations
     print(f"report: {path}")
     return code
 

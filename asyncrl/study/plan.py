@@ -69,8 +69,10 @@ def settings_text(overrides: dict[str, Any], steps_factor: float) -> str:
     return ", ".join(parts)
 
 
-def plan_study(study: StudyConfig, study_path: Path, quick: bool, cli_overrides: list[str]) -> StudyPlan:
-    """Every run of the study, each config validated (a bad field raises ConfigError naming the arm)."""
+def plan_study(study: StudyConfig, study_path: Path, quick: bool, cli_overrides: list[str],
+               only: list[str] | None = None) -> StudyPlan:
+    """Every run of the study (of the arms named in `only`, when given), each config validated (a
+    bad field raises ConfigError naming the arm)."""
     base = find_recipe(study.base, study_path)
     cli = _cli_fields(cli_overrides)
     common = {**study.overrides, **(study.quick.overrides if quick else {})}
@@ -80,8 +82,12 @@ def plan_study(study: StudyConfig, study_path: Path, quick: bool, cli_overrides:
     study_dir = (Path(output_dir) / (study.name + ("-quick" if quick else ""))).resolve()
     steps = cli.pop("total_steps", None) or (study.quick.total_steps if quick else None) or study.total_steps
     seeds = (study.quick.seeds if quick else None) or study.seeds
+    arms = study.arm_specs(quick)
+    unknown = sorted(set(only or []) - {a.name for a in arms})
+    if unknown:
+        raise ConfigError(f"no arm named {unknown[0]!r} (arms: {', '.join(a.name for a in arms)})")
     runs, settings = [], {}
-    for arm in study.arm_specs(quick):
+    for arm in (a for a in arms if only is None or a.name in only):
         clash = sorted(set(cli) & set(arm.overrides))
         if clash:
             raise ConfigError(f"override {clash[0]!r} is what arm {arm.name!r} varies; it cannot be set for every arm")

@@ -120,7 +120,6 @@ class StudyRunner:
                 import ray
 
                 ray.shutdown()
-        self._write_manifest(outcomes)
         return outcomes
 
     def _launch(self, run: ArmRun, action: Action, address: str | None) -> None:
@@ -171,9 +170,15 @@ class StudyRunner:
         ray.init(num_cpus=per_run * self.parallel, include_dashboard=False, log_to_driver=False)
         return ray.get_runtime_context().gcs_address
 
-    def _write_manifest(self, outcomes: list[Outcome]) -> None:
-        manifest = {"study": self.plan.study.name, "quick": self.plan.quick, "base": str(self.plan.base),
-                    "runs": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.run_dir),
-                              "command": " ".join(r.argv(self.plan.base))} for r in self.plan.runs],
-                    "last_invocation": [asdict(o) for o in outcomes]}
-        (self.plan.study_dir / "study.json").write_text(json.dumps(manifest, indent=1))
+
+def write_manifest(plan: StudyPlan, outcomes: list[Outcome]) -> Path:
+    """<study dir>/study.json: every run's directory and command, and what the last invocation did
+    (action, exit code, seconds per run)."""
+    manifest = {"study": plan.study.name, "quick": plan.quick, "base": str(plan.base),
+                "runs": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.run_dir),
+                          "command": " ".join(r.argv(plan.base))} for r in plan.runs],
+                "last_invocation": [asdict(o) for o in outcomes]}
+    path = plan.study_dir / "study.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=1))
+    return path

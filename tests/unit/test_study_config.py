@@ -72,6 +72,14 @@ def test_full_plan_uses_the_study_steps_seeds_and_the_base_output_dir(tmp_path):
     assert [r.fields["total_steps"] for r in plan.runs[:4]] == [30, 30, 60, 60]
 
 
+def test_plan_of_some_arms(tmp_path):
+    path = write(tmp_path, GOOD)
+    plan = plan_study(load_study(path), path, quick=True, cli_overrides=[], only=["b", "dec1-phi256"])
+    assert [r.name for r in plan.runs] == ["b-s7", "dec1-phi256-s7"] and list(plan.settings) == ["b", "dec1-phi256"]
+    with pytest.raises(ConfigError, match="no arm named 'dec1-phi512'"):  # not an arm under --quick
+        plan_study(load_study(path), path, quick=True, cli_overrides=[], only=["dec1-phi512"])
+
+
 @pytest.mark.parametrize("cli, message", [
     (["buffer.max_staleness=3"], "'buffer.max_staleness' is what arm 'a' varies"),
     (["seed=3"], "'seed'"),
