@@ -5,7 +5,7 @@
     python tools/study.py configs/studies/prorl_resets.yaml --parallel 2     # 2 runs at once, one Ray cluster
     python tools/study.py configs/studies/skywork_sec4.yaml --quick --plan   # the runs and their commands
     python tools/study.py configs/studies/skywork_sec4.yaml --quick --report # figures and report only
-    python tools/study.py configs/studies/skywork_sec4.yaml --quick --arms nsgd1 nsgd4   # some arms only
+    python tools/study.py configs/studies/skywork_sec4.yaml --quick --arms nsgd1,nsgd4   # some arms only
 
 Dotted overrides after the study file apply to every arm (not to a field an arm varies). Each run
 is an ordinary run directory, <observe.output_dir>/<study>[-quick]/<arm>-s<seed>, made by
@@ -34,7 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="dotted overrides for every arm, e.g. observe.output_dir=/tmp/s")
     p.add_argument("--quick", action="store_true", help="the study's quick variant (fewer steps and seeds)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once on one Ray cluster (default 1)")
-    p.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all)")
+    p.add_argument("--arms", default=None, help="only these arms, comma-separated (default: all)")
     p.add_argument("--plan", action="store_true", help="print the runs, what each needs and its command; run nothing")
     p.add_argument("--report", action="store_true", help="only write figures and the report from the runs there")
     return p.parse_intermixed_args(argv)
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         study = load_study(args.study)
-        plan = plan_study(study, Path(args.study), args.quick, args.overrides, args.arms)
+        only = args.arms.split(",") if args.arms else None
+        plan = plan_study(study, Path(args.study), args.quick, args.overrides, only)
         whole = plan_study(study, Path(args.study), args.quick, args.overrides) if args.arms else plan
         runner = StudyRunner(plan, parallel=max(1, args.parallel), log=lambda s: print(s, flush=True))
         todo = runner.actions()

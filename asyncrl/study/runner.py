@@ -69,7 +69,7 @@ class StudyRunner:
         self.plan, self.parallel, self.log = plan, parallel, log
         self.logs_dir = plan.study_dir / "logs"
         self._stop_signals = 0
-        self.stop_signal: int | None = None  # the first SIGINT / SIGTERM received, if any
+        self.stop_signal: int | None = None  # the first SIGINT / SIGTERM / SIGHUP received, if any
         self._running: dict[str, subprocess.Popen] = {}
 
     def actions(self) -> list[tuple[ArmRun, Action]]:
@@ -92,7 +92,7 @@ class StudyRunner:
         todo = self.actions()
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         address = self._start_cluster() if self.parallel > 1 else None
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         outcomes: list[Outcome] = []
         try:
             pending = list(enumerate(todo, 1))
