@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_study(study, Path(args.study), args.quick, args.overrides, only)
         whole = plan_study(study, Path(args.study), args.quick, args.overrides) if args.arms else plan
         runner = StudyRunner(plan, parallel=max(1, args.parallel), log=lambda s: print(s, flush=True))
-        todo = runner.actions()
+        todo = [] if args.report else runner.actions()  # --report draws whatever is there
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
