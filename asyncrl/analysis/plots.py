@@ -78,9 +78,14 @@ def plot_sweep(name: str, x_label: str, points: dict[str, dict[str, list[tuple[f
     """Panels, one per metric: `points[metric][series label]` is a list of (x, value, sd) drawn as
     one line with error bars, x ascending."""
     metrics = list(points)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8), squeeze=False)
+    ncols = min(3, len(metrics))
+    nrows = -(-len(metrics) // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for ax in axes[len(metrics):]:
+        ax.set_visible(False)
     panels = []
-    for ax, metric in zip(axes[0], metrics):
+    for ax, metric in zip(axes, metrics):
         for label, pts in points[metric].items():
             xs, ys, sds = zip(*sorted(pts))
             (line,) = ax.plot(xs, ys, label=label, marker="o", linewidth=1.2)
@@ -89,6 +94,6 @@ def plot_sweep(name: str, x_label: str, points: dict[str, dict[str, list[tuple[f
         ax.set_title(f"{stat} {metric}", fontsize=10)
         ax.grid(alpha=0.3)
         panels.append({"metric": metric, "lines": _lines_of(ax)})
-    axes[0][0].legend(fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, axes[0][0], out_dir, name, {"x_axis": x_label, "stat": stat}, panels)
+    return _save(fig, axes[0], out_dir, name, {"x_axis": x_label, "stat": stat}, panels)
