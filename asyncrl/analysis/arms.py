@@ -16,7 +16,7 @@ from pathlib import Path
 from asyncrl.analysis.curves import Band, Series, aggregate, reindex
 from asyncrl.analysis.runs import RunRecord, read_run
 from asyncrl.analysis.verdict import stat_value
-from asyncrl.config.study import AnalysisSpec, StatRef, Stat
+from asyncrl.config.study import AnalysisSpec, Stat, StatRef
 
 SEED_SUFFIX = re.compile(r"-s\d+$")
 

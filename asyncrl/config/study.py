@@ -15,13 +15,14 @@ reads the runs and applies the rules.
     quick: {total_steps: 60, seeds: [0], overrides: {eval.every_steps: 0}}
     findings:
       - name: off-policy updates collapse entropy faster
-        claim: Skywork-OR1 4.4
+        source: Skywork-OR1 4.4
         checks:
           - {kind: ordered, arms: [nsgd1, nsgd4], stat: final, direction: decreasing}
 
 Every statistic a check reads is taken from the arm's seed-mean curve (asyncrl/analysis/curves.py
 defines each). A finding is reproduced when all its checks hold, not reproduced when one fails,
-inconclusive when a number is missing (an arm that did not run, a metric the runs do not log).
+inconclusive when a number is missing (an arm that did not run, a metric the runs do not log); a
+finding without a source is a hypothesis and reads holds / does not hold.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from pydantic import Field, ValidationError, model_validator
 from asyncrl.config.load import ConfigError, explain, read_yaml
 from asyncrl.config.schema import _Section
 
-STATS = ("initial", "final", "peak", "min", "mean", "collapse_step", "slope", "mean_abs_dev", "reset_ratio")
 Stat = Literal["initial", "final", "peak", "min", "mean", "collapse_step", "slope", "mean_abs_dev", "reset_ratio"]
 DEFAULT_FIGURES = ["entropy/learner", "entropy/behaviour_sampled", "reward/mean", "clip/low_frac",
                    "clip/high_frac", "staleness/mean", "entropy/coef", "kl/mean"]
@@ -145,6 +145,12 @@ class SweepPlot(_Section):
     """One panel each."""
     stat: Stat = "final"
     """The statistic plotted (as in StatRef; not mean_abs_dev)."""
+
+    @model_validator(mode="after")
+    def _no_target(self) -> SweepPlot:
+        if self.stat == "mean_abs_dev":
+            raise ValueError("stat mean_abs_dev needs a target, which a sweep plot has not")
+        return self
 
 
 class AnalysisSpec(_Section):
