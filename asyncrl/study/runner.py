@@ -2,11 +2,12 @@
 directory, one after another or N at a time on one shared Ray cluster.
 
 Resuming: before anything starts, every run directory is read. A run whose events.jsonl ends with
-a finished `end` is skipped, after checking that its config.yaml has every field the plan sets for
-it (a mismatch stops the study: the directory belongs to another setting). A run that was
-interrupted, failed or killed is resumed from its newest complete checkpoint (`resume=auto`) when
-it has one, else restarted: its directory is moved to <study dir>/_restarted/ and the run starts
-fresh. A run's console output goes to <study dir>/logs/<run>.log.
+a finished `end` is skipped. A run that was interrupted, failed or killed is resumed from its
+newest complete checkpoint (`resume=auto`) when it has one, else restarted: its directory is moved
+to <study dir>/_restarted/ and the run starts fresh. A run skipped or resumed must have in its
+config.yaml every field the plan sets for it; a mismatch stops the study before anything runs (the
+directory belongs to another setting). A run's console output goes to <study dir>/logs/<run>.log;
+its PYTHONPATH starts with this checkout, so the runs use the asyncrl the study imported.
 
 Stopping: the runs start in their own sessions, so a Ctrl-C reaches only this process, which
 sends each running run one SIGTERM (it stops after its step and writes a checkpoint, so the next
