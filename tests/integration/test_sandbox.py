@@ -5,16 +5,22 @@ The attacks are in test_sandbox_attacks.py.
 Limits are short (wall 2 s, CPU 1 s) so the file runs in seconds.
 """
 
+import dataclasses
 import json
+import os
 import resource
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
-from sandbox_support import F, LIMITS, SLACK_S, cpp, nothing_left_behind, py, run_python, verifier, workdir  # noqa: F401
+from sandbox_support import (F, LIMITS, ROOT, SLACK_S, cpp, nothing_left_behind, py, run_python, verifier,  # noqa: F401
+                             workdir)
 
 from asyncrl.config import CodeRewardConfig
 from asyncrl.reward import code_reward
 from asyncrl.reward.code_reward import CodeReward
+from asyncrl.reward.sandbox import isolation, runner, spawn
 
 needs_gxx = pytest.mark.skipif(code_reward.GXX is None, reason="no g++")
 
@@ -198,3 +204,53 @@ def test_a_cpu_bound_run_ends_at_the_cpu_limit_as_timeout(workdir):
     result = run_python("while True:\n    pass", workdir, wall_time_s=5.0)
     assert result.status == "timeout" and result.returncode in (-24, -9)  # SIGXCPU (or SIGKILL)
     assert result.wall_s < LIMITS.cpu_time_s + 1 + SLACK_S  # the CPU limit, not the wall clock
+
+
+def test_a_launcher_that_died_is_replaced(workdir):
+    assert run_python("print(1)", workdir).stdout == b"1\n"
+    from asyncrl.reward.sandbox import runner
+
+    (pool,) = [p for key, p in runner._pools.items() if key == isolation()]
+    (launcher,) = pool._free
+    launcher.proc.kill()
+    launcher.proc.wait()
+    first = run_python("print(2)", workdir)  # may find the dead one first: a sandbox error, not a hang
+    assert first.status == "sandbox_error" or first.stdout == b"2\n"
+    assert run_python("print(3)", workdir).stdout == b"3\n"
+
+
+@pytest.mark.parametrize("net", [True, False], ids=["bare+net", "bare"])
+def test_the_bare_back_end_still_cleans_up(workdir, net):
+    """Where no namespace can be made: leftovers found by cgroup (or uid), files left in /tmp
+    removed, the network namespace kept when that one can be made."""
+    iso = dataclasses.replace(isolation(), backend="bare", userns=not ROOT and net,
+                              net_flags=(0 if not net else spawn.CLONE_NEWNET if ROOT else spawn.CLONE_NEWUSER | spawn.CLONE_NEWNET))
+    marker = f"asyncrl-marker-{os.getpid()}-{time.time_ns()}"
+    code = f"""
+        import os, socket
+        open("/tmp/{marker}", "w").write("x")
+        if os.fork() == 0:
+            os.setsid()
+            os.execv("/bin/sleep", ["{marker}", "100"])
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=1)
+        except OSError as e:
+            print(type(e).__name__)"""
+    try:
+        result = runner._run([code_reward.PYTHON, "-I", "-S", "-c", textwrap.dedent(code)], b"", LIMITS, workdir,
+                             False, iso)
+        assert result.status == "ok" and result.backend == "bare"
+        assert result.stdout == (b"OSError\n" if net else b"ConnectionRefusedError\n")  # no route vs. nobody there
+        if ROOT:  # the run's uid owns both: the cgroup (or the uid) finds the process, and the file
+            assert not Path(f"/tmp/{marker}").exists()
+            assert not [p for p in os.listdir("/proc") if p.isdigit() and marker.encode() in _cmdline(p)]
+    finally:
+        Path(f"/tmp/{marker}").unlink(missing_ok=True)
+        runner.release(iso)
+
+
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

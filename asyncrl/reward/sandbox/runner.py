@@ -13,7 +13,6 @@ import resource
 import selectors
 import shutil
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,29 +112,9 @@ def _run(argv: list[str], stdin: bytes, limits: SandboxConfig, workdir: Path, pe
     start = time.monotonic()
     pool = _pool(iso)
     try:
-        launcher = pool.acquire()
-        if launcher.slot is not None:
-            launcher.slot.prepare(limits.memory_mb, limits.max_processes + HELPER_TASKS)
-        if uid is not None and (persist or iso.backend == "bare"):
-            for path in [workdir, *workdir.iterdir()]:  # the program writes here as its own uid
-                os.chown(path, uid, uid, follow_symlinks=False)
-            os.chmod(workdir, 0o700)
-        stdout_r, stdout_w = os.pipe()
-        stderr_r, stderr_w = os.pipe()
-        with tempfile.TemporaryFile() as stdin_file:  # a file, not a pipe: no deadlock on big inputs
-            stdin_file.write(stdin)
-            stdin_file.seek(0)
-            why = launcher.start(_request(argv, limits, workdir, persist, iso, uid, launcher),
-                                 [stdin_file.fileno(), stdout_w, stderr_w])
-        os.close(stdout_w)
-        os.close(stderr_w)
-    except OSError as e:  # the host could not set the run up (no cgroup, no processes left)
-        return RunResult("sandbox_error", None, b"", repr(e).encode(), time.monotonic() - start, iso.backend, uid)
-    if why is not None:
-        os.close(stdout_r)
-        os.close(stderr_r)
-        pool.put_back(launcher)
-        return RunResult("sandbox_error", None, b"", why, time.monotonic() - start, iso.backend, uid)
+        launcher, stdout_r, stderr_r = _start(pool, argv, stdin, limits, workdir, persist, iso, uid)
+    except _StartError as e:
+        return RunResult("sandbox_error", None, b"", e.why, time.monotonic() - start, iso.backend, uid)
     _active.add(launcher)
     try:
         stdout, stderr, reason, ended = _collect(launcher, stdout_r, stderr_r, start + limits.wall_time_s,
@@ -153,6 +132,52 @@ def _run(argv: list[str], stdin: bytes, limits: SandboxConfig, workdir: Path, pe
     returncode, cpu_s = ended
     status = reason or ("memory" if oom_kills else _classify(returncode, cpu_s, stderr, limits))
     return RunResult(status, returncode, stdout, stderr, time.monotonic() - start, iso.backend, uid, peak)
+
+
+class _StartError(Exception):
+    def __init__(self, why: bytes):
+        super().__init__(why)
+        self.why = why
+
+
+def _start(pool: Launchers, argv, stdin, limits, workdir, persist, iso, uid) -> tuple[Launcher, int, int]:
+    """A launcher running the program, and the read ends of its stdout and stderr; raises
+    _StartError when the host could not set the run up (no cgroup, no process left, a launcher
+    that died: it is replaced)."""
+    launcher, fds = None, {}
+    try:
+        launcher = pool.acquire()
+        if launcher.slot is not None:
+            launcher.slot.prepare(limits.memory_mb, limits.max_processes + HELPER_TASKS)
+        if uid is not None and (persist or iso.backend == "bare"):
+            for path in [workdir, *workdir.iterdir()]:  # the program writes here as its own uid
+                os.chown(path, uid, uid, follow_symlinks=False)
+            os.chmod(workdir, 0o700)
+        fds["out_r"], fds["out_w"] = os.pipe()
+        fds["err_r"], fds["err_w"] = os.pipe()
+        fds["stdin"] = os.memfd_create("stdin", os.MFD_CLOEXEC)  # a file: no deadlock on big inputs
+        _write_all(fds["stdin"], stdin)
+        os.lseek(fds["stdin"], 0, os.SEEK_SET)
+        request = _request(argv, limits, workdir, persist, iso, uid, launcher)
+        why = launcher.start(request, [fds["stdin"], fds["out_w"], fds["err_w"]])
+    except OSError as e:
+        why = repr(e).encode()
+    for name in ("out_w", "err_w", "stdin") if why is None else list(fds):
+        os.close(fds.pop(name))
+    if why is None:
+        return launcher, fds["out_r"], fds["err_r"]
+    if launcher is not None:
+        if launcher.proc.poll() is None:
+            pool.put_back(launcher)
+        else:
+            pool.discard(launcher)
+    raise _StartError(why)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _request(argv, limits, workdir, persist, iso, uid, launcher) -> dict:
