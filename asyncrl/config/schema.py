@@ -121,7 +121,7 @@ class SandboxConfig(_Section):
     """Wall-clock limit of compiling a C++ solution."""
     backend: Literal["auto", "namespaces", "bwrap"] = "auto"
     """How runs are isolated: auto (the kernel's namespaces directly, else bubblewrap if installed,
-    else what is left, logged at start), or one of them first (bwrap costs ~15 ms more per run)."""
+    else what is left, logged at start), or one of them first (bwrap costs ~10 ms more per run)."""
 
 
 class CodeRewardConfig(_Section):

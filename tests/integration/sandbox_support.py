@@ -16,7 +16,7 @@ import pytest
 from asyncrl.config import CodeRewardConfig, SandboxConfig
 from asyncrl.reward import code_reward
 from asyncrl.reward.code_reward import CodeReward
-from asyncrl.reward.sandbox import SANDBOX_UID_BASE, cgroups, isolation, run_sandboxed, runner
+from asyncrl.reward.sandbox import SANDBOX_UID_BASE, cgroups, isolation, remove_tree, run_sandboxed, runner
 
 ROOT = os.geteuid() == 0
 LIMITS = SandboxConfig(wall_time_s=2.0, cpu_time_s=1, memory_mb=256, max_processes=8, max_file_mb=1,
@@ -105,17 +105,19 @@ def nothing_left_behind(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", tmp)
     mounts = Path("/proc/self/mountinfo").read_text()
     yield Path(tmp)
-    runner.release()
-    assert sandbox_processes() == []
-    assert children() == []
-    iso = isolation()
-    if iso.slots is not None:
-        cgroups.remove_stale(iso.slots.hierarchy)  # what the next launcher does at start
-        mine = [d for d in cgroups.leftover_slots(iso.slots.hierarchy) if f"-{os.getpid()}-" in d.name]
-        assert mine == []
-    assert Path("/proc/self/mountinfo").read_text() == mounts
-    assert os.listdir(tmp) == []
-    os.rmdir(tmp)
+    try:
+        runner.release()
+        assert sandbox_processes() == []
+        assert children() == []
+        iso = isolation()
+        if iso.slots is not None:
+            cgroups.remove_stale(iso.slots.hierarchy)  # what the next launcher does at start
+            mine = [d for d in cgroups.leftover_slots(iso.slots.hierarchy) if f"-{os.getpid()}-" in d.name]
+            assert mine == []
+        assert Path("/proc/self/mountinfo").read_text() == mounts
+        assert os.listdir(tmp) == []
+    finally:
+        remove_tree(tmp)
 
 
 @pytest.fixture
@@ -123,6 +125,4 @@ def workdir(nothing_left_behind):
     """A run directory for run_sandboxed called directly."""
     path = Path(tempfile.mkdtemp(dir=nothing_left_behind))
     yield path
-    from asyncrl.reward.sandbox import remove_tree
-
     remove_tree(path)

@@ -5,8 +5,6 @@ its bubblewrap form. The real thing runs in tests/integration/test_sandbox*.py."
 import os
 import sys
 
-import pytest
-
 from asyncrl.reward.sandbox import cgroups, remove_tree, rootfs
 
 

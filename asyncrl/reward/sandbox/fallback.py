@@ -12,26 +12,25 @@ left must be found and removed.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
+from asyncrl.reward.sandbox import rootfs
 from asyncrl.reward.sandbox.cleanup import remove_tree
 
 SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 PR_SET_CHILD_SUBREAPER = 36
 KILL = shutil.which("kill", path="/usr/bin:/bin") or "/bin/kill"
-_libc = ctypes.CDLL(None, use_errno=True)
 _subreaper_pid = 0  # the process that made itself a subreaper (forked children are not)
 
 
 def become_subreaper() -> None:
     global _subreaper_pid
     if _subreaper_pid != os.getpid():
-        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        rootfs.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         _subreaper_pid = os.getpid()
 
 

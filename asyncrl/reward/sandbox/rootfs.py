@@ -43,9 +43,9 @@ DEV_LINKS = (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"), ("/proc/self
              ("/proc/self/fd/2", "stderr"))
 RUN_DIR = "/sandbox"
 RUN_TMPFS = ("/tmp", "/dev/shm")  # fresh for every run, like the run directory
-_libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls it
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls it
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 Step = tuple  # ("dir" | "symlink" | "ro" | "dev" | "tmpfs", ...): see layout()
 
@@ -89,14 +89,15 @@ def layout(executables: tuple[str, ...]) -> tuple[Step, ...]:
 
 # -- executed in the child, between fork and exec -------------------------------------------------
 
-def _check(result: int, what: str) -> None:
+def check(result: int, what: str) -> None:
+    """Raise OSError with errno when a libc call failed."""
     if result != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
 def mount(source: bytes | None, target: bytes, fstype: bytes | None, flags: int, data: bytes | None = None) -> None:
-    _check(_libc.mount(source, target, fstype, flags, data), f"mount {target!r}")
+    check(libc.mount(source, target, fstype, flags, data), f"mount {target!r}")
 
 
 def _bind_readonly(source: bytes, target: bytes) -> None:
@@ -183,8 +184,8 @@ def enter(root: bytes) -> None:
     mount(b"proc", root + b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # before the host's goes
     os.chdir(root)
     number = SYS_PIVOT_ROOT.get(platform.machine())
-    if number is not None and _libc.syscall(number, b".", b".") == 0:
-        _check(_libc.umount2(b".", MNT_DETACH), "umount the old root")  # stacked on "." by pivot_root
+    if number is not None and libc.syscall(number, b".", b".") == 0:
+        check(libc.umount2(b".", MNT_DETACH), "umount the old root")  # stacked on "." by pivot_root
     else:  # an unknown architecture, or / is not a mount point: chroot (the program is not root)
         os.chroot(".")
     os.chdir("/")

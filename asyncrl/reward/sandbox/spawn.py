@@ -39,7 +39,6 @@ need and leave only through os._exit.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import resource
 import select
@@ -55,7 +54,6 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 1, 4, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 SECBIT_NOROOT_AND_LOCKS = 0x1 | 0x2 | 0x20 | 0x40 | 0x80  # noroot (locked), keep_caps off (locked), no ambient raise (locked)
 INIT_GRACE_S = 5  # the init gives up this long after the wall-clock limit, if nobody killed it
-_libc = rootfs._libc
 
 
 @dataclass(frozen=True)
@@ -95,11 +93,11 @@ def _enter(plan: Plan) -> None:
     if plan.backend == "bare":  # (the launcher made the network namespace, if any)
         _drop_privileges(plan)
         return
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    rootfs.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if plan.backend == "bwrap":
         _exec_bwrap(plan, _open_dir(plan.workdir))
     if not plan.userns:  # pid 1 of a new pid namespace already, in the launcher's net and uts ones
-        _unshare(CLONE_NEWNS | CLONE_NEWIPC)
+        unshare(CLONE_NEWNS | CLONE_NEWIPC)
         rootfs.mount_run(plan.root, _open_dir(plan.workdir), plan.persist, plan.uid, plan.tmpfs_mb)
         _init(plan)
     enter_user_namespace(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWPID)
@@ -107,17 +105,17 @@ def _enter(plan: Plan) -> None:
     run_dir_fd = _open_dir(plan.workdir)  # (a bind's source must be in this mount namespace)
     rootfs.build_template(plan.root, plan.steps)
     rootfs.mount_run(plan.root, run_dir_fd, plan.persist, 0, plan.tmpfs_mb)
-    _libc.sethostname(b"sandbox", 7)
+    rootfs.libc.sethostname(b"sandbox", 7)
     init = os.fork()
     if init == 0:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # a fork does not inherit it
+        rootfs.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # a fork does not inherit it
         _init(plan)
     _supervise(init, plan.control_fd)
 
 
 def _init(plan: Plan) -> None:
     """pid 1 of the run: starts the program and reaps until it ends. Never returns."""
-    _unshare(CLONE_NEWCGROUP)  # the run sees its cgroup as the root of the hierarchy
+    unshare(CLONE_NEWCGROUP)  # the run sees its cgroup as the root of the hierarchy
     rootfs.enter(plan.root)
     os.chdir(rootfs.RUN_DIR)
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -126,8 +124,8 @@ def _init(plan: Plan) -> None:
     # From here on this process only waits: it takes the program's limits and user, so that the
     # program can be started by posix_spawn (vfork and exec), not by a fork of this process.
     _drop_privileges(plan)
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # a change of user clears it
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program may not read this process's memory
+    rootfs.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # a change of user clears it
+    rootfs.libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program may not read this process's memory
     for fd in map(int, os.listdir("/proc/self/fd")):
         if fd > 2:  # the program inherits stdin, stdout and stderr only
             with contextlib.suppress(OSError):
@@ -190,18 +188,18 @@ def _drop_privileges(plan: Plan, no_new_privs: bool = True) -> None:
         os.setresgid(plan.uid, plan.uid, plan.uid)
         os.setresuid(plan.uid, plan.uid, plan.uid)  # as root: no way back
     elif plan.userns:  # root of its user namespace: no capabilities
-        _check(_libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKS, 0, 0, 0), "securebits")
+        rootfs.check(rootfs.libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKS, 0, 0, 0), "securebits")
         for cap in range(plan.cap_last + 1):
-            _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop a capability")
-        _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+            rootfs.check(rootfs.libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop a capability")
+        rootfs.libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     if no_new_privs:
-        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        rootfs.check(rootfs.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
 def enter_user_namespace(flags: int) -> None:
     """Unshare a user namespace (with `flags`) in which this process's user is root."""
     uid, gid = os.geteuid(), os.getegid()
-    _unshare(CLONE_NEWUSER | flags)
+    unshare(CLONE_NEWUSER | flags)
     for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
@@ -216,11 +214,5 @@ def _close_all_but(keep: int) -> None:
     os.closerange(keep + 1, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 1024))
 
 
-def _unshare(flags: int) -> None:
-    _check(_libc.unshare(flags), f"unshare({flags:#x})")
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+def unshare(flags: int) -> None:
+    rootfs.check(rootfs.libc.unshare(flags), f"unshare({flags:#x})")
