@@ -54,13 +54,13 @@ def test_memory_is_held_for_the_whole_process_tree(backend, workdir):
                 os._exit(0)
             pids.append(pid)
         print(sum(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) == 0 for p in pids))"""
-    result = run_python(attack, workdir, backend, memory_mb=512, wall_time_s=10.0)
+    result = run_python(attack, workdir, backend, memory_mb=512, wall_time_s=20.0)  # room on a busy machine
     if isolation(backend).slots is None:  # no cgroup (not root): each process is held, not the tree
         assert result.status == "ok" and result.stdout == b"6\n" and result.peak_memory_mb is None
         return
     assert result.status == "memory", result
     assert result.peak_memory_mb <= 512 + 1  # the cgroup's own record, read from outside
-    big = CodeReward(CodeRewardConfig(sandbox=limits(backend, memory_mb=512, wall_time_s=10.0)))
+    big = CodeReward(CodeRewardConfig(sandbox=limits(backend, memory_mb=512, wall_time_s=20.0)))
     reward, info = big(py(attack), {"tests": stdio("6")})
     assert (reward, info["outcome"]) == (0.0, "memory")
 
