@@ -40,7 +40,7 @@ from typing import Any
 
 from asyncrl.config import CodeRewardConfig
 from asyncrl.reward import code_drivers
-from asyncrl.reward.sandbox import RunResult, isolation, remove_tree, run_sandboxed
+from asyncrl.reward.sandbox import RunResult, remove_tree, run_sandboxed
 
 OUTCOMES = ("passed", "failed", "syntax_error", "compile_error", "no_code", "no_tests", "bad_tests",
             "bad_input", "no_compiler", "timeout", "memory", "output_limit", "killed", "crashed",
@@ -197,7 +197,6 @@ class CodeReward:
         fraction mode a sample keeps what it passed instead of being killed at the pool's timeout."""
         self.cfg = cfg if cfg is not None else CodeRewardConfig()
         self.time_budget_s = time_budget_s
-        isolation(self.cfg.sandbox.backend)  # found (and what is missing logged) now, not at the first sample
 
     def __call__(self, response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         if not isinstance(response, str) or not isinstance(metadata, dict):

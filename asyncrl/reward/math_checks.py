@@ -30,7 +30,8 @@ MAX_EXPONENTS = 3
 DIGITS = 60
 _TEXT = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|textsf|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
 _SPACING = re.compile(r"\\[,;:! ]|\\q?quad\b|~|\\\$|\$")
-_TOKEN = re.compile(r"\s*(?:(?P<frac>-?\\[dt]?frac\{(\d+)\}\{(\d+)\})|(?P<num>-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?)"
+_TOKEN = re.compile(r"\s*(?:(?P<frac>-?\\[dt]?frac\{(?P<fnum>\d+)\}\{(?P<fden>\d+)\})"
+                    r"|(?P<num>-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?)"
                     r"|(?P<word>[A-Za-z]+(?:'[a-z]+)?)|(?P<power>\^\s*(?:\{\d+\}|\d))|(?P<punct>[:.,;!?()]))")
 _CHANGES_MEANING = {"not", "no", "never", "except", "than", "least", "most", "more", "less", "fewer", "greater",
                     "over", "under", "between", "or", "nor", "neither", "up", "below", "above", "approximately",
@@ -83,9 +84,12 @@ def number_in_words(answer: str) -> Fraction | None:
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
             return None  # anything else (an operator, a command): not just a number in words
-        kind = m.lastgroup if m.lastgroup != "frac" or m.group("frac") else None
+        kind = m.lastgroup
         if kind == "frac":
-            numbers.append(Fraction(int(m.group(3)), int(m.group(4)) or 1) * (-1 if m.group("frac")[0] == "-" else 1))
+            if int(m.group("fden")) == 0:
+                return None
+            sign = -1 if m.group("frac").startswith("-") else 1
+            numbers.append(sign * Fraction(int(m.group("fnum")), int(m.group("fden"))))
         elif kind == "num":
             numbers.append(Fraction(m.group("num").replace(",", "")))
         elif kind == "word" and m.group("word").lower() in _CHANGES_MEANING:

@@ -48,7 +48,8 @@ from math_verify import LatexExtractionConfig, parse, verify
 
 from asyncrl.reward.answers import BOX as _BOX
 from asyncrl.reward.answers import MAX_ANSWER_CHARS, Unanswered, answer_region, gold_answers, last_boxed
-from asyncrl.reward.math_checks import bare_number, equal_as_constants, number_in_words, too_deep, with_degrees_as_radians
+from asyncrl.reward.math_checks import (bare_number, equal_as_constants, number_in_words, too_deep,
+                                        with_degrees_as_radians)
 
 INFO_ANSWER_CHARS = 200
 DEFAULT_TIMEOUT_S = 10.0
