@@ -408,9 +408,18 @@ probe = "import os; print(os.getpid(), os.getuid(), sorted(os.listdir('/tmp')), 
 result = run_sandboxed(["/usr/bin/python3", "-I", "-S", "-c", probe.replace("sys_argv1", repr(sys.argv[1]))],
                        b"", limits, workdir)
 runner.release()
+os.rmdir(workdir)
 print(json.dumps({"backend": iso.backend, "userns": iso.userns, "layers": iso.layers,
                   "status": result.status, "stdout": result.stdout.decode(), "log": log.getvalue()}))
 """
+
+
+def test_as_root_every_layer_is_there():
+    """The precondition of this file, said once: where CI runs (root, cgroup v1 memory+pids, user
+    and mount namespaces) every layer must be there; without root, the ones that need it are not."""
+    iso = require_isolation()
+    if not ROOT:
+        assert not iso.layers["uid"] and not iso.layers["cgroup"] and iso.missing
 
 
 def test_without_root_the_namespaces_hold_and_the_rest_degrades_loudly():
