@@ -97,18 +97,21 @@ def children():
 @pytest.fixture(autouse=True)
 def nothing_left_behind(tmp_path_factory, monkeypatch):
     """Each test gets a temp dir of its own (so other work on the machine does not count); after
-    it, once this process's launchers are ended: no process of ours, no process of a run's uid,
+    it, once this process's launchers are ended: no new child of this process (children from
+    before the test, such as multiprocessing's forkserver left by earlier test modules in the
+    same pytest process, are not the sandbox's), no process of a run's uid,
     no sandbox cgroup of this process (or of a dead one), no mount in our namespace that was not
     there before, nothing left in the temp dir."""
     tmp = tempfile.mkdtemp(prefix="asyncrl-test-")
     os.chmod(tmp, 0o711)  # the bare back end's runs pass through it to their directories
     monkeypatch.setattr(tempfile, "tempdir", tmp)
     mounts = Path("/proc/self/mountinfo").read_text()
+    before = set(children())
     yield Path(tmp)
     try:
         runner.release()
         assert sandbox_processes() == []
-        assert children() == []
+        assert sorted(set(children()) - before) == []
         iso = isolation()
         if iso.slots is not None:
             cgroups.remove_stale(iso.slots.hierarchy)  # what the next launcher does at start
