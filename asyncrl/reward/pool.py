@@ -13,8 +13,9 @@ Either way a fresh worker replaces it and the pool's counters say how often it h
 Workers come from a forkserver that has already imported the verifiers and warmed their caches
 (reward/preload.py), so a replacement starts in milliseconds, warm, instead of re-importing sympy;
 the clock of a call starts when a ready worker takes it. A killed worker first gets SIGTERM, on
-which it kills the code sandboxes it is running (they sit in process groups of their own), then,
-if it is still alive kill_grace_s later, SIGKILL; the caller never waits for either.
+which it kills the code sandbox runs it has and ends their launchers, then, if it is still alive
+kill_grace_s later, SIGKILL (its launchers then kill their runs themselves, seeing it gone); the
+caller never waits for either.
 
 Sizing: a hung call holds a worker for timeout_s, so num_workers must exceed
 samples/s x hang fraction x timeout_s, plus what the verifiers need when nothing hangs.
@@ -61,14 +62,28 @@ class PoolStats:
     outcomes: Counter = field(default_factory=Counter)
 
 
+def _release_sandboxes() -> None:
+    """Kill this worker's code sandbox runs and end their launchers (multiprocessing ends a worker
+    with os._exit, which skips atexit; a worker killed outright leaves its launchers to notice)."""
+    sandbox = sys.modules.get("asyncrl.reward.sandbox")
+    if sandbox is not None and hasattr(sandbox, "kill_active"):
+        sandbox.kill_active()
+        sandbox.release()
+
+
 def _worker_main(conn: Connection, factory: Callable[[], RewardFn]) -> None:
     def on_term(*_):  # take running sandboxes down with this worker
-        sandbox = sys.modules.get("asyncrl.reward.sandbox")
-        if sandbox is not None and hasattr(sandbox, "kill_active"):
-            sandbox.kill_active()
+        _release_sandboxes()
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    try:
+        _serve(conn, factory)
+    finally:
+        _release_sandboxes()
+
+
+def _serve(conn: Connection, factory: Callable[[], RewardFn]) -> None:
     try:
         verifier = factory()
     except Exception as e:  # a replacement would fail the same way: the pool stops the run
