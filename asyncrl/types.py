@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FINISH_REASONS = ("stop", "length", "abort")
+BATCH_ROLES = ("own", "open", "continue")
 
 
 @dataclass
@@ -115,6 +116,20 @@ class SequenceChunk:
 
 
 @dataclass
+class ResponseSpan:
+    """Where a response's loss tokens sit: response tokens [loss_start, loss_start + num_tokens)."""
+
+    group_id: str
+    sample_index: int
+    loss_start: int
+    num_tokens: int
+
+    @classmethod
+    def of(cls, c: SequenceChunk) -> ResponseSpan:
+        return cls(c.group_id, c.sample_index, c.loss_start, c.num_loss_tokens)
+
+
+@dataclass
 class Batch:
     """One optimizer step's data for one learner rank.
 
@@ -131,6 +146,18 @@ class Batch:
     num_sequences_global: int
     token_budget: int
     """Φ of this step (budget aggregation divides by it; training stages may change it)."""
+    role: str = "own"
+    """The step's place in the rollout-batch schedule (buffer/rollout_batch.py): "own" (it is its
+    own rollout batch: streaming, or one step per batch), "open" (the first step of a rollout
+    batch that feeds several) or "continue" (a later step of the open batch)."""
+    opened: list[SequenceChunk] = field(default_factory=list)
+    """With "open", when the learner needs a no-grad pass over the new rollout batch: this rank's
+    share of its responses, each once, over its loss range."""
+    opened_layout: list[ResponseSpan] = field(default_factory=list)
+    """Every response of the new rollout batch, rank 0's share first, then rank 1's, ...; each
+    rank's in the order of its `opened`."""
+    opened_offset: int = 0
+    """Index in `opened_layout` of this rank's first response."""
 
     @property
     def num_loss_tokens(self) -> int:

@@ -1,13 +1,18 @@
 """Group-relative advantages and truncation masks (pure, plain floats in and out).
 
-GRPO (DeepSeekMath; Skywork-OR1 eq. 2.5): A_i = (r_i - mean(r)) / (std(r) + eps), std the
-population std over the group. Dr. GRPO drops the std. RLOO uses the mean of the *other* samples
+GRPO (DeepSeekMath; Skywork-OR1 eq. 2.5): A_i = (r_i - mean(r)) / (std(r) + eps). The papers write
+"std" without saying which: `std="population"` divides the squared deviations by n,
+`std="sample"` by n - 1 (torch.std's default, which verl's and TRL's GRPO use, and so the
+verl-based Skywork-OR1, DAPO and ProRL code). For n = 8 the two differ by sqrt(8/7), 7%.
+Dr. GRPO drops the std. RLOO uses the mean of the *other* samples
 as the baseline: A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean(r)). Every token of a
 response shares its response's advantage.
 
-A group whose rewards are all equal has no learning signal under any of these estimators;
-DAPO's dynamic sampling and Skywork-OR1 section 3.1 (rejection sampling) drop such groups rather
-than train on zeros (`is_zero_variance`, `groups_with_signal`).
+A group whose advantages are all zero has no learning signal; DAPO's dynamic sampling and
+Skywork-OR1 section 3.1 (rejection sampling) drop such groups rather than train on zeros.
+Skywork-OR1 keeps a group when "exists j: A_ij != 0", i.e. after the truncation mask
+(`has_signal` on the masked advantages): a group whose rewards differ only in masked responses
+has none. Without a mask this is the same as DAPO's "rewards not all equal" (`is_zero_variance`).
 
 Deviations: `eps` is added to the std so an all-equal group gives zeros instead of 0/0; a
 single-sample group gets advantage 0 under RLOO (no other sample to form a baseline). The
@@ -20,13 +25,18 @@ from __future__ import annotations
 import math
 
 ADVANTAGE_KINDS = ("grpo", "drgrpo", "rloo")
+STD_CONVENTIONS = ("population", "sample")
 TRUNCATION_MASKS = ("none", "before", "after")
 
 
-def group_advantages(rewards: list[float], kind: str = "grpo", eps: float = 1e-6) -> list[float]:
-    """One advantage per reward of a group of responses to the same prompt."""
+def group_advantages(rewards: list[float], kind: str = "grpo", eps: float = 1e-6,
+                     std: str = "population") -> list[float]:
+    """One advantage per reward of a group of responses to the same prompt; `std` (grpo only):
+    "population" (/ n) or "sample" (/ (n - 1)). A single reward gets 0 under every estimator."""
     if not rewards:
         raise ValueError("a group needs at least one reward")
+    if std not in STD_CONVENTIONS:
+        raise ValueError(f"unknown std convention {std!r} (allowed: {', '.join(STD_CONVENTIONS)})")
     n = len(rewards)
     mean = sum(rewards) / n
     if max(rewards) == min(rewards):
@@ -37,8 +47,10 @@ def group_advantages(rewards: list[float], kind: str = "grpo", eps: float = 1e-6
     if kind == "drgrpo":
         return centered
     if kind == "grpo":
-        std = math.sqrt(sum(c * c for c in centered) / n)
-        return [c / (std + eps) for c in centered]
+        if n == 1:
+            return [0.0]  # no spread to divide by (and the sample std's n - 1 is 0)
+        sigma = math.sqrt(sum(c * c for c in centered) / (n if std == "population" else n - 1))
+        return [c / (sigma + eps) for c in centered]
     if kind == "rloo":
         if n == 1:
             return [0.0]
@@ -53,6 +65,7 @@ def masked_group_advantages(
     mask: str = "none",
     kind: str = "grpo",
     eps: float = 1e-6,
+    std: str = "population",
 ) -> list[float]:
     """Advantages of a group with the truncated-response mask of Skywork-OR1 section 3.2.3.
 
@@ -75,15 +88,15 @@ def masked_group_advantages(
     if len(rewards) != len(truncated):
         raise ValueError(f"{len(rewards)} rewards but {len(truncated)} truncation flags")
     if mask == "none":
-        return group_advantages(rewards, kind, eps)
+        return group_advantages(rewards, kind, eps, std)
     if mask == "after":
-        adv = group_advantages(rewards, kind, eps)
+        adv = group_advantages(rewards, kind, eps, std)
         return [0.0 if cut else a for a, cut in zip(adv, truncated)]
     if mask == "before":
         kept = [r for r, cut in zip(rewards, truncated) if not cut]
         if not kept:
             return [0.0] * len(rewards)
-        kept_adv = iter(group_advantages(kept, kind, eps))
+        kept_adv = iter(group_advantages(kept, kind, eps, std))
         return [0.0 if cut else next(kept_adv) for cut in truncated]
     raise ValueError(f"unknown truncation mask {mask!r} (allowed: {', '.join(TRUNCATION_MASKS)})")
 
@@ -91,6 +104,12 @@ def masked_group_advantages(
 def is_zero_variance(rewards: list[float], tol: float = 1e-12) -> bool:
     """True when every reward in the group is the same (single-sample groups included)."""
     return max(rewards) - min(rewards) <= tol
+
+
+def has_signal(advantages: list[float], tol: float = 1e-12) -> bool:
+    """Skywork-OR1 section 3.1's rejection criterion: some advantage is non-zero (|A| > tol).
+    Pass the advantages after the truncation mask."""
+    return any(abs(a) > tol for a in advantages)
 
 
 def groups_with_signal(groups: list[list[float]], tol: float = 1e-12) -> list[int]:

@@ -12,6 +12,8 @@ c_max = inf reproduces it). The paper measures e_k on the actor's rollouts ("est
 rollout buffer"); asyncrl feeds the learner-side entropy of the current policy over the batch's
 loss tokens, which stays meaningful when rollouts are off-policy (the actors' policy lags). When
 that entropy is only known after the step's backward, the caller passes e_{k-1}, a one-step lag.
+k counts rollout batches, the paper's training steps (learner/entropy_schedule.py calls update
+once per batch; every optimizer step of the batch uses the alpha it returned).
 """
 
 from __future__ import annotations

@@ -7,6 +7,13 @@ KL divergence", 2020):
     k2 = d_t^2 / 2               biased, low variance, >= 0
     k3 = exp(d_t) - d_t - 1      unbiased, >= 0 (Skywork-OR1 D_ij^t in eq. 2.4; ProRL eq. 5)
 
+k3 clamps d_t to [-20, 20] first (`KL_LOG_RATIO_CLAMP`, the bound verl's low_var_kl uses):
+exp(d_t) overflows float32 for d_t above ~88, which would make the loss inf and every gradient
+NaN. A clamped token keeps a finite value (e^20 - 21 at most) and gets no KL gradient; inside
+the bound nothing changes. verl also clamps the resulting k3 to [-10, 10]; asyncrl does not,
+because that zeroes the KL gradient of every token with d_t above ~2.5, exactly the tokens the
+penalty is meant to pull back.
+
 The loss adds beta * agg(k_t) (beta 0 in Skywork-OR1, 1e-4 in ProRL, 1e-3 in Ring-lite).
 Reference reset (ProRL section 3.3.1): pi_ref <- pi_theta and the optimizer state is reset,
 periodically, when the KL spikes, or by hand; ProRL decides by watching validation metrics, which
@@ -21,6 +28,8 @@ from __future__ import annotations
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_LOG_RATIO_CLAMP = 20.0
+"""|d_t| above this is clamped in k3 (verl's value), so exp(d_t) stays finite in float32."""
 
 
 def token_kl(
@@ -35,7 +44,8 @@ def token_kl(
     if estimator == "k2":
         return 0.5 * log_ratio.square()
     if estimator == "k3":
-        return torch.expm1(log_ratio) - log_ratio
+        d = torch.clamp(log_ratio, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+        return torch.expm1(d) - d
     raise ValueError(f"unknown KL estimator {estimator!r} (allowed: {', '.join(KL_ESTIMATORS)})")
 
 

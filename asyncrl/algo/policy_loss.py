@@ -7,10 +7,11 @@ eps_high > eps_low is DAPO's clip-higher (ProRL: 0.2 / 0.4); eps_low == eps_high
 symmetric clip (Skywork-OR1 eq. 2.4, 3.1). Two optional extensions, both off by default:
 
 - Decoupled PPO (AReaL, Fu et al. 2025): the ratio is taken against the proximal policy
-  pi_prox (the learner's weights at the start of the step, recomputed by the learner) instead of
-  the behaviour policy pi_b, and the term is weighted by the truncated importance weight
-  w_t = min(pi_prox / pi_b, C). AReaL drops tokens whose weight exceeds the cap; asyncrl
-  truncates it at C instead (truncated importance sampling).
+  pi_prox (the learner's weights at the start of the rollout batch, recomputed by the learner
+  and fixed over the batch's N_SGD steps, learner/proximal.py) instead of the behaviour policy
+  pi_b, and the term is weighted by the truncated importance weight w_t = min(pi_prox / pi_b, C).
+  AReaL drops tokens whose weight exceeds the cap; asyncrl truncates it at C instead (truncated
+  importance sampling).
 - Dual clip (Ye et al. 2020): for A_t < 0 the term is also capped at -c * A_t, c > 1, so a huge
   ratio on a negative-advantage token cannot blow up the loss.
 

@@ -147,6 +147,11 @@ class Buffer(Protocol):
     def next_batch(self, learner_version: int) -> list[SequenceChunk] | None:
         """One optimizer step's chunks for `learner_version`, or None until a step can be filled."""
 
+    def take_opening(self) -> tuple[str, list[SequenceChunk]]:
+        """Where the last `next_batch` step stands in the rollout-batch schedule (types.Batch.role):
+        "own" (a batch of its own), "open" (with the new batch's responses, each once) or
+        "continue"."""
+
     def admission_capacity(self, view: AdmissionView) -> int:
         """How many more prompts may be admitted now."""
 

@@ -1,9 +1,11 @@
 """Collects each prompt's n scored samples; when the group is complete, computes advantages.
 
 Truncated responses (finish reason `length`) can be masked out of the advantages (Skywork-OR1
-section 3.2.3: "before" / "after"). Groups whose rewards have zero variance carry no signal (every advantage is 0) and are dropped
-here, counted (Skywork-OR1 section 3.1 rejection sampling, DAPO dynamic sampling). A repeated
-(group_id, sample_index) is ignored and counted, so a resent frame can never be trained twice.
+section 3.2.3: "before" / "after"). Groups left with no non-zero advantage after that mask carry
+no signal and are dropped here, counted as `groups_zero_variance` (Skywork-OR1 section 3.1
+rejection sampling; without a mask this is DAPO's dynamic sampling, rewards all equal). A group
+whose rewards differ only in masked responses is dropped too. A repeated (group_id,
+sample_index) is ignored and counted, so a resent frame can never be trained twice.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from asyncrl.algo.advantages import is_zero_variance, masked_group_advantages
+from asyncrl.algo.advantages import has_signal, masked_group_advantages
 from asyncrl.types import Group, ScoredSample
 
 
@@ -21,16 +23,18 @@ class AssemblerStats:
     duplicates: int = 0
     groups_complete: int = 0
     groups_zero_variance: int = 0
+    """Groups dropped with every advantage 0 after the truncation mask (rewards all equal, without one)."""
     samples_zero_variance: int = 0
 
 
 class GroupAssembler:
     def __init__(self, group_size: int, advantage: str = "grpo", eps: float = 1e-6,
-                 drop_zero_variance: bool = True, truncation_mask: str = "none"):
+                 drop_zero_variance: bool = True, truncation_mask: str = "none", std: str = "population"):
         self.group_size = group_size
         self.advantage = advantage
         self.truncation_mask = truncation_mask
         self.eps = eps
+        self.std = std
         self.drop_zero_variance = drop_zero_variance
         self.stats = AssemblerStats()
         self._open: dict[str, dict[int, ScoredSample]] = {}
@@ -69,11 +73,11 @@ class GroupAssembler:
         del self._open[s.group_id]
         self.stats.groups_complete += 1
         samples = [members[i] for i in range(n)]
-        rewards = [m.reward for m in samples]
-        if self.drop_zero_variance and is_zero_variance(rewards):
+        truncated = [m.sample.finish_reason == "length" for m in samples]
+        advantages = masked_group_advantages([m.reward for m in samples], truncated, self.truncation_mask,
+                                             self.advantage, self.eps, self.std)
+        if self.drop_zero_variance and not has_signal(advantages):
             self.stats.groups_zero_variance += 1
             self.stats.samples_zero_variance += len(samples)
             return None
-        truncated = [m.sample.finish_reason == "length" for m in samples]
-        return Group(s.group_id, samples, masked_group_advantages(
-            rewards, truncated, self.truncation_mask, self.advantage, self.eps))
+        return Group(s.group_id, samples, advantages)

@@ -2,11 +2,15 @@
 
 Greedy longest-first onto the least-loaded rank: the forward cost of a chunk is its full length
 (context included), so that is what is balanced; the loss normalizer stays global regardless.
+`rank_batches` builds each rank's `Batch` of a step: its part, the step's global counts, and
+when the step opens a rollout batch, its share of that batch for the learner's no-grad pass.
 """
 
 from __future__ import annotations
 
-from asyncrl.types import SequenceChunk
+from itertools import accumulate
+
+from asyncrl.types import Batch, ResponseSpan, SequenceChunk
 
 
 def split_for_ranks(chunks: list[SequenceChunk], num_ranks: int) -> list[list[SequenceChunk]]:
@@ -36,3 +40,18 @@ def micro_batches(chunks: list[SequenceChunk], max_tokens: int) -> list[list[Seq
     if current:
         out.append(current)
     return out
+
+
+def rank_batches(step: int, chunks: list[SequenceChunk], num_ranks: int, token_budget: int, role: str = "own",
+                 opened: list[SequenceChunk] | None = None) -> list[Batch]:
+    """One `Batch` per rank: its part of the step's chunks with the step's global counts, and
+    with role "open" its share of the opened rollout batch's responses plus the whole batch's
+    layout (rank 0's share first), so that the ranks can sum their parts into one vector."""
+    shares = split_for_ranks(opened or [], num_ranks)
+    layout = [ResponseSpan.of(c) for share in shares for c in share]
+    offsets = [0, *accumulate(len(share) for share in shares)]
+    num_loss_tokens, num_sequences = sum(c.num_loss_tokens for c in chunks), len(chunks)
+    return [Batch(step=step, rank=r, chunks=part, num_loss_tokens_global=num_loss_tokens,
+                  num_sequences_global=num_sequences, token_budget=token_budget, role=role, opened=shares[r],
+                  opened_layout=layout, opened_offset=offsets[r])
+            for r, part in enumerate(split_for_ranks(chunks, num_ranks))]

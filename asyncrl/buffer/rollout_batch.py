@@ -25,6 +25,12 @@ random.Random(f"{seed}/{batch index}/{pass index}"), so runs are reproducible. T
   front of the next rollout batch, so nothing is lost; a step crossing a pass boundary can hold the
   same token from two passes.
 
+The learner needs to know where rollout batches begin: decoupled PPO's proximal policy is the
+policy at the start of the batch, fixed over its N_SGD steps, and adaptive entropy control
+moves once per batch (types.Batch.role). `take_opening` says, after each `next_batch`, whether
+the step opened a rollout batch (and hands over that batch's responses, each once), continued
+the open one, or is its own batch (prompt mode with N_SGD = 1).
+
 Staleness metrics split a trained token's lag at `batch_start_version`, the learner version its
 batch was sealed at, which is the version of the batch's first step (orchestrator/step_stats.py).
 In token mode the step that opens a batch also trains the previous batch's carried tail (fewer
@@ -80,6 +86,9 @@ class RolloutBatchBuffer:
         self._steps: deque[list[ResponseCursor]] = deque()  # prompt mode: one entry per planned step
         self._planned_tokens = 0
         self._batch_start_version: int | None = None
+        self._opened: list[SequenceChunk] | None = None  # sealed since the last take_opening
+        d_t = minibatch_prompts or rollout_batch_prompts
+        self._one_step_batches = minibatch_prompts is not None and rollout_batch_prompts // d_t * num_reuse == 1
 
     @property
     def num_loss_tokens(self) -> int:
@@ -132,6 +141,15 @@ class RolloutBatchBuffer:
         self.stats.batches_out += 1
         return chunks
 
+    def take_opening(self) -> tuple[str, list[SequenceChunk]]:
+        """The last `next_batch` step's role ("own", "open" or "continue", as types.Batch.role)
+        and, with "open", the responses of the rollout batch(es) sealed for it, each once over its
+        kept tokens (a step that seals two batches, the first too small to fill it, opens both)."""
+        opened, self._opened = self._opened, None
+        if self._one_step_batches:
+            return "own", []
+        return ("continue", []) if opened is None else ("open", opened)
+
     def admission_capacity(self, view: AdmissionView) -> int:
         """Enough prompts for every rollout batch that will be sealed within the staleness bound."""
         d_r = self.rollout_batch_prompts
@@ -160,6 +178,8 @@ class RolloutBatchBuffer:
                     self.stats.responses_all_stale += stale > 0
                     continue
                 kept[-1].append((s, adv, stale))
+        self._opened = (self._opened or []) + [ResponseCursor(*r).chunk(len(r[0].response_ids))
+                                               for resp in kept for r in resp]
         batch_index = self.stats.rollout_batches_sealed
         self.stats.rollout_batches_sealed += 1
         self._batch_start_version = learner_version

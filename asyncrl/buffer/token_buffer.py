@@ -48,6 +48,10 @@ class TokenBuffer:
         """None: every token is trained once, so no lag comes from reuse (buffer/base.py)."""
         return None
 
+    def take_opening(self) -> tuple[str, list[SequenceChunk]]:
+        """Every step is its own rollout batch (buffer/base.py)."""
+        return "own", []
+
     @property
     def num_responses(self) -> int:
         return len(self._queue)

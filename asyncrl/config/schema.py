@@ -226,6 +226,9 @@ class KLConfig(_Section):
 class AlgoConfig(_Section):
     advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
     """grpo: (r - mean) / (std + eps); drgrpo: r - mean; rloo: r - mean of the others."""
+    advantage_std: Literal["population", "sample"] = "population"
+    """grpo's std over the group: population (divides by n) or sample (by n - 1, torch.std's
+    default, as verl's and TRL's GRPO compute it). The papers' formulas do not say which."""
     truncation_mask: Literal["none", "before", "after"] = "none"
     """Advantage mask for responses cut at max_tokens (Skywork-OR1 section 3.2.3)."""
     no_eos_penalty: float = Field(0.0, ge=0)
@@ -237,7 +240,8 @@ class AlgoConfig(_Section):
     advantage_eps: float = Field(1e-6, gt=0)
     """eps in the GRPO denominator."""
     drop_zero_variance_groups: bool = True
-    """Drop groups whose rewards are all equal (no signal), counted in metrics."""
+    """Drop groups with no non-zero advantage after the truncation mask (Skywork-OR1 section 3.1;
+    without a mask: rewards all equal, DAPO's dynamic sampling), counted in metrics."""
     eps_low: float = Field(0.2, ge=0, lt=1)
     """Lower clip bound: ratio clipped at 1 - eps_low."""
     eps_high: float = Field(0.28, ge=0)
@@ -245,8 +249,9 @@ class AlgoConfig(_Section):
     dual_clip: float | None = Field(None, gt=1)
     """Dual clip: for A < 0 cap the token loss at -c * A (None: off)."""
     decoupled: bool = False
-    """Decoupled PPO (AReaL): ratio against the learner's policy at the start of the step (pi_prox),
-    each token weighted by the importance weight pi_prox / pi_b truncated at is_weight_cap."""
+    """Decoupled PPO (AReaL): ratio against pi_prox, the learner's policy at the start of the
+    step's rollout batch (fixed over its N_SGD steps; a step that is its own batch: the start of
+    the step, ratio 1), each token weighted by pi_prox / pi_b truncated at is_weight_cap."""
     is_weight_cap: float | None = Field(None, gt=0)
     """C, the truncation of the decoupled importance weight (None: untruncated); needs decoupled."""
     entropy_coef: float = Field(0.0, ge=0)

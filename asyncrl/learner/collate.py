@@ -7,7 +7,7 @@ row P + j - 1. Everything the loss needs is gathered into flat [T] vectors over 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,8 @@ class MicroBatch:
     versions: torch.Tensor        # [T] int64
     seq_loss_tokens: torch.Tensor  # [T] int64: loss tokens of the token's sequence in this step
     temperatures: torch.Tensor    # [T] sampling temperature of the token's response
+    spans: list[tuple[str, int, int, int]] = field(default_factory=list)
+    """(group_id, sample_index, loss_start, loss_end) of each chunk, in the order of its tokens."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -60,6 +62,7 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
         versions=torch.tensor(ver, dtype=torch.long),
         seq_loss_tokens=torch.tensor(seq_len, dtype=torch.long),
         temperatures=torch.tensor(temps, dtype=torch.float32),
+        spans=[(c.group_id, c.sample_index, c.loss_start, c.loss_end) for c in chunks],
     )
 
 

@@ -36,6 +36,13 @@ def sum_over_ranks(value: float) -> float:
     return _all_reduce([value], dist.ReduceOp.SUM)[0]
 
 
+def sum_tensor_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """Elementwise sum over ranks of a tensor every rank holds in the same shape (float64, CPU)."""
+    out = t.to(device=_tensor([]).device, dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.cpu()
+
+
 def gather_over_ranks(values: list[float]) -> list[list[float]]:
     """Every rank's `values` (same length on each), in rank order."""
     out = [_tensor([0.0] * len(values)) for _ in range(dist.get_world_size())]
@@ -57,3 +64,5 @@ def all_reduce_tally(tally: Tally, scalars: dict[str, float]) -> None:
     for j, n in enumerate(names):
         scalars[n] = sums[len(keys) + j]
     tally.tokens = int(sums[-1])
+    for k in sorted(tally.vectors):  # the same keys and shapes on every rank (policy_step.MoeStep)
+        tally.vectors[k] = sum_tensor_over_ranks(tally.vectors[k])

@@ -28,9 +28,12 @@ def is_moe(model: torch.nn.Module) -> bool:
     return bool(getattr(model.config, "num_experts", 0) or getattr(model.config, "num_local_experts", 0))
 
 
-def policy_forward(model: torch.nn.Module, mb: MicroBatch, chunk: int, device: torch.device) -> TokenForward:
-    """Logprobs and entropies of mb's loss tokens; differentiable when grad is enabled."""
-    kwargs = {"output_router_logits": True} if is_moe(model) else {}
+def policy_forward(model: torch.nn.Module, mb: MicroBatch, chunk: int, device: torch.device,
+                   moe: bool | None = None) -> TokenForward:
+    """Logprobs and entropies of mb's loss tokens; differentiable when grad is enabled. `moe`:
+    whether to ask for router logits (None: `is_moe(model)`; a wrapped model, e.g. a DeepSpeed
+    engine, has a `config` of its own, so its learner says)."""
+    kwargs = {"output_router_logits": True} if (is_moe(model) if moe is None else moe) else {}
     out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
                 output_hidden_states=True, logits_to_keep=1, **kwargs)
     hidden = out.hidden_states[-1][mb.rows.to(device), mb.cols.to(device)]  # [T, H], after the final norm

@@ -1,15 +1,20 @@
 """One optimizer step's forward/backward over micro-batches, with every loss term from asyncrl.algo.
 
-    loss = sum_t w_t * (l_t - alpha * H_t + beta * KL_t)  +  share * (c_lb * L_lb + c_z * L_z)
+    loss = sum_t w_t * (l_t - alpha * H_t + beta * KL_t)  +  c_lb * L_lb + c_z * L_z
 
-Every token's weight w_t comes from the step's global counts (`StepCounts`), a micro-batch's
-MoE term is weighted by its share of the step's loss tokens, and gradients accumulate, so the
-step's gradient equals the full-batch gradient however the batch was cut.
+Every token's weight w_t comes from the step's global counts (`StepCounts`), and gradients
+accumulate, so the step's gradient equals the full-batch gradient however the batch was cut.
+The MoE losses are means over every routed token of the step (algo/moe.py): each micro-batch
+adds its sums divided by the step's routed count, the load balance with the step's expert
+fractions f (`MoeStep`, from a no-grad routing pass when its coefficient is > 0), so they too
+equal the whole batch's, values and gradients, on any split into micro-batches and ranks.
 
-Decoupled PPO: pi_prox is the learner's policy at the start of the step. The step makes one
-optimizer update after all its micro-batches, so while they run pi_theta still *is* pi_prox and
-its logprobs equal this forward's values: they are taken as `logp.detach()`, exactly what a
-separate no-grad pass would recompute, without the extra forward.
+Decoupled PPO: pi_prox is the learner's policy at the start of the step's rollout batch,
+fixed across that batch's N_SGD steps (learner/proximal.py): `proximal(mb)` gives its logprobs.
+Without it the step is its own batch: pi_prox is the policy at the start of the step, and since
+the step makes its one optimizer update after all its micro-batches, pi_theta still *is*
+pi_prox while they run, so this forward's logprobs, detached, are exactly what a separate
+no-grad pass would recompute (ratio 1 in value).
 
 Returns the step's metrics, pooled over all its loss tokens.
 """
@@ -17,12 +22,13 @@ Returns the step's metrics, pooled over all its loss tokens.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from asyncrl.algo.aggregation import StepCounts, token_weights, weighted_sum
 from asyncrl.algo.kl import token_kl
-from asyncrl.algo.moe import load_balance_loss, router_z_loss
+from asyncrl.algo.moe import load_balance_from_sums, load_balance_share, router_sums
 from asyncrl.algo.policy_loss import clipped_policy_loss
 from asyncrl.config import AlgoConfig
 from asyncrl.learner.collate import MicroBatch
@@ -36,6 +42,7 @@ class Tally:
         self.sums: dict[str, float] = {}
         self.maxima: dict[str, float] = {}
         self.minima: dict[str, float] = {}
+        self.vectors: dict[str, torch.Tensor] = {}  # summed elementwise (float64, CPU)
         self.tokens = 0
 
     def add(self, key: str, values: torch.Tensor) -> None:
@@ -47,6 +54,51 @@ class Tally:
     def mean(self, key: str) -> float:
         return self.sums.get(key, 0.0) / max(self.tokens, 1)
 
+    def add_vector(self, key: str, values: torch.Tensor) -> None:
+        values = values.detach().double().cpu()
+        self.vectors[key] = self.vectors[key] + values if key in self.vectors else values
+
+
+@dataclass
+class MoeStep:
+    """The step-wide numbers the MoE losses divide by: `num_positions`, the routed positions of
+    the whole step (all micro-batches, all ranks; times the model's MoE layers it is the routed
+    count N), and `frac` [k, E], the step's expert fractions f (needed when the load-balance
+    loss trains). `num_experts` lets every rank hold accumulators of one shape."""
+
+    top_k: int
+    num_experts: int
+    num_positions: int
+    frac: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def measure_pass(forward: Callable[[MicroBatch], TokenForward], micro_batches: list[MicroBatch],
+                 top_k: int = 0, num_experts: int = 0) -> tuple[float, torch.Tensor | None]:
+    """A no-grad pass over the step before its update: the sum of its loss tokens' entropies and,
+    with top_k > 0, the routing counts [k, E] (float64): how many routed (position, layer) pairs
+    chose each expert as their j-th (f = counts / counts[0].sum()). With `num_experts` the counts
+    exist (zeros) even without micro-batches, as an all-reduce over ranks needs."""
+    entropy = 0.0
+    counts = torch.zeros(top_k, num_experts, dtype=torch.float64) if top_k and num_experts else None
+    for mb in micro_batches:
+        out = forward(mb)
+        entropy += float(out.entropy.double().sum())
+        if top_k:
+            mask = mb.attention_mask.to(out.logprobs.device)
+            mine = router_sums(out.router_logits, top_k, mask).counts.double().cpu()
+            counts = mine if counts is None else counts + mine
+    return entropy, counts
+
+
+def routed_positions(micro_batches: list[MicroBatch]) -> int:
+    return sum(int(mb.attention_mask.sum()) for mb in micro_batches)
+
+
+def fractions(counts: torch.Tensor) -> torch.Tensor:
+    """f [k, E] from routing counts [k, E] (each row sums to the routed pairs)."""
+    return counts / max(float(counts[0].sum()), 1.0)
+
 
 def forward_backward(
     forward: Callable[[MicroBatch], TokenForward],
@@ -56,15 +108,25 @@ def forward_backward(
     *,
     entropy_coef: float = 0.0,
     ref_logprobs: Callable[[MicroBatch], torch.Tensor] | None = None,
+    proximal: Callable[[MicroBatch], torch.Tensor] | None = None,
     moe_top_k: int = 0,
+    moe: MoeStep | None = None,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     reduce: Callable[[Tally, dict[str, float]], None] | None = None,
 ) -> dict[str, float]:
     """Accumulate the step's gradients; `forward(mb)` gives the loss tokens' logprobs/entropies,
-    `ref_logprobs(mb)` the reference policy's logprobs of the same tokens (no grad). `backward`
+    `ref_logprobs(mb)` the reference policy's logprobs of the same tokens (no grad), `proximal(mb)`
+    decoupled PPO's pi_prox of them (None: the step is its own rollout batch). `backward`
     is the training backend's; `reduce(tally, scalars)` combines the ranks' sums in place, so
-    the metrics describe the whole step."""
-    tally, scalars = Tally(), {"loss": 0.0, "pg": 0.0, "kl_term": 0.0, "lb": 0.0, "z": 0.0}
+    the metrics describe the whole step. A MoE model needs `moe` (the step over all ranks) or
+    `moe_top_k` (then this process's micro-batches are the whole step)."""
+    if moe is None and moe_top_k:
+        routing = measure_pass(forward, micro_batches, moe_top_k)[1]
+        moe = MoeStep(moe_top_k, routing.shape[-1], routed_positions(micro_batches), fractions(routing))
+    tally, scalars = Tally(), {"loss": 0.0, "pg": 0.0, "kl_term": 0.0, "moe_lse_sq": 0.0, "moe_num": 0.0}
+    if moe is not None:  # every rank holds them, micro-batches or not, for the all-reduce
+        tally.vectors = {"moe_counts": torch.zeros(moe.top_k, moe.num_experts, dtype=torch.float64),
+                         "moe_prob": torch.zeros(moe.num_experts, dtype=torch.float64)}
     for mb in micro_batches:
         if mb.num_loss_tokens == 0:
             continue
@@ -72,9 +134,11 @@ def forward_backward(
         logp, entropy = out.logprobs, out.entropy
         dev = logp.device
         old, adv = mb.old_logprobs.to(dev), mb.advantages.to(dev)
-        pg, diag = clipped_policy_loss(
-            logp, old, adv, algo.eps_low, algo.eps_high, dual_clip=algo.dual_clip,
-            proximal_logprobs=logp.detach() if algo.decoupled else None, is_weight_cap=algo.is_weight_cap)
+        prox = None
+        if algo.decoupled:
+            prox = proximal(mb).to(device=dev, dtype=logp.dtype) if proximal is not None else logp.detach()
+        pg, diag = clipped_policy_loss(logp, old, adv, algo.eps_low, algo.eps_high, dual_clip=algo.dual_clip,
+                                       proximal_logprobs=prox, is_weight_cap=algo.is_weight_cap)
         weights = token_weights(algo.aggregation, mb.seq_loss_tokens.to(dev), counts, dtype=pg.dtype)
         pg_share = weighted_sum(pg, weights)
         loss = pg_share - entropy_coef * weighted_sum(entropy, weights)
@@ -85,13 +149,8 @@ def forward_backward(
                 loss = loss + algo.kl.coef * kl_share
             scalars["kl_term"] += float(kl_share.detach())
             tally.add("kl", kl)
-        if out.router_logits is not None and moe_top_k:
-            share = mb.num_loss_tokens / max(counts.num_tokens, 1)
-            lb = load_balance_loss(out.router_logits, moe_top_k, mb.attention_mask.to(dev))
-            z = router_z_loss(out.router_logits, mb.attention_mask.to(dev))
-            loss = loss + share * (algo.moe_aux_loss_coef * lb + algo.moe_z_loss_coef * z)
-            scalars["lb"] += share * float(lb.detach())
-            scalars["z"] += share * float(z.detach())
+        if out.router_logits is not None and moe is not None:
+            loss = loss + _moe_terms(out.router_logits, mb, moe, algo, tally, scalars)
         backward(loss)
         scalars["loss"] += float(loss.detach())
         scalars["pg"] += float(pg_share.detach())
@@ -107,7 +166,24 @@ def forward_backward(
             tally.add("is_weight", diag["is_weight"])
     if reduce is not None:
         reduce(tally, scalars)
-    return _metrics(tally, scalars, ref_logprobs is not None, algo.decoupled, moe_top_k > 0)
+    return _metrics(tally, scalars, ref_logprobs is not None, algo.decoupled, moe is not None)
+
+
+def _moe_terms(router_logits, mb: MicroBatch, moe: MoeStep, algo: AlgoConfig, tally: Tally,
+               scalars: dict[str, float]) -> torch.Tensor:
+    """This micro-batch's part of c_lb * L_lb + c_z * L_z; its routing sums go to the tally."""
+    sums = router_sums(router_logits, moe.top_k, mb.attention_mask.to(router_logits[0].device))
+    num = moe.num_positions * len(router_logits)  # the step's routed (position, layer) pairs
+    term = sums.lse_sq_sum.new_zeros(())
+    if algo.moe_z_loss_coef > 0:
+        term = term + algo.moe_z_loss_coef * sums.lse_sq_sum / num
+    if algo.moe_aux_loss_coef > 0:
+        term = term + algo.moe_aux_loss_coef * load_balance_share(sums.prob_sum, moe.frac, num)
+    tally.add_vector("moe_counts", sums.counts)
+    tally.add_vector("moe_prob", sums.prob_sum)
+    scalars["moe_lse_sq"] += float(sums.lse_sq_sum.detach())
+    scalars["moe_num"] += sums.num
+    return term
 
 
 def _metrics(t: Tally, s: dict[str, float], with_kl: bool, decoupled: bool, moe: bool) -> dict[str, float]:
@@ -132,5 +208,7 @@ def _metrics(t: Tally, s: dict[str, float], with_kl: bool, decoupled: bool, moe:
                   "is_weight/min": t.minima.get("is_weight", 0.0),
                   "is_weight/capped_frac": t.mean("is_weight_capped")})
     if moe:
-        m.update({"loss/moe_load_balance": s["lb"], "loss/moe_z": s["z"]})
+        num = int(s["moe_num"])
+        lb = load_balance_from_sums(t.vectors["moe_counts"], t.vectors["moe_prob"], num)
+        m.update({"loss/moe_load_balance": float(lb), "loss/moe_z": s["moe_lse_sq"] / max(num, 1)})
     return m

@@ -14,9 +14,11 @@ backends gather parameters inside every forward and reduce gradients inside ever
 so every rank runs as many micro-batches as the busiest one (padding with zero-loss ones).
 
 The rank owns the algorithm's state: the adaptive entropy controller (fed e_k all-reduced over
-ranks), the reference policy and its resets. `save_checkpoint` / `load_checkpoint` write and
-read the whole group's state independent of the number of ranks: policy (Hugging Face
-format), full optimizer state, reference policy, algorithm state, version and torch RNG, so a
+ranks), the reference policy and its resets, and decoupled PPO's pi_prox of the open rollout
+batch (learner/proximal.py), computed when a step opens a batch (`Batch.role`).
+`save_checkpoint` / `load_checkpoint` write and read the whole group's state independent of
+the number of ranks: policy (Hugging Face format), full optimizer state, reference policy,
+algorithm state (pi_prox included: every rank holds all of it), version and torch RNG, so a
 resumed run's next step is bit-identical on CPU and a checkpoint of N ranks resumes on M.
 """
 
@@ -31,7 +33,6 @@ from typing import Any
 import torch
 
 from asyncrl.algo.aggregation import StepCounts
-from asyncrl.algo.entropy_control import AdaptiveEntropyController
 from asyncrl.algo.kl import should_reset_reference
 from asyncrl.buffer.packing import micro_batches
 from asyncrl.compat import hide_broken_torch_extras
@@ -39,9 +40,11 @@ from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import collectives
 from asyncrl.learner.backend import init_process_group, make_backend
 from asyncrl.learner.collate import collate, empty_chunk
+from asyncrl.learner.entropy_schedule import EntropySchedule
 from asyncrl.learner.hf_files import meta_params, save_hf_model
 from asyncrl.learner.model_forward import is_moe, policy_forward
-from asyncrl.learner.policy_step import forward_backward
+from asyncrl.learner.policy_step import MoeStep, forward_backward, fractions, measure_pass, routed_positions
+from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.sync.gloo_sender import free_port
@@ -78,6 +81,7 @@ class LearnerRank:
         self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
         self.generation_config = getattr(model, "generation_config", None)
         self.moe_top_k = int(getattr(model.config, "num_experts_per_tok", 0)) if is_moe(model) else 0
+        self.num_experts = int(getattr(model.config, "num_experts", 0) or getattr(model.config, "num_local_experts", 0))
         self.reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device)
                           if algo.kl.needs_reference else None)  # copied before any sharding
         self.backend = make_backend(learner.backend, model, learner, world_size)
@@ -87,16 +91,15 @@ class LearnerRank:
         self.batches = FrameReceiver(decode_batch, host=host)
         self.batch_timeout_s = batch_timeout_s
         self.sender = None
-        ec = algo.entropy_control
-        self.entropy_ctl = (AdaptiveEntropyController(ec.target, ec.delta, ec.coef_max if ec.coef_max is not None
-                                                      else float("inf")) if ec.enabled else None)
-        self._last_entropy: float | None = None
+        self.entropy = EntropySchedule(algo)
+        self.entropy_ctl = self.entropy.controller  # None without adaptive control
+        self.proximal = ProximalLogprobs()  # decoupled PPO's pi_prox of the open rollout batch
 
     def batch_endpoint(self) -> str:
         return self.batches.endpoint
 
     def _forward(self, mb):
-        return policy_forward(self.model, mb, self.cfg.entropy_chunk_tokens, self.device)
+        return policy_forward(self.model, mb, self.cfg.entropy_chunk_tokens, self.device, moe=bool(self.moe_top_k))
 
     def _micro_batches(self, chunks) -> tuple[list, int]:
         """This rank's micro-batches, and how many zero-loss ones it must add to match the
@@ -116,28 +119,53 @@ class LearnerRank:
                 self.backend.backward(out.logprobs.sum() * 0.0)
 
     @torch.no_grad()
-    def _measure_entropy(self, mbs, pad: int, num_tokens: int) -> float:
-        """e_k: mean entropy of the current policy over the step's loss tokens (before the update),
-        over all ranks."""
-        total = sum(float(self._forward(mb).entropy.double().sum()) for mb in mbs)
+    def _open_rollout_batch(self, batch) -> float | None:
+        """The step opens a rollout batch: a no-grad pass over this rank's share of its responses
+        under the current policy gives pi_prox for the batch's steps (decoupled PPO; the ranks sum
+        their parts, each filling its own slots of the batch's layout, so all hold all of it) and
+        the batch's mean entropy, over all ranks (exact entropy control's e_k)."""
+        mbs = [collate(c, self.pad_id) for c in micro_batches(batch.opened, self.cfg.micro_batch_tokens)]
+        pad = collectives.max_over_ranks(len(mbs)) - len(mbs) if self.distributed else 0
+        mine, entropy = [], 0.0
+        for mb in mbs:
+            out = self._forward(mb)
+            mine.append(out.logprobs.double().cpu())
+            entropy += float(out.entropy.double().sum())
         self._padding(pad, grad=False)
+        layout = batch.opened_layout
+        num_tokens = sum(s.num_tokens for s in layout)
         if self.distributed:
-            total = collectives.sum_over_ranks(total)
-        return total / max(num_tokens, 1)
+            entropy = collectives.sum_over_ranks(entropy)
+        if self.algo.decoupled:
+            values = torch.zeros(num_tokens, dtype=torch.float64)
+            start = sum(s.num_tokens for s in layout[:batch.opened_offset])
+            if mine:
+                values[start:start + sum(t.numel() for t in mine)] = torch.cat(mine)
+            if self.distributed:
+                values = collectives.sum_tensor_over_ranks(values)
+            self.proximal.open(layout, values.float())
+        return entropy / num_tokens if num_tokens else None
 
-    def _entropy_coef(self, mbs, pad: int, num_tokens: int) -> tuple[float, dict[str, float]]:
-        """alpha_k: fixed, or from the controller fed e_k (exact) or e_{k-1} (lagged)."""
-        ctl = self.entropy_ctl
-        if ctl is None:
-            return self.algo.entropy_coef, {}
-        if self.algo.entropy_control.measure == "exact":
-            measured = self._measure_entropy(mbs, pad, num_tokens)
-        else:
-            measured = self._last_entropy
-        if measured is None:  # lagged mode's first step: no e_0 yet, and c_0 = 0 anyway
-            return 0.0, {**ctl.metrics(), "entropy_control/target": ctl.target}
-        alpha = ctl.update(measured)
-        return alpha, {**ctl.metrics(), "entropy_control/measured": measured, "entropy_control/target": ctl.target}
+    def _measure(self, mbs, pad: int, num_tokens: int, exact: bool) -> tuple[float | None, MoeStep | None]:
+        """The no-grad pass over the step before its update, when something needs it, over all
+        ranks: with `exact`, e_k, the current policy's mean entropy over the step's loss tokens
+        (exact entropy control of a step that is its own rollout batch), and the MoE step's
+        routed positions and expert fractions f (when the load-balance loss trains). One forward
+        serves both."""
+        routing = bool(self.moe_top_k) and self.algo.moe_aux_loss_coef > 0
+        entropy, counts = None, None
+        if exact or routing:
+            entropy, counts = measure_pass(self._forward, mbs, self.moe_top_k if routing else 0, self.num_experts)
+            self._padding(pad, grad=False)
+            if self.distributed:
+                entropy = collectives.sum_over_ranks(entropy)
+                counts = collectives.sum_tensor_over_ranks(counts) if counts is not None else None
+        moe = None
+        if self.moe_top_k:
+            positions = routed_positions(mbs)
+            positions = int(collectives.sum_over_ranks(positions)) if self.distributed else positions
+            moe = MoeStep(self.moe_top_k, self.num_experts, positions, None if counts is None else fractions(counts))
+        return (entropy / max(num_tokens, 1) if exact else None), moe
 
     def train_step(self, step: int, reset_reference: bool = False) -> StepResult:
         """Receive this rank's part of the step, do one optimizer step, advance the version; then
@@ -180,17 +208,23 @@ class LearnerRank:
         if batch.step != step:
             raise RuntimeError(f"learner rank {self.rank}: expected the batch of step {step}, got step {batch.step}")
         t1 = time.monotonic()
+        measured = None
+        if batch.role == "open" and batch.opened_layout:
+            measured = self._open_rollout_batch(batch)
         mbs, pad = self._micro_batches(batch.chunks)
         counts = StepCounts(batch.num_loss_tokens_global, batch.num_sequences_global, batch.token_budget)
-        alpha, ctl_metrics = self._entropy_coef(mbs, pad, counts.num_tokens)
+        step_measured, moe = self._measure(mbs, pad, counts.num_tokens, self.entropy.exact and batch.role == "own")
+        alpha, ctl_metrics = self.entropy.coef(batch.role, measured if batch.role == "open" else step_measured)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
                                    ref_logprobs=self.reference.logprobs if self.reference else None,
-                                   moe_top_k=self.moe_top_k, backward=self.backend.backward,
+                                   proximal=self.proximal.lookup if batch.role != "own" else None,
+                                   moe=moe, backward=self.backend.backward,
                                    reduce=collectives.all_reduce_tally if self.distributed else None)
         self._padding(pad, grad=True)
-        self._last_entropy = metrics["entropy/learner"]
+        self.entropy.observe(metrics["entropy/learner"], metrics["learner/loss_tokens"])
         return {**metrics, **ctl_metrics, **self._rank_metrics(batch.chunks),
-                "entropy/coef": alpha, "timing/learner_wait_batch_s": t1 - t0}
+                "entropy/coef": alpha, "learner/opens_rollout_batch": float(batch.role != "continue"),
+                "timing/learner_wait_batch_s": t1 - t0}
 
     def _rank_metrics(self, chunks) -> dict[str, float]:
         """How the step was split: loss tokens and forward tokens (context included) per rank."""
@@ -211,14 +245,10 @@ class LearnerRank:
 
     def algo_state(self) -> dict[str, Any]:
         """The algorithm's state for a checkpoint (the reference weights travel separately)."""
-        return {"entropy_control": self.entropy_ctl.state_dict() if self.entropy_ctl else None,
-                "last_entropy": self._last_entropy,
-                "num_reference_resets": self.reference.num_resets if self.reference else 0}
+        return {**self.entropy.state_dict(), "num_reference_resets": self.reference.num_resets if self.reference else 0}
 
     def load_algo_state(self, state: dict[str, Any]) -> None:
-        if self.entropy_ctl is not None and state.get("entropy_control"):
-            self.entropy_ctl.load_state_dict(state["entropy_control"])
-        self._last_entropy = state.get("last_entropy")
+        self.entropy.load_state_dict(state)
         if self.reference is not None:
             self.reference.num_resets = int(state.get("num_reference_resets", 0))
 
@@ -282,7 +312,8 @@ class LearnerRank:
         if self.rank == 0:
             torch.save({"version": self.version, "optimizer": optimizer,
                         "reference": self.reference.model.state_dict() if self.reference else None,
-                        "algo": self.algo_state(), "torch_rng": torch.get_rng_state(),
+                        "algo": self.algo_state(), "proximal": self.proximal.state_dict(),
+                        "torch_rng": torch.get_rng_state(),
                         "ranks": self.world_size}, Path(path) / "learner.pt")
         return {"version": self.version, "save_s": time.monotonic() - t0}
 
@@ -296,6 +327,7 @@ class LearnerRank:
                 raise ValueError(f"{path} holds no reference policy, but this run's algo.kl needs one")
             self.reference.model.load_state_dict(state["reference"])
         self.load_algo_state(state["algo"])
+        self.proximal.load_state_dict(state.get("proximal"))  # absent in older checkpoints
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
         return self.version

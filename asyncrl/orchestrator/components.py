@@ -53,7 +53,7 @@ def build_ledger(cfg: Config, stage) -> GroupLedger:
     return GroupLedger(
         build_buffer(cfg.buffer, stage.token_budget, cfg.seed),
         GroupAssembler(stage.group_size, a.advantage, a.advantage_eps, a.drop_zero_variance_groups,
-                       a.truncation_mask),
+                       a.truncation_mask, a.advantage_std),
         Shaping(a.no_eos_penalty, a.overlong_buffer, a.overlong_penalty_factor), cfg.reward.num_workers)
 
 

@@ -20,7 +20,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from asyncrl.buffer.packing import split_for_ranks
+from asyncrl.buffer.packing import rank_batches
 from asyncrl.compat import child_env
 from asyncrl.config import Config
 from asyncrl.learner.rank import LearnerRank
@@ -28,7 +28,7 @@ from asyncrl.observe.worker_logs import log_env
 from asyncrl.sync.gloo_sender import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
-from asyncrl.types import Batch, RunFailed, SequenceChunk
+from asyncrl.types import RunFailed, SequenceChunk
 
 
 class GroupCall:
@@ -79,6 +79,7 @@ class LearnerGroup:
                 world_size=lc.num_ranks, group_address=address)
             for r in range(lc.num_ranks)]
         self._senders: list[FrameSender] | None = None  # created at the first step: ranks are still starting
+        self._pass_over_opened = needs_rollout_batch_pass(cfg.algo)
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)
@@ -90,15 +91,16 @@ class LearnerGroup:
         """An ObjectRef of rank 0's answer (calls no other rank has a part in)."""
         return getattr(self.ranks[0], method).remote(*args, **kwargs)
 
-    def train_step(self, step: int, chunks: list[SequenceChunk], token_budget: int, reset_reference: bool) -> GroupCall:
-        """Stream each rank its part of the step (split by tokens), with the step's global counts,
-        and start the step on every rank."""
+    def train_step(self, step: int, chunks: list[SequenceChunk], token_budget: int, reset_reference: bool,
+                   role: str = "own", opened: list[SequenceChunk] | None = None) -> GroupCall:
+        """Stream each rank its part of the step (split by tokens), with the step's global counts
+        and its `role` in the rollout-batch schedule (with "open", each rank's share of the
+        `opened` batch when the learner makes a pass over it), and start the step on every rank."""
         if self._senders is None:
             self._senders = [FrameSender(e) for e in ray.get([r.batch_endpoint.remote() for r in self.ranks])]
-        for rank, part in enumerate(split_for_ranks(chunks, len(self.ranks))):
-            self._senders[rank].send(encode_batch(Batch(
-                step=step, rank=rank, chunks=part, num_loss_tokens_global=sum(c.num_loss_tokens for c in chunks),
-                num_sequences_global=len(chunks), token_budget=token_budget)))
+        opened = opened if self._pass_over_opened else None
+        for rank, batch in enumerate(rank_batches(step, chunks, len(self.ranks), token_budget, role, opened)):
+            self._senders[rank].send(encode_batch(batch))
         return self.call("train_step", step, reset_reference=reset_reference)
 
     def owns(self, actor_id: str | None) -> bool:
@@ -125,3 +127,11 @@ def _rendezvous() -> str:
 def _log_name(rank: int) -> str:
     """logs/learner.log for rank 0 (the one most runs have), learner-<r>.log for the others."""
     return "learner" if rank == 0 else f"learner-{rank}"
+
+
+def needs_rollout_batch_pass(algo) -> bool:
+    """Whether the learner runs a no-grad pass over each rollout batch it opens: decoupled PPO
+    takes pi_prox from it (learner/proximal.py), exact entropy control the batch's e_k
+    (learner/entropy_schedule.py)."""
+    ec = algo.entropy_control
+    return algo.decoupled or (ec.enabled and ec.measure == "exact")

@@ -204,11 +204,12 @@ class Orchestrator:
         if chunks is None:
             return
         step = self.step + 1
+        role, opened = self.ledger.buffer.take_opening()
         self.stats.add_batch(chunks, self.version, self.ledger.buffer.batch_start_version)
         self._wait_for_data_s = time.monotonic() - self._last_step_t
         self._step_started = time.monotonic()
         self._train_ref = self.learner.train_step(step, chunks, self.stages.current.token_budget,
-                                                  self.requests.take_reset(self.cfg))
+                                                  self.requests.take_reset(self.cfg), role, opened)
 
     def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None

@@ -82,7 +82,7 @@ def stall_diagnosis(orch) -> str:
     a, led, pool = orch.ledger.assembler.stats, orch.ledger, orch.rewards
     outcomes = ", ".join(f"{k} {v}" for k, v in pool.stats.outcomes.most_common(6)) or "none yet"
     facts = (f"{orch.samples.num_received} samples received, {a.groups_complete} groups complete, "
-             f"{a.groups_zero_variance} dropped for zero reward variance, "
+             f"{a.groups_zero_variance} dropped with no advantage signal, "
              f"{led.buffer.num_loss_tokens}/{orch.stages.current.token_budget} loss tokens buffered, "
              f"{len(led.records)} groups in flight on {len(orch.pool.ids)} actor(s), "
              f"{pool.num_pending} samples awaiting rewards ({pool.stats.timeouts} reward timeouts); "
@@ -90,8 +90,9 @@ def stall_diagnosis(orch) -> str:
     if orch.samples.num_received == 0:
         cause = "no sample has arrived: the rollout actors are not generating (see the run's logs/)"
     elif a.groups_complete and a.groups_zero_variance == a.groups_complete:
-        cause = ("every complete group had equal rewards, so none has a learning signal: the task is too "
-                 "hard or too easy for this model, or the verifier gives every response the same reward")
+        cause = ("every complete group had equal rewards (after the truncation mask), so none has a learning "
+                 "signal: the task is too hard or too easy for this model, or the verifier gives every "
+                 "response the same reward")
     elif pool.num_pending and pool.stats.completed == 0:
         cause = "no reward has come back: the verifiers are stuck or too slow (reward.timeout_s, reward.num_workers)"
     else:

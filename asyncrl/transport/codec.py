@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from asyncrl.types import Batch, Sample, SequenceChunk
+from asyncrl.types import BATCH_ROLES, Batch, ResponseSpan, Sample, SequenceChunk
 
 FORMAT_VERSION = 1
 
@@ -99,20 +99,7 @@ def decode_sample(frame: bytes) -> Sample:
 
 
 def encode_batch(b: Batch) -> bytes:
-    chunks = [
-        {
-            "group_id": c.group_id,
-            "sample_index": c.sample_index,
-            "prompt_ids": _pack(c.prompt_ids, "<i4"),
-            "response_ids": _pack(c.response_ids, "<i4"),
-            "loss_start": c.loss_start,
-            "old_logprobs": _pack(c.old_logprobs, "<f4"),
-            "versions": _pack(c.versions, "<i4"),
-            "advantage": float(c.advantage),
-            "temperature": float(c.temperature),
-        }
-        for c in b.chunks
-    ]
+    layout = b.opened_layout
     return msgpack.packb(
         {
             "v": FORMAT_VERSION,
@@ -122,18 +109,36 @@ def encode_batch(b: Batch) -> bytes:
             "num_loss_tokens_global": b.num_loss_tokens_global,
             "num_sequences_global": b.num_sequences_global,
             "token_budget": b.token_budget,
-            "chunks": chunks,
+            "chunks": [_encode_chunk(c) for c in b.chunks],
+            "role": b.role,
+            "opened": [_encode_chunk(c) for c in b.opened],
+            "layout_groups": [s.group_id for s in layout],
+            "layout_spans": _pack([[s.sample_index, s.loss_start, s.num_tokens] for s in layout] or [], "<i4"),
+            "opened_offset": b.opened_offset,
         },
         use_bin_type=True,
     )
 
 
-def decode_batch(frame: bytes) -> Batch:
-    obj = _load_map(frame, "batch")
+def _encode_chunk(c: SequenceChunk) -> dict:
+    return {
+        "group_id": c.group_id,
+        "sample_index": c.sample_index,
+        "prompt_ids": _pack(c.prompt_ids, "<i4"),
+        "response_ids": _pack(c.response_ids, "<i4"),
+        "loss_start": c.loss_start,
+        "old_logprobs": _pack(c.old_logprobs, "<f4"),
+        "versions": _pack(c.versions, "<i4"),
+        "advantage": float(c.advantage),
+        "temperature": float(c.temperature),
+    }
+
+
+def _decode_chunks(obj: dict, name: str) -> list[SequenceChunk]:
     chunks = []
-    for i, c in enumerate(_typed(obj, "chunks", list)):
+    for i, c in enumerate(_typed(obj, name, list)):
         if not isinstance(c, dict):
-            raise FrameError(f"chunk {i} is not a map")
+            raise FrameError(f"{name} {i} is not a map")
         chunk = SequenceChunk(
             group_id=_typed(c, "group_id", str),
             sample_index=_typed(c, "sample_index", int),
@@ -146,13 +151,29 @@ def decode_batch(frame: bytes) -> Batch:
             temperature=_typed(c, "temperature", float),
         )
         if len(chunk.old_logprobs) != chunk.num_loss_tokens or len(chunk.versions) != chunk.num_loss_tokens:
-            raise FrameError(f"chunk {i}: loss token fields disagree in length")
+            raise FrameError(f"{name} {i}: loss token fields disagree in length")
         chunks.append(chunk)
+    return chunks
+
+
+def decode_batch(frame: bytes) -> Batch:
+    obj = _load_map(frame, "batch")
+    role = _typed(obj, "role", str)
+    if role not in BATCH_ROLES:
+        raise FrameError(f"role {role!r} not in {BATCH_ROLES}")
+    groups = _typed(obj, "layout_groups", list)
+    spans = _unpack(obj.get("layout_spans"), "<i4", "layout_spans")
+    if len(spans) != 3 * len(groups) or not all(isinstance(g, str) for g in groups):
+        raise FrameError("layout_groups and layout_spans disagree")
     return Batch(
         step=_typed(obj, "step", int),
         rank=_typed(obj, "rank", int),
-        chunks=chunks,
+        chunks=_decode_chunks(obj, "chunks"),
         num_loss_tokens_global=_typed(obj, "num_loss_tokens_global", int),
         num_sequences_global=_typed(obj, "num_sequences_global", int),
         token_budget=_typed(obj, "token_budget", int),
+        role=role,
+        opened=_decode_chunks(obj, "opened"),
+        opened_layout=[ResponseSpan(g, *spans[3 * i:3 * i + 3]) for i, g in enumerate(groups)],
+        opened_offset=_typed(obj, "opened_offset", int),
     )

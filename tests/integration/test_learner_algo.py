@@ -10,6 +10,7 @@ import torch
 from asyncrl.algo.aggregation import StepCounts
 from asyncrl.algo.moe import load_balance_loss, router_z_loss
 from asyncrl.algo.token_stats import token_logprobs_and_entropy
+from asyncrl.buffer.packing import rank_batches
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import policy_forward
@@ -88,6 +89,40 @@ def test_moe_aux_losses_are_added_with_their_coefficients():
     assert m["loss/moe_z"] == pytest.approx(z, rel=1e-6)
     assert m["loss/total"] == pytest.approx(m["loss/policy"] + 0.01 * lb + 0.001 * z, rel=1e-6)
     assert 1.0 < lb < 4.0  # between perfectly balanced (k = 2) and everything on k experts (E = 4)
+
+
+def test_moe_aux_losses_do_not_depend_on_micro_batching():
+    """The load-balance loss E * sum f_e P_e and the z-loss are means over every routed token of
+    the step: cutting the step into micro-batches changes neither their values nor their
+    gradients (f, which has no gradient, is the whole step's). Both equal the whole batch's
+    values computed directly from its router logits, as Hugging Face defines them."""
+    model = qwen2_moe()
+    chunks = make_chunks(n=8)
+    counts = StepCounts.from_sequence_lengths([c.num_loss_tokens for c in chunks], token_budget=64)
+    algo = AlgoConfig(moe_aux_loss_coef=0.5, moe_z_loss_coef=0.05)  # large, so their gradients show
+    dev = torch.device("cpu")
+
+    def run(mbs):
+        model.zero_grad()
+        m = forward_backward(lambda b: policy_forward(model, b, 8, dev), [collate(c) for c in mbs], algo, counts,
+                             moe_top_k=2)
+        return m, [p.grad.clone() for p in model.parameters()]
+
+    whole, g_whole = run([chunks])
+    with torch.no_grad():
+        mb = collate(chunks)
+        out = policy_forward(model, mb, 8, dev)
+        lb = float(load_balance_loss(out.router_logits, 2, mb.attention_mask))
+        z = float(router_z_loss(out.router_logits, mb.attention_mask))
+    assert whole["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-6)
+    assert whole["loss/moe_z"] == pytest.approx(z, rel=1e-6)
+    for parts in ([chunks[:4], chunks[4:]], [chunks[:1], chunks[1:5], chunks[5:]]):
+        split, g_split = run(parts)
+        assert split["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-6), len(parts)
+        assert split["loss/moe_z"] == pytest.approx(z, rel=1e-6), len(parts)
+        assert split["loss/total"] == pytest.approx(whole["loss/total"], rel=1e-6)
+        for a, b in zip(g_split, g_whole):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 @pytest.fixture
@@ -197,3 +232,102 @@ def test_algo_state_is_saved_with_the_policy_and_restored(model_dir, tmp_path):
         assert fresh.algo_state() == state
     finally:
         fresh.shutdown()
+
+
+# one rollout batch trained for 3 steps (N_SGD = 3): all of it, then two reuse passes in halves
+def batch_plan(vocab):
+    batch = make_chunks(seed=11, n=8, vocab=vocab)
+    return batch, [("open", batch), ("continue", batch[:4]), ("continue", batch[4:])]
+
+
+def train_plan(learner, batch, plan, first_step=1):
+    sender = FrameSender(learner.batch_endpoint())
+    rows = []
+    try:
+        for step, (role, chunks) in enumerate(plan, start=first_step):
+            sender.send(encode_batch(rank_batches(step, chunks, 1, 64, role, batch)[0]))
+            rows.append(learner.train_step(step).metrics)
+    finally:
+        sender.close()
+    return rows
+
+
+@torch.no_grad()
+def batch_logprobs(learner, chunks):
+    return policy_forward(learner.model, collate(chunks), 1024, torch.device("cpu")).logprobs.double()
+
+
+DECOUPLED = AlgoConfig(decoupled=True, is_weight_cap=3.0, aggregation="token_mean", eps_low=0.2, eps_high=0.28)
+
+
+def test_decoupled_steps_of_a_rollout_batch_take_the_ratio_against_its_start_policy(model_dir):
+    """pi_prox is the policy the batch opened with, fixed over its 3 steps: the first step's
+    ratio is 1, the later steps' is pi_theta / pi_start (checked against logprobs recomputed
+    independently before step 1 and before step 2) and the clip engages."""
+    path, vocab = model_dir
+    learner = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    batch, plan = batch_plan(vocab)
+    try:
+        start = batch_logprobs(learner, plan[1][1])
+        rows = train_plan(learner, batch, plan[:1])
+        after_one = batch_logprobs(learner, plan[1][1])
+        rows += train_plan(learner, batch, plan[1:], first_step=2)
+    finally:
+        learner.shutdown()
+    assert rows[0]["ratio/mean"] == pytest.approx(1.0, abs=1e-6) and rows[0]["clip/high_frac"] == 0
+    ratio = torch.exp(after_one - start)
+    adv = collate(plan[1][1]).advantages.double()
+    assert rows[1]["ratio/mean"] == pytest.approx(float(ratio.mean()), rel=1e-5)
+    assert abs(rows[1]["ratio/mean"] - 1.0) > 0.05
+    assert rows[1]["clip/high_frac"] == pytest.approx(float(((ratio > 1.28) & (adv > 0)).double().mean()), abs=1e-9)
+    assert rows[1]["clip/low_frac"] == pytest.approx(float(((ratio < 0.8) & (adv < 0)).double().mean()), abs=1e-9)
+    assert rows[1]["clip/high_frac"] + rows[1]["clip/low_frac"] > 0 and rows[2]["ratio/mean"] != 1.0
+
+
+def test_a_checkpoint_inside_a_rollout_batch_keeps_its_proximal_policy(model_dir, tmp_path):
+    """Saved after the step that opened the batch and resumed by a fresh learner, the batch's later
+    steps are the uninterrupted run's: pi_prox travels in learner.pt."""
+    path, vocab = model_dir
+    batch, plan = batch_plan(vocab)
+    whole = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    try:
+        want = train_plan(whole, batch, plan)
+    finally:
+        whole.shutdown()
+    first = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    try:
+        train_plan(first, batch, plan[:1])
+        first.save_checkpoint(str(tmp_path / "ckpt"))
+    finally:
+        first.shutdown()
+    resumed = LearnerRank(str(tmp_path / "ckpt" / "policy"), LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    try:
+        assert resumed.load_checkpoint(str(tmp_path / "ckpt")) == 1
+        got = train_plan(resumed, batch, plan[1:], first_step=2)
+    finally:
+        resumed.shutdown()
+    for g, w in zip(got, want[1:], strict=True):
+        for key in ("ratio/mean", "ratio/max", "clip/high_frac", "clip/low_frac", "is_weight/mean", "loss/total"):
+            assert g[key] == pytest.approx(w[key], rel=1e-6, abs=1e-9), key
+
+
+def test_adaptive_entropy_coefficient_moves_once_per_rollout_batch(model_dir):
+    """Skywork-OR1 section 3.2.5: c moves once per training step, i.e. per rollout batch, with e_k
+    estimated from that batch. Two rollout batches of 3 optimizer steps each (exact e_k, target
+    above the policy's entropy): alpha is c_0 = 0 for the whole first batch and Delta for the
+    second, and e_k is the first batch's mean entropy at its start, every token once."""
+    path, vocab = model_dir
+    algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05})
+    learner = LearnerRank(path, LearnerConfig(lr=1e-3), algo)
+    batch, plan = batch_plan(vocab)
+    try:
+        with torch.no_grad():
+            e_start = float(policy_forward(learner.model, collate(batch), 1024, torch.device("cpu")).entropy.double().mean())
+        rows = train_plan(learner, batch, plan) + train_plan(learner, batch, plan, first_step=4)
+    finally:
+        learner.shutdown()
+    assert [r["entropy/coef"] for r in rows] == pytest.approx([0.0] * 3 + [0.05] * 3, abs=1e-12)
+    assert [r["entropy_control/c"] for r in rows] == pytest.approx([0.05] * 3 + [0.1] * 3, abs=1e-12)
+    assert all(r["entropy_control/measured"] == pytest.approx(e_start, rel=1e-6) for r in rows[:3])
+    assert rows[3]["entropy_control/measured"] != rows[0]["entropy_control/measured"]  # the second batch's
+    assert learner.entropy_ctl.num_updates == 2

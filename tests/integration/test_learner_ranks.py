@@ -12,7 +12,7 @@ import traceback
 import pytest
 import torch
 
-from asyncrl.buffer.packing import split_for_ranks
+from asyncrl.buffer.packing import rank_batches, split_for_ranks
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.sync.gloo_sender import free_port
@@ -46,6 +46,20 @@ def build_model(path, tie):
     return str(path)
 
 
+def build_moe_model(path):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from asyncrl.tiny.tokenizer import save_tokenizer
+
+    vocab = len(save_tokenizer(path))
+    torch.manual_seed(0)
+    Qwen2MoeForCausalLM(Qwen2MoeConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)).save_pretrained(path)
+    return str(path)
+
+
 def step_chunks(step):
     """Responses of different lengths; some start mid-response (the rest of a split response)."""
     rng = random.Random(step)
@@ -69,7 +83,7 @@ def feed(learner, sender, step, rank, world):
 
 
 def learner_cfg(backend, stage, world, **kw):
-    return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=1e-3,
+    return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=kw.pop("lr", 1e-3),
                          micro_batch_tokens=kw.pop("micro_batch_tokens", 24), **kw)
 
 
@@ -102,10 +116,72 @@ def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ck
     return {"grads": grads, "metrics": metrics, "params": params, "start": start}
 
 
+MOE_ALGO = AlgoConfig(aggregation="token_mean", moe_aux_loss_coef=0.5, moe_z_loss_coef=0.05)
+
+
+def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24):
+    """A MoE model's gradient of step 1 (load-balance and z-losses large enough to show), and
+    one optimizer step's metrics."""
+    cfg = learner_cfg(backend, stage, world, micro_batch_tokens=micro_batch_tokens)
+    learner = LearnerRank(model, cfg, MOE_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    sender = FrameSender(learner.batch_endpoint())
+    feed(learner, sender, 1, rank, world)
+    grads = learner.gradients(1)
+    feed(learner, sender, 1, rank, world)
+    metrics = learner.train_step(1).metrics
+    sender.close()
+    learner.shutdown()
+    return {"grads": grads, "metrics": metrics}
+
+
+ENTROPY_ALGO = AlgoConfig(aggregation="token_mean", entropy_control={"enabled": True, "target": 10.0, "delta": 0.05})
+
+
+def run_entropy_rank(rank, world, port, model, backend, stage):
+    """Rank 0 gets one short response, rank 1 the other six: very unequal token counts. Two
+    optimizer steps of adaptive entropy control (exact e_k)."""
+    cfg = learner_cfg(backend, stage, world, micro_batch_tokens=4096)
+    learner = LearnerRank(model, cfg, ENTROPY_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    sender = FrameSender(learner.batch_endpoint())
+    rows = []
+    for step in (1, 2):
+        chunks = step_chunks(step)
+        parts = [chunks[:1], chunks[1:]] if world == 2 else [chunks]
+        sender.send(encode_batch(Batch(step=step, rank=rank, chunks=parts[rank],
+                                       num_loss_tokens_global=sum(c.num_loss_tokens for c in chunks),
+                                       num_sequences_global=len(chunks), token_budget=BUDGET)))
+        rows.append(learner.train_step(step).metrics)
+    sender.close()
+    learner.shutdown()
+    return {"metrics": rows}
+
+
+DECOUPLED_ALGO = AlgoConfig(decoupled=True, is_weight_cap=3.0, aggregation="token_mean")
+
+
+def run_decoupled_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24):
+    """Decoupled PPO over one rollout batch of 3 steps (N_SGD = 3, data reused): the whole batch,
+    then its responses again in two halves; pi_prox is the batch's start policy throughout."""
+    cfg = learner_cfg(backend, stage, world, lr=2e-2, micro_batch_tokens=micro_batch_tokens)
+    learner = LearnerRank(model, cfg, DECOUPLED_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    sender = FrameSender(learner.batch_endpoint())
+    batch = step_chunks(1)
+    rows = []
+    for step, (role, chunks) in enumerate([("open", batch), ("continue", batch[:4]), ("continue", batch[4:])], 1):
+        sender.send(encode_batch(rank_batches(step, chunks, world, BUDGET, role, batch)[rank]))
+        rows.append(learner.train_step(step).metrics)
+    params = {n: t.clone() for n, t in learner.backend.named_full_params()}
+    sender.close()
+    learner.shutdown()
+    return {"metrics": rows, "params": params}
+
+
 def _child(rank, world, port, args, out):
     os.environ["DS_ACCELERATOR"] = "cpu"
+    targets = {"moe": run_moe_rank, "entropy": run_entropy_rank, "decoupled": run_decoupled_rank}
+    target, args = (targets[args[0]], args[1:]) if args[0] in targets else (run_rank, args)
     try:
-        result = run_rank(rank, world, port, *args)
+        result = target(rank, world, port, *args)
         if rank == 0:  # a file, not the queue: a queued tensor's shared memory dies with its process
             torch.save(result, out)
     except BaseException:
@@ -193,3 +269,72 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, tied_model, backend,
     # order on 2 ranks) into updates of a few 1e-6; a lost moment or step count changes whole
     # updates (of order lr = 1e-3)
     assert_close(resumed["params"], whole["params"], f"{backend} checkpoint resumed on 1 rank", tol=1e-5)
+
+
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
+def test_moe_aux_losses_on_two_ranks_equal_the_single_rank_ones(tmp_path_factory, tmp_path, backend, stage):
+    """The load-balance loss uses the step's expert fractions f over both ranks, and both MoE
+    losses divide by the step's routed tokens, so 2 ranks with micro-batches give the single
+    rank's gradient and loss values (per-micro-batch losses do not: e.g. 1.108 vs 1.059)."""
+    model = build_moe_model(tmp_path_factory.mktemp("moe"))
+    one = run_moe_rank(0, 1, None, model, "torch", 2, micro_batch_tokens=4096)
+    two = run_ranks(tmp_path, 2, "moe", model, backend, stage)
+    assert_close(two["grads"], one["grads"], f"MoE {backend}-{stage} gradient")
+    for key in ("loss/moe_load_balance", "loss/moe_z", "loss/total"):
+        assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-6), key
+    assert one["metrics"]["loss/moe_load_balance"] > 1.0  # k = 2 is perfect balance; a real value
+
+
+def test_entropy_control_uses_the_global_entropy_of_unequal_ranks(tmp_path, tied_model):
+    """e_k is the step's entropy summed over both ranks / all its loss tokens, not a mean of the
+    ranks' means: with 1 response on rank 0 and 6 on rank 1 the two differ, and e_k (and alpha,
+    the coefficient it drives) equal one rank that saw everything."""
+    one = run_entropy_rank(0, 1, None, tied_model, "torch", 2)
+    two = run_ranks(tmp_path, 2, "entropy", tied_model, "torch", 2)
+    for m2, m1 in zip(two["metrics"], one["metrics"], strict=True):
+        assert m2["learner/loss_tokens_rank0"] < m2["learner/loss_tokens_rank1"] / 5
+        assert m2["entropy_control/measured"] == pytest.approx(m1["entropy_control/measured"], rel=1e-6, abs=0)
+        assert m2["entropy/learner"] == pytest.approx(m1["entropy/learner"], rel=1e-6, abs=0)
+        assert m2["entropy/coef"] == m1["entropy/coef"] and m2["entropy_control/c"] == m1["entropy_control/c"]
+    # the test can tell: at step 1 (the initial policy) the ranks' own mean entropies, averaged,
+    # are not the global mean that both runs measured
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.learner.collate import collate
+    from asyncrl.learner.model_forward import policy_forward
+
+    model = AutoModelForCausalLM.from_pretrained(tied_model)
+    chunks = step_chunks(1)
+    with torch.no_grad():
+        parts = [policy_forward(model, collate(p), 1024, torch.device("cpu")).entropy.double()
+                 for p in (chunks[:1], chunks[1:])]
+    global_mean = float(torch.cat(parts).mean())
+    assert one["metrics"][0]["entropy_control/measured"] == pytest.approx(global_mean, rel=1e-6)
+    # (a near-uniform random policy: 3.5e-4 apart, 70 times the 1e-6 relative tolerance above)
+    assert abs(sum(float(p.mean()) for p in parts) / 2 - global_mean) > 1e-4
+
+
+@pytest.fixture(scope="module")
+def decoupled_single(tied_model):
+    return run_decoupled_rank(0, 1, None, tied_model, "torch", 2, micro_batch_tokens=4096)
+
+
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 2), ("deepspeed", 3)],
+                         ids=["fsdp2", "zero2", "zero3"])
+def test_decoupled_reuse_on_two_ranks_equals_one_rank(tmp_path, tied_model, decoupled_single, backend, stage):
+    """Each rank computes pi_prox for its share of the opened batch and the ranks sum them, so a
+    token trained on either rank in any later step of the batch has the single rank's pi_prox:
+    the same ratios, clip fractions and parameters."""
+    one = decoupled_single
+    two = run_ranks(tmp_path, 2, "decoupled", tied_model, backend, stage)
+    # 5e-5: lr 2e-2 (for ratios that reach the clip) lets Adam turn float32 rounding of near-zero
+    # gradients, summed in another order on 2 ranks, into differences of ~1e-5; a wrong pi_prox
+    # changes the ratios by tenths and the updates by ~lr
+    assert_close(two["params"], one["params"], f"decoupled {backend}-{stage} parameters after 3 steps", tol=5e-5)
+    assert one["metrics"][0]["ratio/mean"] == pytest.approx(1.0, abs=1e-6)
+    assert one["metrics"][2]["clip/high_frac"] + one["metrics"][2]["clip/low_frac"] > 0  # the clip engaged
+    for m2, m1 in zip(two["metrics"], one["metrics"], strict=True):
+        for key in ("ratio/mean", "ratio/max", "ratio/min", "clip/high_frac", "clip/low_frac", "is_weight/mean",
+                    "is_weight/capped_frac", "loss/total"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+

@@ -119,3 +119,28 @@ def test_a_group_stuck_in_a_hung_verifier_does_not_hold_up_the_steps(tmp_path, s
         ray.shutdown()
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 6
     assert orch.rewards.stats.timeouts == 0 and hung_pending >= 2  # still hanging when the run ended
+
+
+def test_decoupled_rollout_batches_on_two_ranks_in_the_loop(tmp_path, small_model):
+    """Rollout batches of N_SGD = 2 (D_R 4, D_T 2) with decoupled PPO on two learner ranks: the
+    orchestrator marks each batch's first step and hands the ranks their shares of the batch;
+    the first step's ratio is 1 (pi_prox is the policy it starts from), the second's is not."""
+    cfg = load_config(None, [
+        f"model.path={small_model}", "rollout.engine=fake", "total_steps=4", "rollout.group_size=4",
+        "buffer.rollout_batch_prompts=4", "buffer.minibatch_prompts=2", "buffer.max_staleness=0",
+        "algo.decoupled=true", "learner.num_ranks=2", "learner.lr=1e-2", "algo.drop_zero_variance_groups=false",
+        "algo.no_eos_penalty=0.5", "algo.overlong_buffer=4",  # rewards that vary: fake answers are all wrong
+        "observe.console=off", "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "save_final=false",
+    ])
+    ray.init(num_cpus=4, include_dashboard=False)
+    orch = Orchestrator(cfg)
+    try:
+        orch.run()
+    finally:
+        orch.shutdown()
+        ray.shutdown()
+    rows = orch.history
+    assert [r["learner/opens_rollout_batch"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
+    assert [r["buffer/rollout_batches_sealed_total"] for r in rows] == [1, 1, 2, 2]
+    assert all(r["ratio/mean"] == pytest.approx(1.0, abs=1e-6) for r in rows[0::2])
+    assert all(r["learner/grad_norm"] > 0 and abs(r["ratio/mean"] - 1.0) > 1e-4 for r in rows[1::2])

@@ -30,6 +30,24 @@ def test_grpo_and_drgrpo_unchanged():
     assert group_advantages([1.0, 0.0, 0.0, 0.0], "drgrpo") == pytest.approx([0.75, -0.25, -0.25, -0.25])
 
 
+def test_grpo_std_population_or_sample():
+    """[1, 0, 0, 0]: centred (3/4, -1/4, -1/4, -1/4), sum of squares 3/4. Population std
+    sqrt(3/16) = sqrt(3)/4 gives sqrt(3), -1/sqrt(3); sample std sqrt(3/4 / 3) = 1/2 (verl's and
+    TRL's torch.std) gives exactly 3/2, -1/2. A masked group uses the same convention."""
+    s3 = math.sqrt(3.0)
+    r = [1.0, 0.0, 0.0, 0.0]
+    assert group_advantages(r, "grpo", eps=0.0, std="population") == pytest.approx([s3, -1 / s3, -1 / s3, -1 / s3])
+    assert group_advantages(r, "grpo", eps=0.0, std="sample") == [1.5, -0.5, -0.5, -0.5]
+    assert masked_group_advantages(r + [0.0], [False] * 4 + [True], "before", "grpo", eps=0.0,
+                                   std="sample") == [1.5, -0.5, -0.5, -0.5, 0.0]
+    # the std does not enter drgrpo / rloo; one sample, or all equal, is 0 either way
+    assert group_advantages(r, "drgrpo", std="sample") == group_advantages(r, "drgrpo")
+    assert group_advantages([0.7], "grpo", std="sample") == [0.0]
+    assert group_advantages([0.5, 0.5], "grpo", std="sample") == [0.0, 0.0]
+    with pytest.raises(ValueError, match="std"):
+        group_advantages(r, "grpo", std="unbiased")
+
+
 @pytest.mark.parametrize("kind", ["grpo", "drgrpo", "rloo"])
 def test_all_equal_and_single_sample_groups_give_zero(kind):
     assert group_advantages([0.5, 0.5, 0.5], kind) == [0.0, 0.0, 0.0]

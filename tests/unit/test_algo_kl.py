@@ -83,3 +83,27 @@ def test_should_reset_reference(kwargs, expected):
 def test_should_reset_reference_rejects_bad_period():
     with pytest.raises(ValueError):
         should_reset_reference(5, 0.0, every_k=0)
+
+
+def test_k3_log_ratio_is_clamped_at_20_like_verl_value_and_gradient():
+    """float32, d = ref - logp = 100: exp(d) is inf in float32, so unclamped k3 is inf and its
+    gradient NaN. Clamped at 20 (verl's low_var_kl): k3 = e^20 - 20 - 1, gradient 0 (the clamp
+    stops it). Inside the bound, value and gradient are the plain formula's: d = 3 gives
+    e^3 - 4 and dk3/dlogp = -(e^3 - 1); d = -25 (below -20) gives e^-20 + 19, gradient 0."""
+    logp = torch.tensor([0.0, -2.0, -1.0], dtype=torch.float32, requires_grad=True)
+    ref = torch.tensor([100.0, 1.0, -26.0], dtype=torch.float32)
+    k3 = token_kl(logp, ref, "k3")
+    k3.sum().backward()
+    assert torch.isfinite(k3).all() and torch.isfinite(logp.grad).all()
+    want = [math.exp(20) - 21, math.exp(3) - 4, math.exp(-20) + 19]
+    assert k3.tolist() == pytest.approx(want, rel=1e-6)
+    assert logp.grad.tolist() == pytest.approx([0.0, -(math.exp(3) - 1), 0.0], rel=1e-6, abs=0)
+    # float64, by hand at the bound's edges: the clamp does not touch |d| <= 20
+    lp = torch.zeros(2, dtype=F64, requires_grad=True)
+    k = token_kl(lp, torch.tensor([20.0, -20.0], dtype=F64), "k3")
+    k.sum().backward()
+    assert k.tolist() == pytest.approx([math.exp(20) - 21, math.exp(-20) + 19], rel=1e-15)
+    assert lp.grad.tolist() == pytest.approx([-(math.exp(20) - 1), -(math.exp(-20) - 1)], rel=1e-15)
+    from asyncrl.algo.kl import KL_LOG_RATIO_CLAMP
+
+    assert KL_LOG_RATIO_CLAMP == 20.0

@@ -159,6 +159,34 @@ def test_assembler_masks_truncated_responses_after_the_group_statistics():
     assert out.advantages == pytest.approx([1.0, -1.0, -1.0, 0.0])
 
 
+def _assemble(asm, gid, rewards, truncated):
+    out = None
+    for i, (r, cut) in enumerate(zip(rewards, truncated)):
+        s = make_sample(gid, i, 3)
+        s.finish_reason = "length" if cut else "stop"
+        out = asm.add(ScoredSample(s, reward=r))
+    return out
+
+
+def test_rejection_sampling_keeps_a_group_only_if_an_advantage_survives_the_truncation_mask():
+    """Skywork-OR1 section 3.1: a group is kept when some A_ij != 0 after the mask, not when its raw
+    rewards differ. (0, 1, 1, 1) with response 0 truncated: "before" computes the advantages of
+    the three kept rewards (all 1, so 0) and zeroes response 0: no signal, dropped. "after" with
+    every response truncated: all zero, dropped. (0, 0, 1, 1) with 0 and 1 truncated, "after":
+    mean 1/2, population std 1/2, so the kept responses get +1: kept."""
+    before = GroupAssembler(group_size=4, truncation_mask="before")
+    assert _assemble(before, "b", [0.0, 1.0, 1.0, 1.0], [True, False, False, False]) is None
+    assert before.stats.groups_zero_variance == 1 and before.stats.samples_zero_variance == 4
+    after = GroupAssembler(group_size=4, eps=0.0, truncation_mask="after")
+    assert _assemble(after, "a", [1.0, 0.0, 0.0, 0.0], [True] * 4) is None
+    kept = _assemble(after, "k", [0.0, 0.0, 1.0, 1.0], [True, True, False, False])
+    assert kept is not None and kept.advantages == [0.0, 0.0, 1.0, 1.0]
+    assert after.stats.groups_zero_variance == 1 and after.stats.groups_complete == 2
+    # the switch off keeps the signal-less group (its advantages are all 0)
+    keep_all = GroupAssembler(group_size=4, truncation_mask="before", drop_zero_variance=False)
+    assert _assemble(keep_all, "z", [0.0, 1.0, 1.0, 1.0], [True, False, False, False]).advantages == [0.0] * 4
+
+
 def test_assembler_rloo_advantages():
     asm = GroupAssembler(group_size=3, advantage="rloo")
     out = None

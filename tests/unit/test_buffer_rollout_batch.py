@@ -103,6 +103,35 @@ def test_token_mode_steps_hold_exactly_phi_and_the_tail_opens_the_next_rollout_b
     assert_accounting(buf)
 
 
+def test_take_opening_marks_the_first_step_of_each_rollout_batch_and_hands_over_its_responses():
+    """Token mode, D_R = 2 groups, N_reuse = 2: the first step of a batch is "open" with every kept
+    response once over its kept tokens (a stale prefix is not part of it); the later steps
+    "continue"; the step that carries the previous batch's tail opens the next."""
+    buf = RolloutBatchBuffer(token_budget=10, max_staleness=1, rollout_batch_prompts=2, num_reuse=2)
+    buf.add_group(make_group("a", [4, [0, 1, 2]], version=1))  # a1's first token is stale at version 2
+    buf.add_group(make_group("b", [5], version=2))
+    assert buf.next_batch(2) is not None
+    role, opened = buf.take_opening()
+    assert role == "open" and spans(opened) == [("a", 0, 0, 4), ("a", 1, 1, 3), ("b", 0, 0, 5)]
+    assert opened[1].old_logprobs == pytest.approx([-0.2, -0.3]) and opened[1].versions == [1, 2]
+    assert buf.next_batch(2) is not None and buf.take_opening() == ("continue", [])
+    buf.add_group(make_group("c", [6], version=2))
+    buf.add_group(make_group("d", [2], version=2))
+    assert buf.next_batch(3) is not None
+    role, opened = buf.take_opening()
+    assert role == "open" and spans(opened) == [("c", 0, 0, 6), ("d", 0, 0, 2)]
+    # prompt mode: N_SGD = 2 opens and continues; N_SGD = 1, every step is its own batch
+    for d_t, reuse, roles in ((1, 1, ["open", "continue"]), (2, 1, ["own"])):
+        buf = RolloutBatchBuffer(token_budget=8, max_staleness=0, rollout_batch_prompts=2, minibatch_prompts=d_t,
+                                 num_reuse=reuse)
+        buf.add_group(make_group("a", [3]))
+        buf.add_group(make_group("b", [2]))
+        got = []
+        while buf.next_batch(0) is not None:
+            got.append(buf.take_opening()[0])
+        assert got == roles
+
+
 def test_token_budget_change_takes_effect_on_the_next_step():
     buf = RolloutBatchBuffer(token_budget=5, max_staleness=0, rollout_batch_prompts=1)
     buf.add_group(make_group("g", [12]))

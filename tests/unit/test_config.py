@@ -40,6 +40,7 @@ def test_dotted_overrides_are_typed():
     ("sync.type=carrier_pigeon", "sync.type"),
     ("rollout.num_actors=0", "rollout.num_actors"),
     ("algo.eps_low=abc", "algo.eps_low"),
+    ("algo.advantage_std=unbiased", "algo.advantage_std"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:

@@ -10,7 +10,8 @@ from asyncrl.config import AlgoConfig
 from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import TokenForward
 from asyncrl.learner.policy_step import forward_backward
-from asyncrl.types import SequenceChunk
+from asyncrl.learner.proximal import ProximalLogprobs
+from asyncrl.types import ResponseSpan, SequenceChunk
 
 
 class TinyLM(torch.nn.Module):
@@ -185,3 +186,53 @@ def test_entropy_coefficient_enters_the_loss_with_the_aggregation_weights():
     # E[-log pi_b] over the sampled tokens is what `entropy/behaviour_sampled` reports
     assert base["entropy/behaviour_sampled"] == pytest.approx(
         -sum(sum(c.old_logprobs) for c in cs) / n, rel=1e-6)
+
+
+def test_decoupled_ratio_on_the_second_step_of_a_rollout_batch_is_against_its_start_and_clips():
+    """Two steps over the same rollout batch (N_SGD = 2), float64, by hand. A 'policy' whose
+    logprobs are its parameters theta; one response of two tokens, A = +1, pi_b = (1/4, 1/2),
+    theta_0 = log(1/2) each, so w = pi_prox / pi_b = (2, 1); token_mean; eps 0.2 / 0.28; SGD 0.4.
+    Step 1 (pi_prox = theta_0 = pi_theta): rho = 1, loss (-2 - 1) / 2, grad (-1, -1/2),
+    theta_1 = theta_0 + (0.4, 0.2). Step 2, pi_prox still theta_0: rho = (e^0.4, e^0.2); token 0 is
+    above 1.28 with A > 0: clipped, -1.28 * 2, no gradient; token 1: -e^0.2, gradient -e^0.2 / 2."""
+    theta = torch.full((2,), math.log(0.5), dtype=torch.float64, requires_grad=True)
+    chunk = SequenceChunk("g", 0, [1], [5, 6], 0, [math.log(0.25), math.log(0.5)], [0, 0], advantage=1.0)
+    mb = collate([chunk])
+    mb.old_logprobs = torch.tensor(chunk.old_logprobs, dtype=torch.float64)
+    mb.advantages = mb.advantages.double()
+    algo = AlgoConfig(decoupled=True, aggregation="token_mean", eps_low=0.2, eps_high=0.28)
+    counts = StepCounts.from_sequence_lengths([2])
+    prox = ProximalLogprobs()
+    prox.open([ResponseSpan.of(chunk)], theta.detach().clone())  # the rollout batch opens
+
+    def step():
+        theta.grad = None
+        return forward_backward(lambda _: TokenForward(theta, torch.zeros(2, dtype=torch.float64)), [mb], algo,
+                                counts, proximal=prox.lookup)
+    first = step()
+    assert first["ratio/mean"] == 1.0 and first["loss/policy"] == pytest.approx(-1.5, abs=1e-15)
+    assert theta.grad.tolist() == pytest.approx([-1.0, -0.5], abs=1e-15)
+    assert first["is_weight/mean"] == pytest.approx(1.5, abs=1e-15)
+    with torch.no_grad():
+        theta -= 0.4 * theta.grad
+    second = step()
+    e4, e2 = math.exp(0.4), math.exp(0.2)
+    assert second["ratio/mean"] == pytest.approx((e4 + e2) / 2, abs=1e-14)
+    assert second["ratio/max"] == pytest.approx(e4, abs=1e-14) and second["clip/high_frac"] == 0.5
+    assert second["loss/policy"] == pytest.approx((-1.28 * 2 - e2) / 2, abs=1e-14)
+    assert theta.grad.tolist() == pytest.approx([0.0, -e2 / 2], abs=1e-14)
+    assert second["is_weight/mean"] == pytest.approx(1.5, abs=1e-15)  # pi_prox / pi_b: fixed too
+
+
+def test_proximal_table_keeps_the_previous_batch_for_its_carried_tail_and_slices_by_position():
+    prox = ProximalLogprobs()
+    prox.open([ResponseSpan("a", 0, 1, 3), ResponseSpan("b", 0, 0, 2)], torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0]))
+    prox.open([ResponseSpan("c", 0, 0, 1)], torch.tensor([-6.0]))
+    tail = SequenceChunk("a", 0, [1], [7, 7, 7, 7], 3, [0.0], [0], 1.0)  # a's last token: carried over
+    mb = collate([tail, SequenceChunk("c", 0, [1], [7], 0, [0.0], [0], 1.0)])
+    assert prox.lookup(mb).tolist() == [-3.0, -6.0]
+    prox.open([], torch.zeros(0))  # a third batch: the first one's entries are gone
+    with pytest.raises(KeyError, match="a/0"):
+        prox.lookup(collate([tail]))
+    with pytest.raises(ValueError):
+        prox.open([ResponseSpan("d", 0, 0, 2)], torch.zeros(3))

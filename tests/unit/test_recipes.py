@@ -82,6 +82,14 @@ def test_synchronous_papers_are_on_policy_per_rollout_batch(name):
     assert recipe(name).buffer.max_staleness == 0
 
 
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=lambda p: p.name)
+def test_every_config_names_its_grpo_std_with_the_reason(path):
+    """The population / sample convention is chosen in every config, not left to the default,
+    with a comment saying what its paper (or implementation) does."""
+    line = next(x for x in path.read_text().splitlines() if x.strip().startswith("advantage_std:"))
+    assert "#" in line and load_config(path).algo.advantage_std in line
+
+
 def test_grpo():
     cfg = recipe("grpo")
     a = cfg.algo

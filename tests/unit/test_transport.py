@@ -3,7 +3,7 @@ import pytest
 
 from asyncrl.transport.codec import FrameError, decode_batch, decode_sample, encode_batch, encode_sample
 from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
-from asyncrl.types import Batch, Sample, SequenceChunk
+from asyncrl.types import Batch, ResponseSpan, Sample, SequenceChunk
 
 
 def sample(i=0):
@@ -23,6 +23,14 @@ def test_batch_round_trip_is_exact():
                       versions=[0, 1], advantage=-1.25, temperature=0.75)
     b = Batch(step=4, rank=0, chunks=[c], num_loss_tokens_global=2, num_sequences_global=1, token_budget=2)
     assert decode_batch(encode_batch(b)) == b
+    # the first step of a rollout batch carries this rank's share of it and the whole layout
+    other = SequenceChunk("h", 1, [1], [6, 7], loss_start=0, old_logprobs=[-0.5, -0.5], versions=[1, 1], advantage=0.5)
+    opening = Batch(step=5, rank=1, chunks=[c], num_loss_tokens_global=2, num_sequences_global=1, token_budget=2,
+                    role="open", opened=[other], opened_layout=[ResponseSpan("g", 0, 1, 2), ResponseSpan.of(other)],
+                    opened_offset=1)
+    assert decode_batch(encode_batch(opening)) == opening
+    with pytest.raises(FrameError, match="role"):
+        decode_batch(encode_batch(Batch(4, 0, [c], 2, 1, 2, role="first")))
 
 
 @pytest.mark.parametrize("frame", [
