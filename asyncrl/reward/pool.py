@@ -4,11 +4,21 @@ hard timeout, so a verifier that hangs or crashes can never stall the run.
     submit(key, response, metadata) ─► queue ─► [dispatcher thread] ─► idle worker ─► poll() results
 
 Each worker builds its verifier once (`factory`, e.g. the RewardRouter of the run's config) and
-then answers one call at a time over a pipe. A dispatcher thread in the parent hands each call
-to an idle worker and collects its answer; the caller never blocks on a worker: `poll` returns
-the finished results, and for a call past `timeout_s` the dispatcher kills the worker and yields
-reward 0 with outcome `timeout`; a worker that died mid-call yields outcome `worker_crash`.
-Either way a fresh worker replaces it and the pool's counters say how often it happened.
+then runs the calls it is handed, in order, over a pipe, answering each as it finishes. A
+dispatcher thread in the parent hands calls to workers and collects their answers; the caller
+never blocks on a worker: `poll` returns the finished results, and for a call past `timeout_s`
+the dispatcher kills the worker and yields reward 0 with outcome `timeout`; a worker that died
+mid-call yields outcome `worker_crash`. Either way a fresh worker replaces it, the calls it had
+been handed but not started go back to the head of the queue, and the pool's counters say how
+often it happened.
+
+Batches: one call per pipe message costs a round trip of two processes waking each other, about
+0.25 ms, which caps a pool of cheap verifiers at a few thousand calls/s whatever their cost. So
+when calls are waiting and recent calls were fast, a worker is handed several at once
+(`batch_size`: about BATCH_S of work, at most MAX_BATCH calls); it still answers each as it
+finishes, and each call keeps its own clock: it starts when the worker finished the call before
+it (the worker says when), or when the batch was handed over, whichever is later. With slow
+verifiers or a short queue every batch holds one call, as before batching existed.
 
 Workers come from a forkserver that has already imported the verifiers and warmed their caches
 (reward/preload.py), so a replacement starts in milliseconds, warm, instead of re-importing sympy;
@@ -41,6 +51,21 @@ from typing import Any
 from asyncrl.reward.base import RewardFn
 
 PRELOAD = ("asyncrl.reward.preload",)  # the verifiers, imported and warmed once for all workers
+BATCH_S = 0.02  # a worker is handed about this much work at once (by the recent mean call time)
+MAX_BATCH = 64
+
+
+def batch_size(num_waiting: int, num_idle: int, mean_call_s: float | None) -> int:
+    """How many waiting calls to hand one idle worker: an even share of the queue, at most
+    BATCH_S of work by the recent mean call time and at most MAX_BATCH; 1 until a call has been
+    timed. Calls queued behind one that hangs wait for its timeout, so only fast verifiers batch."""
+    if num_waiting <= 0 or num_idle <= 0:
+        return 0
+    if mean_call_s is None:
+        return 1
+    share = -(-num_waiting // num_idle)
+    by_time = int(BATCH_S / max(mean_call_s, 1e-6))
+    return max(1, min(share, by_time, MAX_BATCH))
 
 
 @dataclass
@@ -76,17 +101,21 @@ def _worker_main(conn: Connection, factory: Callable[[], RewardFn]) -> None:
         return
     conn.send(("ready",))
     while True:
-        msg = conn.recv()
-        if msg is None:
+        batch = conn.recv()
+        if batch is None:
             return
-        task_id, response, metadata = msg
-        t0 = time.monotonic()
-        try:
-            reward, info = verifier(response, metadata)
-            reward = float(reward)
-        except Exception as e:  # a verifier bug costs this sample its reward, not the run
-            reward, info = 0.0, {"outcome": "verifier_error", "error": repr(e)[:300]}
-        conn.send((task_id, reward, info, time.monotonic() - t0))
+        for task_id, response, metadata in batch:
+            t0 = time.monotonic()
+            try:
+                reward, info = verifier(response, metadata)
+                reward = float(reward)
+            except Exception as e:  # a verifier bug costs this sample its reward, not the run
+                reward, info = 0.0, {"outcome": "verifier_error", "error": repr(e)[:300]}
+            t1 = time.monotonic()  # also when the next call of the batch starts (one clock, see time(7))
+            conn.send((task_id, reward, info, t1 - t0, t1))
+
+
+Task = tuple[int, Any, str, dict[str, Any]]  # (task id, key, response, metadata)
 
 
 @dataclass
@@ -94,7 +123,10 @@ class _Worker:
     proc: Any
     conn: Connection
     ready: bool = False
-    task: tuple[int, Any, float] | None = None  # (task id, key, start time)
+    tasks: deque = field(default_factory=deque)
+    """(task, time handed over) of every call handed to it and not answered, in its order."""
+    started: float = 0.0
+    """When its first unanswered call started: that call's clock for the timeout."""
 
 
 class RewardPool:
@@ -109,7 +141,8 @@ class RewardPool:
         self.kill_grace_s = kill_grace_s
         self.stats = PoolStats()
         self._ids = itertools.count()
-        self._queue: deque[tuple[int, Any, str, dict[str, Any]]] = deque()
+        self._queue: deque[Task] = deque()
+        self._mean_call_s: float | None = None  # recent verifier call time, for batch_size
         self._dying: list[tuple[Any, float]] = []  # (process, when to SIGKILL it)
         # Everything above and below is shared with the dispatcher thread, under this lock.
         self._lock = threading.Condition()
@@ -127,12 +160,14 @@ class RewardPool:
     def num_pending(self) -> int:
         """Calls submitted and not yet returned by poll (queued, running or finished)."""
         with self._lock:
-            return len(self._queue) + len(self._results) + sum(w.task is not None for w in self._workers)
+            return len(self._queue) + len(self._results) + sum(len(w.tasks) for w in self._workers)
 
     @property
     def num_queued(self) -> int:
-        """Calls waiting for a free worker: when nonzero, the verifiers are a bottleneck."""
-        return len(self._queue)
+        """Calls waiting for a free worker (queued, or handed over in a batch and not started):
+        when nonzero, the verifiers are a bottleneck."""
+        with self._lock:
+            return len(self._queue) + sum(max(len(w.tasks) - 1, 0) for w in self._workers)
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Wait until every worker has built its verifier (for benchmarks: start-up is not what
@@ -142,9 +177,15 @@ class RewardPool:
             return all(w.ready for w in self._workers)
 
     def submit(self, key: Any, response: str, metadata: dict[str, Any]) -> None:
+        self.submit_many([(key, response, metadata)])
+
+    def submit_many(self, calls: list[tuple[Any, str, dict[str, Any]]]) -> None:
+        """Several (key, response, metadata) calls at once: one lock and one wake-up for all."""
+        if not calls:
+            return
         with self._lock:
-            self.stats.submitted += 1
-            self._queue.append((next(self._ids), key, response, metadata))
+            self.stats.submitted += len(calls)
+            self._queue.extend((next(self._ids), key, response, metadata) for key, response, metadata in calls)
         self._wake()
 
     def poll(self, timeout_s: float = 0.0) -> list[RewardResult]:
@@ -158,9 +199,9 @@ class RewardPool:
         return out
 
     # -- the dispatcher thread ------------------------------------------------------------------
-    # A worker gets its next call the moment it answers, not when the training loop next polls
-    # (every ~10 ms, longer under load): with short verifier calls that left workers idle most
-    # of the time. It waits on the workers' pipes, the wake-up socket and the nearest deadline.
+    # A worker gets its next calls the moment it has answered, not when the training loop next
+    # polls (every ~10 ms, longer under load): with short verifier calls that left workers idle
+    # most of the time. It waits on the workers' pipes, the wake-up socket and the nearest deadline.
 
     def _dispatcher(self) -> None:
         try:
@@ -169,7 +210,7 @@ class RewardPool:
                     if self._closing:
                         return
                     self._dispatch()
-                    conns = [w.conn for w in self._workers if w.task is not None or not w.ready]
+                    conns = [w.conn for w in self._workers if w.tasks or not w.ready]
                     timeout = self._next_deadline() - time.monotonic()
                 wait([*conns, self._wake_r], timeout=min(max(timeout, 0.0), 0.1))
                 with contextlib.suppress(BlockingIOError):
@@ -186,7 +227,7 @@ class RewardPool:
                 self._lock.notify_all()
 
     def _next_deadline(self) -> float:
-        times = [w.task[2] + self.timeout_s for w in self._workers if w.task is not None]
+        times = [w.started + self.timeout_s for w in self._workers if w.tasks]
         times += [kill_at for _, kill_at in self._dying]
         return min(times, default=time.monotonic() + 0.1)
 
@@ -195,6 +236,7 @@ class RewardPool:
             self._wake_w.send(b"x")
 
     def _collect(self, i: int, w: _Worker) -> list[RewardResult]:
+        out = []
         try:
             while w.conn.poll():
                 msg = w.conn.recv()
@@ -203,19 +245,24 @@ class RewardPool:
                     continue
                 if msg[0] == "failed":
                     raise RuntimeError(f"a reward worker could not build its verifier: {msg[1]}")
-                task_id, reward, info, latency = msg
-                _, key, _ = w.task
-                w.task = None
-                return [self._result(key, reward, info, latency)]
+                task_id, reward, info, latency, finished = msg
+                (done_id, key, _, _), _ = w.tasks.popleft()
+                if done_id != task_id:
+                    raise RuntimeError(f"reward worker answered call {task_id}, expected {done_id}")
+                if w.tasks:  # the next call started when this one finished, or when handed over
+                    w.started = max(finished, w.tasks[0][1])
+                m = self._mean_call_s
+                self._mean_call_s = latency if m is None else 0.9 * m + 0.1 * latency
+                out.append(self._result(key, reward, info, latency))
         except (EOFError, OSError):
             pass  # the worker died: handled below
-        if w.task is not None and time.monotonic() - w.task[2] > self.timeout_s:
+        if w.tasks and time.monotonic() - w.started > self.timeout_s:
             self.stats.timeouts += 1
-            return [self._replace(i, "timeout")]
-        if not w.proc.is_alive():
+            out.append(self._replace(i, "timeout"))
+        elif not w.proc.is_alive():
             self.stats.crashes += 1
-            return [self._replace(i, "worker_crash")] if w.task is not None else self._restart(i)
-        return []
+            out += [self._replace(i, "worker_crash")] if w.tasks else self._restart(i)
+        return out
 
     def _result(self, key: Any, reward: float, info: dict[str, Any], latency: float) -> RewardResult:
         self.stats.completed += 1
@@ -223,11 +270,14 @@ class RewardPool:
         return RewardResult(key, reward, info, latency)
 
     def _replace(self, i: int, outcome: str) -> RewardResult:
+        """The worker's running call fails with `outcome`; the calls handed to it after that one
+        never started and go back to the head of the queue, in order."""
         w = self._workers[i]
-        _, key, t0 = w.task
+        (_, key, _, _), _ = w.tasks.popleft()
+        self._queue.extendleft(task for task, _ in reversed(w.tasks))
         self._stop(w)
         self._workers[i] = self._start_worker()
-        return self._result(key, 0.0, {"outcome": outcome}, time.monotonic() - t0)
+        return self._result(key, 0.0, {"outcome": outcome}, time.monotonic() - w.started)
 
     def _restart(self, i: int) -> list[RewardResult]:
         self._stop(self._workers[i])
@@ -235,16 +285,18 @@ class RewardPool:
         return []
 
     def _dispatch(self) -> None:
-        for w in self._workers:
-            if not self._queue:
+        idle = [w for w in self._workers if w.ready and not w.tasks]
+        for j, w in enumerate(idle):
+            k = batch_size(len(self._queue), len(idle) - j, self._mean_call_s)
+            if k == 0:
                 return
-            if w.ready and w.task is None:
-                task_id, key, response, metadata = self._queue.popleft()
-                w.task = (task_id, key, time.monotonic())
-                try:
-                    w.conn.send((task_id, response, metadata))
-                except (BrokenPipeError, OSError):
-                    pass  # the worker is gone; the next collect reports it as a crash
+            now = time.monotonic()
+            w.tasks.extend((self._queue.popleft(), now) for _ in range(k))
+            w.started = now
+            try:
+                w.conn.send([(task_id, response, metadata) for (task_id, _, response, metadata), _ in w.tasks])
+            except (BrokenPipeError, OSError):
+                pass  # the worker is gone; the next collect reports it as a crash
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
