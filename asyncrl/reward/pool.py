@@ -4,21 +4,25 @@ hard timeout, so a verifier that hangs or crashes can never stall the run.
     submit(key, response, metadata) ─► queue ─► [dispatcher thread] ─► idle worker ─► poll() results
 
 Each worker builds its verifier once (`factory`, e.g. the RewardRouter of the run's config) and
-then runs the calls it is handed, in order, over a pipe, answering each as it finishes. A
-dispatcher thread in the parent hands calls to workers and collects their answers; the caller
-never blocks on a worker: `poll` returns the finished results, and for a call past `timeout_s`
-the dispatcher kills the worker and yields reward 0 with outcome `timeout`; a worker that died
-mid-call yields outcome `worker_crash`. Either way a fresh worker replaces it, the calls it had
-been handed but not started go back to the head of the queue, and the pool's counters say how
-often it happened.
+then runs the batches of calls it is handed over a pipe, in order, answering each batch with one
+message. A dispatcher thread in the parent hands batches to idle workers and collects their
+answers; the caller never blocks on a worker: `poll` returns the finished results, and for a call
+past `timeout_s` the dispatcher kills the worker and yields reward 0 with outcome `timeout`; a
+worker that died mid-call yields outcome `worker_crash`. Either way a fresh worker replaces it,
+the other calls of its batch go back to the head of the queue (the ones it had finished too:
+their answers died with it, and verifiers are pure, so they simply run again), and the pool's
+counters say how often it happened.
 
-Batches: one call per pipe message costs a round trip of two processes waking each other, about
-0.25 ms, which caps a pool of cheap verifiers at a few thousand calls/s whatever their cost. So
-when calls are waiting and recent calls were fast, a worker is handed several at once
-(`batch_size`: about BATCH_S of work, at most MAX_BATCH calls); it still answers each as it
-finishes, and each call keeps its own clock: it starts when the worker finished the call before
-it (the worker says when), or when the batch was handed over, whichever is later. With slow
-verifiers or a short queue every batch holds one call, as before batching existed.
+Batches: one call per pipe message costs a round trip of two processes waking each other (about
+0.25 ms) and the driver's thread two messages per sample, which caps a pool of cheap verifiers at
+a few thousand calls/s whatever their cost. So when calls are waiting and recent calls were fast,
+a worker is handed several at once (`batch_size`: about BATCH_S of work, at most MAX_BATCH
+calls). Each call still has its own clock: before a call the worker writes its index in the batch
+and its start time into a small shared array (`_Progress`, no message), which the dispatcher
+reads for deadlines and, when a worker fails, to tell the call that failed from the others. With
+slow verifiers or a short queue every batch holds one call, as before batching existed. While a
+worker is idle, calls of a fast verifier wait up to MAX_WAIT_S for others to share their batch:
+a driver that submits a few samples at a time would otherwise still pay a message per sample.
 
 Workers come from a forkserver that has already imported the verifiers and warmed their caches
 (reward/preload.py), so a replacement starts in milliseconds, warm, instead of re-importing sympy;
@@ -53,6 +57,7 @@ from asyncrl.reward.base import RewardFn
 PRELOAD = ("asyncrl.reward.preload",)  # the verifiers, imported and warmed once for all workers
 BATCH_S = 0.02  # a worker is handed about this much work at once (by the recent mean call time)
 MAX_BATCH = 64
+MAX_WAIT_S = 0.002  # how long calls may wait for more to fill a batch while a worker is idle
 
 
 def batch_size(num_waiting: int, num_idle: int, mean_call_s: float | None) -> int:
@@ -86,7 +91,7 @@ class PoolStats:
     outcomes: Counter = field(default_factory=Counter)
 
 
-def _worker_main(conn: Connection, factory: Callable[[], RewardFn]) -> None:
+def _worker_main(conn: Connection, factory: Callable[[], RewardFn], progress) -> None:
     def on_term(*_):  # take running sandboxes down with this worker
         sandbox = sys.modules.get("asyncrl.reward.sandbox")
         if sandbox is not None and hasattr(sandbox, "kill_active"):
@@ -104,29 +109,33 @@ def _worker_main(conn: Connection, factory: Callable[[], RewardFn]) -> None:
         batch = conn.recv()
         if batch is None:
             return
-        for task_id, response, metadata in batch:
+        results = []
+        for index, (task_id, response, metadata) in enumerate(batch):
             t0 = time.monotonic()
+            progress[START], progress[INDEX] = t0, index  # the start first: see RewardPool._running
             try:
                 reward, info = verifier(response, metadata)
                 reward = float(reward)
             except Exception as e:  # a verifier bug costs this sample its reward, not the run
                 reward, info = 0.0, {"outcome": "verifier_error", "error": repr(e)[:300]}
-            t1 = time.monotonic()  # also when the next call of the batch starts (one clock, see time(7))
-            conn.send((task_id, reward, info, t1 - t0, t1))
+            results.append((task_id, reward, info, time.monotonic() - t0))
+        conn.send(results)
 
 
 Task = tuple[int, Any, str, dict[str, Any]]  # (task id, key, response, metadata)
+INDEX, START = 0, 1  # a worker's progress: the call of its batch it runs, and when that call began
 
 
 @dataclass
 class _Worker:
     proc: Any
     conn: Connection
+    progress: Any
+    """Shared doubles [INDEX, START], written by the worker before each call (time.monotonic is
+    one clock for all processes of the machine)."""
     ready: bool = False
-    tasks: deque = field(default_factory=deque)
-    """(task, time handed over) of every call handed to it and not answered, in its order."""
-    started: float = 0.0
-    """When its first unanswered call started: that call's clock for the timeout."""
+    batch: list[Task] = field(default_factory=list)
+    """The calls it was handed and has not answered."""
 
 
 class RewardPool:
@@ -143,6 +152,7 @@ class RewardPool:
         self._ids = itertools.count()
         self._queue: deque[Task] = deque()
         self._mean_call_s: float | None = None  # recent verifier call time, for batch_size
+        self._queued_since = 0.0  # when the queue last became non-empty
         self._dying: list[tuple[Any, float]] = []  # (process, when to SIGKILL it)
         # Everything above and below is shared with the dispatcher thread, under this lock.
         self._lock = threading.Condition()
@@ -160,14 +170,14 @@ class RewardPool:
     def num_pending(self) -> int:
         """Calls submitted and not yet returned by poll (queued, running or finished)."""
         with self._lock:
-            return len(self._queue) + len(self._results) + sum(len(w.tasks) for w in self._workers)
+            return len(self._queue) + len(self._results) + sum(len(w.batch) for w in self._workers)
 
     @property
     def num_queued(self) -> int:
-        """Calls waiting for a free worker (queued, or handed over in a batch and not started):
-        when nonzero, the verifiers are a bottleneck."""
+        """Calls waiting for a free worker: when nonzero, the verifiers are a bottleneck. (Calls
+        that wait up to MAX_WAIT_S for company while a worker is idle do not count.)"""
         with self._lock:
-            return len(self._queue) + sum(max(len(w.tasks) - 1, 0) for w in self._workers)
+            return 0 if self._idle() else len(self._queue)
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Wait until every worker has built its verifier (for benchmarks: start-up is not what
@@ -185,8 +195,15 @@ class RewardPool:
             return
         with self._lock:
             self.stats.submitted += len(calls)
+            if not self._queue:
+                self._queued_since = time.monotonic()
             self._queue.extend((next(self._ids), key, response, metadata) for key, response, metadata in calls)
-        self._wake()
+            # the dispatcher wakes by itself when a worker answers or a wait ends: only a call
+            # that may go to an idle worker now, or starts a wait, needs it woken (each wake-up
+            # costs the caller's thread a switch to the dispatcher's)
+            wake = self._idle() and (len(self._queue) == len(calls) or len(self._queue) >= self._full_batch())
+        if wake:
+            self._wake()
 
     def poll(self, timeout_s: float = 0.0) -> list[RewardResult]:
         """Results that are ready, timeouts and crashes included (waiting up to timeout_s for the
@@ -210,7 +227,7 @@ class RewardPool:
                     if self._closing:
                         return
                     self._dispatch()
-                    conns = [w.conn for w in self._workers if w.tasks or not w.ready]
+                    conns = [w.conn for w in self._workers if w.batch or not w.ready]
                     timeout = self._next_deadline() - time.monotonic()
                 wait([*conns, self._wake_r], timeout=min(max(timeout, 0.0), 0.1))
                 with contextlib.suppress(BlockingIOError):
@@ -227,7 +244,9 @@ class RewardPool:
                 self._lock.notify_all()
 
     def _next_deadline(self) -> float:
-        times = [w.started + self.timeout_s for w in self._workers if w.tasks]
+        times = [w.progress[START] + self.timeout_s for w in self._workers if w.batch]
+        if self._queue and self._idle():
+            times.append(self._queued_since + MAX_WAIT_S)
         times += [kill_at for _, kill_at in self._dying]
         return min(times, default=time.monotonic() + 0.1)
 
@@ -245,24 +264,28 @@ class RewardPool:
                     continue
                 if msg[0] == "failed":
                     raise RuntimeError(f"a reward worker could not build its verifier: {msg[1]}")
-                task_id, reward, info, latency, finished = msg
-                (done_id, key, _, _), _ = w.tasks.popleft()
-                if done_id != task_id:
-                    raise RuntimeError(f"reward worker answered call {task_id}, expected {done_id}")
-                if w.tasks:  # the next call started when this one finished, or when handed over
-                    w.started = max(finished, w.tasks[0][1])
-                m = self._mean_call_s
-                self._mean_call_s = latency if m is None else 0.9 * m + 0.1 * latency
-                out.append(self._result(key, reward, info, latency))
+                if [r[0] for r in msg] != [task[0] for task in w.batch]:
+                    raise RuntimeError("a reward worker answered calls it was not handed")
+                for (_, key, _, _), (_, reward, info, latency) in zip(w.batch, msg):
+                    m = self._mean_call_s
+                    self._mean_call_s = latency if m is None else 0.9 * m + 0.1 * latency
+                    out.append(self._result(key, reward, info, latency))
+                w.batch = []
         except (EOFError, OSError):
             pass  # the worker died: handled below
-        if w.tasks and time.monotonic() - w.started > self.timeout_s:
+        if w.batch and time.monotonic() - w.progress[START] > self.timeout_s:
             self.stats.timeouts += 1
             out.append(self._replace(i, "timeout"))
         elif not w.proc.is_alive():
             self.stats.crashes += 1
-            out += [self._replace(i, "worker_crash")] if w.tasks else self._restart(i)
+            out += [self._replace(i, "worker_crash")] if w.batch else self._restart(i)
         return out
+
+    @staticmethod
+    def _running(w: _Worker) -> int:
+        """The call of its batch the worker runs (or ran last). The worker writes the start time
+        before the index, so a deadline read after the index is never older than that call's."""
+        return min(int(w.progress[INDEX]), len(w.batch) - 1)
 
     def _result(self, key: Any, reward: float, info: dict[str, Any], latency: float) -> RewardResult:
         self.stats.completed += 1
@@ -270,42 +293,55 @@ class RewardPool:
         return RewardResult(key, reward, info, latency)
 
     def _replace(self, i: int, outcome: str) -> RewardResult:
-        """The worker's running call fails with `outcome`; the calls handed to it after that one
-        never started and go back to the head of the queue, in order."""
+        """The worker's running call fails with `outcome`; the rest of its batch goes back to the
+        head of the queue, in order (the calls it had finished too: their answers are lost)."""
         w = self._workers[i]
-        (_, key, _, _), _ = w.tasks.popleft()
-        self._queue.extendleft(task for task, _ in reversed(w.tasks))
+        running = self._running(w)
+        self._queue.extendleft(reversed(w.batch[:running] + w.batch[running + 1:]))
+        self._queued_since = 0.0  # these have waited: no batching wait for them
+        latency = time.monotonic() - w.progress[START]
         self._stop(w)
         self._workers[i] = self._start_worker()
-        return self._result(key, 0.0, {"outcome": outcome}, time.monotonic() - w.started)
+        return self._result(w.batch[running][1], 0.0, {"outcome": outcome}, latency)
 
     def _restart(self, i: int) -> list[RewardResult]:
         self._stop(self._workers[i])
         self._workers[i] = self._start_worker()
         return []
 
+    def _idle(self) -> list[_Worker]:
+        return [w for w in self._workers if w.ready and not w.batch]
+
+    def _full_batch(self) -> int:
+        return batch_size(MAX_BATCH, 1, self._mean_call_s)
+
     def _dispatch(self) -> None:
-        idle = [w for w in self._workers if w.ready and not w.tasks]
+        """Hand idle workers the queue in even shares, once it fills a batch for one of them
+        or its oldest call has waited MAX_WAIT_S (at once for verifiers too slow to batch)."""
+        idle = self._idle()
+        if not idle or not self._queue or (len(self._queue) < self._full_batch()
+                                          and time.monotonic() - self._queued_since < MAX_WAIT_S):
+            return
         for j, w in enumerate(idle):
             k = batch_size(len(self._queue), len(idle) - j, self._mean_call_s)
             if k == 0:
                 return
-            now = time.monotonic()
-            w.tasks.extend((self._queue.popleft(), now) for _ in range(k))
-            w.started = now
+            w.batch = [self._queue.popleft() for _ in range(k)]
+            w.progress[INDEX], w.progress[START] = 0, time.monotonic()  # the clock runs from now
             try:
-                w.conn.send([(task_id, response, metadata) for (task_id, _, response, metadata), _ in w.tasks])
+                w.conn.send([(task_id, response, metadata) for task_id, _, response, metadata in w.batch])
             except (BrokenPipeError, OSError):
                 pass  # the worker is gone; the next collect reports it as a crash
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self._factory), daemon=True)
+        progress = self._ctx.RawArray("d", 2)
+        proc = self._ctx.Process(target=_worker_main, args=(child, self._factory, progress), daemon=True)
         with _main_hidden():
             proc.start()
         child.close()
         self.stats.workers_started += 1
-        return _Worker(proc, parent)
+        return _Worker(proc, parent, progress)
 
     def _stop(self, w: _Worker) -> None:
         """SIGTERM now and SIGKILL after kill_grace_s (in `_reap`), without waiting here: a worker
