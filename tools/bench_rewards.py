@@ -5,9 +5,11 @@
 - pool overhead per sample: a verifier that returns at once, through the pool with one worker,
   minus the same call made directly (what a sample pays for the process boundary and timeout);
 - sandbox runs/s: one Python program run by the sandbox, against the same program run by a bare
-  subprocess.run (ratio sandbox / bare), and code-verifier samples/s (3 stdio tests each).
+  subprocess.run, in --rounds alternating rounds (each side's rate per round, the ratio of the
+  medians), and code-verifier samples/s (3 stdio tests each). The sandbox's setup (which layers,
+  which back end) is printed first.
 
-    python tools/bench_rewards.py [--seconds 5] [--workers 2]
+    python tools/bench_rewards.py [--seconds 5] [--workers 2] [--rounds 5] [--backend auto]
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import statistics
 import subprocess
 import tempfile
 import time
@@ -100,22 +103,27 @@ def bench_overhead(seconds: float) -> dict[str, float]:
     return {"direct_s": 1 / direct_per_s, "pool_s": pooled_s, "overhead_s": pooled_s - 1 / direct_per_s}
 
 
-def bench_sandbox(seconds: float) -> dict[str, float]:
-    from asyncrl.config import SandboxConfig
+def bench_sandbox(seconds: float, rounds: int, backend: str) -> dict:
+    from asyncrl.config import CodeRewardConfig, SandboxConfig
     from asyncrl.reward.code_reward import PYTHON, CodeReward
-    from asyncrl.reward.sandbox import run_sandboxed
+    from asyncrl.reward.sandbox import isolation, release, run_sandboxed
 
-    limits = SandboxConfig()
+    limits = SandboxConfig(backend=backend)
+    print(isolation(backend).describe())
     program = "print(sum(map(int, input().split())))"
+    argv = [PYTHON, "-I", "-S", "-B", "-c", program]
+    bare, sandboxed = [], []
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as d:
         workdir = Path(d)
-        workdir.chmod(0o777)
-        argv = [PYTHON, "-I", "-S", "-B", "-c", program]
-        bare, _ = rate(lambda: subprocess.run(argv, input=b"1 2\n", capture_output=True, check=True), seconds)
-        sandboxed, _ = rate(lambda: run_sandboxed(argv, b"1 2\n", limits, workdir), seconds)
-    verifier = CodeReward()
-    samples, _ = rate(lambda: verifier(SOLUTION, {"tests": TESTS}), seconds)
+        assert run_sandboxed(argv, b"1 2\n", limits, workdir).stdout == b"3\n", "the sandbox must run it"
+        for _ in range(rounds):  # alternating, so that the machine's noise hits both sides
+            bare.append(rate(lambda: subprocess.run(argv, input=b"1 2\n", capture_output=True, check=True),
+                             seconds / 2)[0])
+            sandboxed.append(rate(lambda: run_sandboxed(argv, b"1 2\n", limits, workdir), seconds / 2)[0])
+    verifier = CodeReward(CodeRewardConfig(sandbox=limits))
     assert verifier(SOLUTION, {"tests": TESTS})[0] == 1.0, "the benchmark's solution must pass"
+    samples, _ = rate(lambda: verifier(SOLUTION, {"tests": TESTS}), seconds)
+    release()
     return {"bare": bare, "sandboxed": sandboxed, "code_samples": samples}
 
 
@@ -123,19 +131,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=5.0, help="time per measurement")
     p.add_argument("--workers", type=int, default=2, help="reward pool workers for the math figure")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds of bare and sandboxed runs")
+    p.add_argument("--backend", default="auto", choices=["auto", "namespaces", "bwrap"], help="sandbox back end")
     args = p.parse_args()
 
     m = bench_math(args.seconds, args.workers)
     o = bench_overhead(args.seconds)
-    s = bench_sandbox(args.seconds)
+    s = bench_sandbox(args.seconds, args.rounds, args.backend)
     print(f"{'measurement':<44}{'baseline':>14}{'asyncrl':>14}{'ratio':>8}")
     print(f"{'math verifications/s (direct | pool x' + str(args.workers) + ')':<44}"
           f"{m['direct']:>14.1f}{m['pool']:>14.1f}{m['pool'] / m['direct']:>8.2f}")
     print(f"{'per-sample latency ms (direct | pool x1)':<44}"
           f"{o['direct_s'] * 1e3:>14.4f}{o['pool_s'] * 1e3:>14.3f}{'':>8}")
     print(f"{'  pool overhead per sample (ms)':<44}{'':>14}{o['overhead_s'] * 1e3:>14.3f}")
-    print(f"{'python runs/s (bare subprocess | sandbox)':<44}"
-          f"{s['bare']:>14.1f}{s['sandboxed']:>14.1f}{s['sandboxed'] / s['bare']:>8.2f}")
+    bare, sandboxed = statistics.median(s["bare"]), statistics.median(s["sandboxed"])
+    print(f"{'python runs/s (bare subprocess | sandbox)':<44}{bare:>14.1f}{sandboxed:>14.1f}{sandboxed / bare:>8.2f}")
+    for i, (b, x) in enumerate(zip(s["bare"], s["sandboxed"])):
+        print(f"{f'  round {i + 1}':<44}{b:>14.1f}{x:>14.1f}{x / b:>8.2f}")
     print(f"{'code verifier samples/s (3 stdio tests each)':<44}{'':>14}{s['code_samples']:>14.1f}")
 
 

@@ -76,35 +76,58 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, _parse_value(raw)
 
 
-def _explain(err: ValidationError) -> str:
+def format_override(key: str, value: Any) -> str:
+    """The inverse of parse_override: `key=value` text that parses back to the same typed value."""
+    if value is None or isinstance(value, (bool, list, dict)):
+        text = json.dumps(value)  # null, true/false, JSON flow collections (valid YAML)
+    elif isinstance(value, (int, float)):
+        text = repr(value)
+    else:
+        text = str(value)
+        if _parse_value(text) != text:  # a string that would read as a number, bool or null
+            raise ConfigError(f"override {key!r}: the string {text!r} cannot be given as a dotted override")
+    return f"{key}={text}"
+
+
+def explain(err: ValidationError, root: type[BaseModel] = Config, title: str = "invalid config") -> str:
+    """A validation error as one line per field: `a.b.c: what is wrong (got value)`."""
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = f"unknown field (allowed: {', '.join(_allowed_fields(e['loc'][:-1]))})"
+            msg = f"unknown field (allowed: {', '.join(_allowed_fields(e['loc'][:-1], root))})"
         elif "input" in e and not isinstance(e["input"], dict):
             msg += f" (got {e['input']!r})"
         lines.append(f"  {where}: {msg}")
-    return "invalid config:\n" + "\n".join(lines)
+    return f"{title}:\n" + "\n".join(lines)
 
 
-def _allowed_fields(loc: tuple) -> list[str]:
-    model: Any = Config
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field can hold: X, X | None, list[X], dict[str, X], Annotated[A | B, ...]."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _allowed_fields(loc: tuple, root: type[BaseModel]) -> list[str]:
+    models = [root]
     for part in loc:
         if isinstance(part, int):  # an index into a list of sections
             continue
-        model = model.model_fields[part].annotation
-        while not (isinstance(model, type) and issubclass(model, BaseModel)):
-            model = next(a for a in get_args(model) if a is not type(None))  # list[X], X | None
-    return sorted(model.model_fields)
+        holders = [m for m in models if part in m.model_fields]
+        if holders:
+            models = _models_in(holders[0].model_fields[part].annotation)
+        else:  # the tag of a discriminated union names the variant
+            models = [m for m in models if any(part in get_args(f.annotation) for f in m.model_fields.values())]
+    return sorted(models[0].model_fields) if models else []
 
 
 def config_from_dict(tree: dict) -> Config:
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(_explain(e)) from None
+        raise ConfigError(explain(e)) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -129,7 +152,9 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _find_base(name: str, recipe: Path) -> Path:
+def find_recipe(name: str, recipe: Path) -> Path:
+    """A recipe named by `base:` in `recipe`: a path relative to it, to the working directory or
+    to the project, or a name in configs/."""
     candidates = [recipe.parent / name, Path(name), CONFIGS_DIR.parent / name, CONFIGS_DIR / name,
                   CONFIGS_DIR / f"{name}.yaml"]
     for c in candidates:
@@ -138,14 +163,19 @@ def _find_base(name: str, recipe: Path) -> Path:
     raise ConfigError(f"{recipe}: base {name!r} not found (looked for {', '.join(map(str, candidates))})")
 
 
-def read_recipe(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
-    """A recipe's tree with its bases merged underneath."""
+def read_yaml(path: Path) -> Any:
+    """A YAML file's content ({} when empty); a key given twice in a mapping is an error."""
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        tree = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
+
+
+def read_recipe(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """A recipe's tree with its bases merged underneath."""
+    tree = read_yaml(path)
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     base = tree.pop(BASE_KEY, None)
@@ -153,7 +183,7 @@ def read_recipe(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
         return tree
     if not isinstance(base, str):
         raise ConfigError(f"{path}: base must be one recipe path, got {base!r}")
-    base_path = _find_base(base, path)
+    base_path = find_recipe(base, path)
     if base_path in _chain or base_path == path.resolve():
         raise ConfigError(f"{path}: base {base!r} leads back to itself")
     return _merge(read_recipe(base_path, (*_chain, path.resolve())), tree)

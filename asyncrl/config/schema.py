@@ -108,16 +108,20 @@ class SandboxConfig(_Section):
     """Wall-clock limit of one program run (one test), in seconds."""
     cpu_time_s: int = Field(5, gt=0)
     """CPU-time limit of one program run (RLIMIT_CPU), in seconds."""
-    memory_mb: int = Field(512, gt=0)
-    """Address-space limit of one program run (RLIMIT_AS), in MiB."""
+    memory_mb: int = Field(512, ge=64)
+    """Memory of one program run, in MiB: all its processes together (a cgroup, where there is
+    one), each process's address space (RLIMIT_AS), and the size of its /tmp and /dev/shm."""
     max_processes: int = Field(16, ge=1)
-    """Processes the program may have at once (RLIMIT_NPROC, counted for the sandbox's user)."""
+    """Processes (threads included) the program may have at once (pids cgroup and RLIMIT_NPROC)."""
     max_file_mb: int = Field(16, gt=0)
     """Largest file the program may write (RLIMIT_FSIZE), in MiB."""
     max_output_kb: int = Field(1024, gt=0)
     """Standard output kept per run; more is cut and the run fails as output_limit."""
     compile_time_s: float = Field(15.0, gt=0)
     """Wall-clock limit of compiling a C++ solution."""
+    backend: Literal["auto", "namespaces", "bwrap"] = "auto"
+    """How runs are isolated: auto (the kernel's namespaces directly, else bubblewrap if installed,
+    else what is left, logged at start), or one of them first (bwrap costs ~10 ms more per run)."""
 
 
 class CodeRewardConfig(_Section):

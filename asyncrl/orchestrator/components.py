@@ -21,7 +21,7 @@ from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.config import BufferConfig, Config, RewardConfig
 from asyncrl.observe.worker_logs import log_env
 from asyncrl.orchestrator.ledger import GroupLedger, Shaping
-from asyncrl.reward.pool import RewardPool
+from asyncrl.reward.pool import PRELOAD, RewardPool
 from asyncrl.reward.registry import RewardRouter, check_functions, check_sources
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
@@ -63,7 +63,9 @@ def build_reward_pool(cfg: RewardConfig, data_sources) -> RewardPool:
     check_functions(cfg)
     if cfg.type is None:
         check_sources(cfg, data_sources())
-    return RewardPool(functools.partial(RewardRouter, cfg), cfg.num_workers, cfg.timeout_s)
+    scores_code = "code" in {cfg.type, *cfg.by_source.values()}
+    preload = PRELOAD + (("asyncrl.reward.sandbox.preload",) if scores_code else ())
+    return RewardPool(functools.partial(RewardRouter, cfg), cfg.num_workers, cfg.timeout_s, preload=preload)
 
 
 def node_ip() -> str:

@@ -5,21 +5,22 @@
 
 Test forms (metadata["tests"], a list or its JSON string): {"type": "stdio", "input", "output"}
 (whitespace-normalized tokens, numbers within cfg.float_tolerance when set), {"type": "call",
-"fn", "args", "kwargs", "expected"} (the return value as JSON; a LeetCode-style `class Solution`
-method also counts), {"type": "assert", "code"} (a script run after the solution, in its
-namespace). The APPS/TACO dict {"inputs", "outputs", "fn_name"?} is read as stdio tests, or as
-call tests when it has fn_name (then, as in APPS, an expected value wrapped in a one-element list
-also matches unwrapped). C++ takes stdio tests only. Outcomes: the module constants below.
+"fn", "args", "kwargs", "expected"} (the return value; a LeetCode-style `class Solution` method
+also counts), {"type": "assert", "code"} (a script run after the solution, in its namespace). The
+APPS/TACO dict {"inputs", "outputs", "fn_name"?} is read as stdio tests, or as call tests when it
+has fn_name (then, as in APPS, an expected value wrapped in a one-element list also matches
+unwrapped). C++ takes stdio tests only. Outcomes: the module constants below.
 
-Reward hacking: the expected values of stdio and call tests never enter the sandbox (compared
-here); call and assert drivers come over stdin (no file to read) and report through a random
-nonce, so a program that exits early with status 0 fails. A program that introspects the
-driver's frames can still find the nonce, and an assert test is fooled by a returned object whose
-__eq__ always says True; use stdio or call tests where that matters.
+Reward hacking: expected values never enter the sandbox. stdio outputs and call results are
+compared here; assert tests are rewritten so that each assert with a constant side reports its
+value and the comparison is made here too (code_drivers.py, which also says what that does not
+cover). Drivers come over stdin and report through a random nonce, so a program that exits early
+with status 0 fails; a program that finds the nonce can forge a report, but not the values.
 
-Python runs as /usr/bin/python3 (else this interpreter) with -I -S -B: the sandbox user could
-not read an interpreter under /root, where this venv's lives, and the solution must see neither
-the project nor any site-packages (standard library only).
+Python runs as /usr/bin/python3 (else this interpreter) with -I -S -B: the solution sees neither
+the project nor any site-packages (standard library only). Each test runs in a fresh sandbox
+whose run directory is a copy of the solution (asyncrl.reward.sandbox); the host directories
+used to prepare them are removed with remove_tree, which nothing the program wrote can defeat.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import CodeRewardConfig
-from asyncrl.reward.sandbox import RunResult, run_sandboxed
+from asyncrl.reward import code_drivers
+from asyncrl.reward.sandbox import RunResult, remove_tree, run_sandboxed
 
 OUTCOMES = ("passed", "failed", "syntax_error", "compile_error", "no_code", "no_tests", "bad_tests",
             "bad_input", "no_compiler", "timeout", "memory", "output_limit", "killed", "crashed",
@@ -47,34 +49,6 @@ LANGUAGES = {"python": "python", "py": "python", "python3": "python",
              "cpp": "cpp", "c++": "cpp", "cxx": "cpp", "cc": "cpp"}
 PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 GXX = shutil.which("g++", path="/usr/bin:/bin")
-_CALL_DRIVER = """import json, os, sys
-sys.path.insert(0, os.getcwd())
-def _main(nonce, fn_name, args, kwargs):
-    import solution
-    fn = getattr(solution, fn_name, None)
-    if fn is None and hasattr(solution, "Solution"):
-        fn = getattr(solution.Solution(), fn_name)
-    out = json.dumps(fn(*args, **kwargs))
-    sys.stdout.write("\\n" + nonce + out + "\\n")
-_main({nonce!r}, {fn!r}, json.loads({args!r}), json.loads({kwargs!r}))
-"""
-_ASSERT_DRIVER = """import os, sys
-sys.path.insert(0, os.getcwd())
-def _main(nonce, test_code):
-    namespace = {{"__name__": "solution"}}  # no `if __name__ == "__main__"` block of the solution
-    with open("solution.py", encoding="utf-8") as f:
-        exec(compile(f.read(), "solution.py", "exec"), namespace)
-    namespace["__name__"] = "__main__"  # ...but the test script's own main block runs
-    try:
-        exec(compile(test_code, "test.py", "exec"), namespace)
-    except AssertionError:
-        sys.stdout.write("\\n" + nonce + "fail\\n")
-        return
-    sys.stdout.write("\\n" + nonce + "ok\\n")
-_main({nonce!r}, {code!r})
-"""
-
-
 class BadTests(ValueError):
     """metadata["tests"] is missing (outcome no_tests) or malformed (bad_tests)."""
 
@@ -91,7 +65,8 @@ class CodeTest:
     fn: str = ""
     args: list = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
-    code: str = ""
+    code: str = ""  # assert: the test code with probes (code_drivers.rewrite_asserts)
+    checks: tuple = ()  # assert: per probe, (op, expected, options), compared here
     unwrap: bool = False  # APPS: `[x]` as expected also matches x
 
 
@@ -162,7 +137,11 @@ def _one_test(t: dict) -> CodeTest:
         if isinstance(args, list) and isinstance(kwargs, dict):
             return CodeTest("call", fn=t["fn"], args=args, kwargs=kwargs, expected=t["expected"])
     if kind == "assert" and isinstance(t.get("code"), str) and t["code"].strip():
-        return CodeTest("assert", code=t["code"])
+        try:
+            code, checks = code_drivers.rewrite_asserts(t["code"])
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+            raise BadTests("bad_tests", f"assert test does not parse: {e}") from None
+        return CodeTest("assert", code=code, checks=tuple(checks))
     raise BadTests("bad_tests", f"malformed test of type {str(kind)[:20]!r}")
 
 
@@ -241,9 +220,12 @@ class CodeReward:
         if language == "python" and not _parses(code):
             return 0.0, {"outcome": "syntax_error", "language": language}
         try:
-            with tempfile.TemporaryDirectory(prefix="asyncrl-code-") as base:
+            base = Path(tempfile.mkdtemp(prefix="asyncrl-code-"))
+            try:
                 os.chmod(base, 0o711)  # sandbox uids may pass through to their own run directories
-                return self._score(code, language, tests, Path(base))
+                return self._score(code, language, tests, base)
+            finally:
+                remove_tree(base)
         except OSError as e:  # the host could not set a run up (disk full, no processes left)
             return 0.0, {"outcome": "sandbox_error", "error": repr(e)[:200]}
 
@@ -290,23 +272,28 @@ class CodeReward:
             "wall_time_s": sb.compile_time_s, "cpu_time_s": math.ceil(sb.compile_time_s),
             "memory_mb": max(sb.memory_mb, 2048), "max_processes": max(sb.max_processes, 8),
             "max_output_kb": max(sb.max_output_kb, 64)})
-        return run_sandboxed([GXX, "-O2", "-std=c++17", "-o", "solution", "solution.cpp"], b"", limits, build)
+        return run_sandboxed([GXX, "-O2", "-std=c++17", "-o", "solution", "solution.cpp"], b"", limits, build,
+                             persist=True)
 
     def _run_test(self, test: CodeTest, program: Path, base: Path) -> str:
         """One test in a fresh directory of its own; returns passed, failed or a run status."""
         nonce = secrets.token_hex(16)
-        python = [PYTHON, "-I", "-S", "-B"]
-        with tempfile.TemporaryDirectory(dir=base) as workdir:
+        workdir = Path(tempfile.mkdtemp(dir=base))
+        try:
             # follow_symlinks=False: root must never copy whatever a symlink made in the sandbox names
-            copy = shutil.copy2(program, workdir, follow_symlinks=False)
+            shutil.copy2(program, workdir, follow_symlinks=False)
+            python = [PYTHON, "-I", "-S", "-B"]
             if test.kind == "stdio":
-                argv, stdin = ([*python, copy] if program.suffix == ".py" else [copy]), test.stdin
+                argv = [*python, program.name] if program.suffix == ".py" else [f"./{program.name}"]
+                stdin = test.stdin
             elif test.kind == "call":
-                argv, stdin = [*python, "-"], _CALL_DRIVER.format(
-                    nonce=nonce, fn=test.fn, args=json.dumps(test.args), kwargs=json.dumps(test.kwargs))
+                argv = [*python, "-"]
+                stdin = code_drivers.driver(nonce, "call", {"fn": test.fn, "args": test.args, "kwargs": test.kwargs})
             else:
-                argv, stdin = [*python, "-"], _ASSERT_DRIVER.format(nonce=nonce, code=test.code)
-            result = run_sandboxed(argv, stdin.encode("utf-8", "replace"), self.cfg.sandbox, Path(workdir))
+                argv, stdin = [*python, "-"], code_drivers.driver(nonce, "assert", {"code": test.code})
+            result = run_sandboxed(argv, stdin.encode("utf-8", "replace"), self.cfg.sandbox, workdir)
+        finally:
+            remove_tree(workdir)
         if result.status != "ok":
             return result.status
         stdout = result.stdout.decode("utf-8", "replace")
@@ -316,17 +303,33 @@ class CodeReward:
         if not marker:
             return "failed"  # the driver never finished: e.g. the solution exited early
         reported = reported.partition("\n")[0]  # an atexit handler may print after the driver
-        if test.kind == "assert":
-            return "passed" if reported == "ok" else "failed"
-        return "passed" if self._call_matches(reported, test) else "failed"
-
-    def _call_matches(self, reported: str, test: CodeTest) -> bool:
-        tol, expected = self.cfg.float_tolerance, test.expected
         try:
-            actual = json.loads(reported)
-            if values_match(actual, expected, tol):
-                return True
-            unwrapped = test.unwrap and isinstance(expected, list) and len(expected) == 1
-            return unwrapped and values_match(actual, expected[0], tol)
-        except (ValueError, RecursionError):  # not JSON, or nested too deep to compare
+            probes = json.loads(reported)
+        except (ValueError, RecursionError):  # "fail" (an assert failed), or not JSON
+            return "failed"
+        if test.kind == "assert":
+            return "passed" if code_drivers.probes_pass(probes, list(test.checks)) else "failed"
+        return "passed" if self._call_matches(probes, test) else "failed"
+
+    def _call_matches(self, probes: Any, test: CodeTest) -> bool:
+        if not (isinstance(probes, list) and len(probes) == 1 and isinstance(probes[0], list) and len(probes[0]) == 2):
             return False
+        try:
+            actual = _as_json(code_drivers.decode(probes[0][1]))
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError):
+            return False
+        tol, expected = self.cfg.float_tolerance, test.expected
+        if values_match(actual, expected, tol):
+            return True
+        unwrapped = test.unwrap and isinstance(expected, list) and len(expected) == 1
+        return unwrapped and values_match(actual, expected[0], tol)
+
+
+def _as_json(value: Any) -> Any:
+    """What a JSON round trip would make of a returned value: tuples as lists (the expected
+    value comes from JSON, where a tuple is a list)."""
+    if isinstance(value, (list, tuple)):
+        return [_as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    return value

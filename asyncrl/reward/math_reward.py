@@ -21,7 +21,10 @@ math-verify's default extraction: an answer must be boxed (no credit for "the an
 math-verify sees only the box and extracts LaTeX only (its plain-expression fallback could pick a
 stray number out of malformed LaTeX); the string comparison ignores whitespace. Gold answers are
 normalized: `$...$`, `\\(...\\)` and `\\[...\\]` unwrapped, a boxed gold replaced by its content;
-a list of gold answers means any of them.
+a list of gold answers means any of them. Answers nested too deep are refused before parsing, and
+two classes of right answers math-verify rejects get a second chance (math_checks.py): a number
+with words or units in \\text{} against a bare-number gold, and expressions of special constants
+(or degrees) equal to the gold in value.
 
 math-verify's timeouts arm SIGALRM per operation and raise outside the main thread, so they are
 off; one deadline (timeout_s) covers the whole call instead, armed only in a main thread whose
@@ -45,6 +48,8 @@ from math_verify import LatexExtractionConfig, parse, verify
 
 from asyncrl.reward.answers import BOX as _BOX
 from asyncrl.reward.answers import MAX_ANSWER_CHARS, Unanswered, answer_region, gold_answers, last_boxed
+from asyncrl.reward.math_checks import (bare_number, equal_as_constants, number_in_words, too_deep,
+                                        with_degrees_as_radians)
 
 INFO_ANSWER_CHARS = 200
 DEFAULT_TIMEOUT_S = 10.0
@@ -154,6 +159,8 @@ class MathReward:
             if _has_surrogate(answer) or any(_has_surrogate(g) for g in golds):
                 info["answer"] = info["answer"].encode("utf-8", "replace").decode("utf-8")
                 raise Unanswered("bad_input")
+            if too_deep(answer) or any(too_deep(g) for g in golds):
+                raise Unanswered("bad_input")  # before parsing: see math_checks
             reward, outcome = run_with_deadline(lambda: self._grade(answer, golds), self.timeout_s)
         except Unanswered as e:
             reward, outcome = 0.0, e.outcome
@@ -174,9 +181,26 @@ class MathReward:
         if pred and isinstance(pred[-1], str) and _squash(pred[-1]) in gold_keys:
             return 1.0, "string_match"
         understood = len(pred) == 2
+        targets = []
         for gold in golds:
             target = _parse_boxed(gold)
             if pred and target and verify(target, pred, timeout_seconds=None):
                 return 1.0, "verified"
             understood = understood and len(target) == 2
+            targets.append(target)
+        if _second_chance(answer, pred, golds, targets):
+            return 1.0, "verified"
         return 0.0, ("wrong" if understood else "parse_error")
+
+
+def _second_chance(answer: str, pred: list, golds: list[str], targets: list[list]) -> bool:
+    """The two classes of right answers math-verify rejects (math_checks): a number in words
+    against a bare-number gold, and special constants (or degrees) equal in value."""
+    value = number_in_words(answer)
+    if value is not None and value in {bare_number(g) for g in golds}:
+        return True
+    candidates = [pred]
+    degrees = with_degrees_as_radians(answer)
+    if degrees is not None:
+        candidates.append(_parse_boxed(degrees))
+    return any(len(c) == 2 and len(t) == 2 and equal_as_constants(c[0], t[0]) for c in candidates for t in targets)

@@ -18,7 +18,7 @@ Batches: one call per pipe message costs a round trip of two processes waking ea
 a few thousand calls/s whatever their cost. So when calls are waiting and recent calls were fast,
 a worker is handed several at once (`batch_size`: about BATCH_S of work, at most MAX_BATCH
 calls). Each call still has its own clock: before a call the worker writes its index in the batch
-and its start time into a small shared array (`_Progress`, no message), which the dispatcher
+and its start time into two doubles it shares with the pool (no message), which the dispatcher
 reads for deadlines and, when a worker fails, to tell the call that failed from the others. With
 slow verifiers or a short queue every batch holds one call, as before batching existed. While a
 worker is idle, calls of a fast verifier wait up to MAX_WAIT_S for others to share their batch:
@@ -27,8 +27,9 @@ a driver that submits a few samples at a time would otherwise still pay a messag
 Workers come from a forkserver that has already imported the verifiers and warmed their caches
 (reward/preload.py), so a replacement starts in milliseconds, warm, instead of re-importing sympy;
 the clock of a call starts when a ready worker takes it. A killed worker first gets SIGTERM, on
-which it kills the code sandboxes it is running (they sit in process groups of their own), then,
-if it is still alive kill_grace_s later, SIGKILL; the caller never waits for either.
+which it kills the code sandbox runs it has and ends their launchers, then, if it is still alive
+kill_grace_s later, SIGKILL (its launchers then kill their runs themselves, seeing it gone); the
+caller never waits for either.
 
 Sizing: a hung call holds a worker for timeout_s, so num_workers must exceed
 samples/s x hang fraction x timeout_s, plus what the verifiers need when nothing hangs.
@@ -91,14 +92,28 @@ class PoolStats:
     outcomes: Counter = field(default_factory=Counter)
 
 
+def _release_sandboxes() -> None:
+    """Kill this worker's code sandbox runs and end their launchers (multiprocessing ends a worker
+    with os._exit, which skips atexit; a worker killed outright leaves its launchers to notice)."""
+    sandbox = sys.modules.get("asyncrl.reward.sandbox")
+    if sandbox is not None and hasattr(sandbox, "kill_active"):
+        sandbox.kill_active()
+        sandbox.release()
+
+
 def _worker_main(conn: Connection, factory: Callable[[], RewardFn], progress) -> None:
     def on_term(*_):  # take running sandboxes down with this worker
-        sandbox = sys.modules.get("asyncrl.reward.sandbox")
-        if sandbox is not None and hasattr(sandbox, "kill_active"):
-            sandbox.kill_active()
+        _release_sandboxes()
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    try:
+        _serve(conn, factory, progress)
+    finally:
+        _release_sandboxes()
+
+
+def _serve(conn: Connection, factory: Callable[[], RewardFn], progress) -> None:
     try:
         verifier = factory()
     except Exception as e:  # a replacement would fail the same way: the pool stops the run

@@ -163,3 +163,46 @@ def test_a_crash_inside_a_batch_costs_one_call(warm_pool):
     assert got["crash"].info["outcome"] == "worker_crash"
     assert [got[k].reward for k in ("ok1", "ok2", "ok3")] == [1.0, 1.0, 1.0]
     assert warm_pool.stats.crashes == 1
+
+
+def code_factory():
+    from asyncrl.config import CodeRewardConfig, SandboxConfig
+    from asyncrl.reward.code_reward import CodeReward
+
+    return CodeReward(CodeRewardConfig(sandbox=SandboxConfig(wall_time_s=30)))  # no time budget: the pool cuts
+
+
+def test_a_code_sample_past_the_timeout_takes_its_sandbox_down_with_the_worker():
+    import os
+    from pathlib import Path
+
+    marker = f"asyncrl-marker-{os.getpid()}-{time.time_ns()}"
+    hang = f"```python\nimport os\nos.execv('/bin/sleep', [{marker[:8]!r} + {marker[8:]!r}, '100'])\n```"
+    correct = "```python\nprint(sum(map(int, input().split())))\n```"
+
+    def running():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                found += [pid] if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() else []
+            except OSError:
+                pass
+        return found
+
+    pool = RewardPool(code_factory, num_workers=1, timeout_s=3.0)
+    try:
+        pool.submit("hang", hang, {"tests": [{"type": "stdio", "input": "", "output": ""}]})
+        deadline = time.monotonic() + 3
+        while not running():
+            assert time.monotonic() < deadline, "the sandboxed program never started"
+            time.sleep(0.02)
+        got = collect(pool, 1)
+        assert got["hang"].info["outcome"] == "timeout" and pool.stats.workers_started == 2
+        deadline = time.monotonic() + 5
+        while running():
+            assert time.monotonic() < deadline, "the sandboxed program outlived its worker"
+            time.sleep(0.05)
+        pool.submit("next", correct, {"tests": [{"type": "stdio", "input": "1 2", "output": "3"}]})
+        assert collect(pool, 1)["next"].reward == 1.0  # the replacement runs code
+    finally:
+        pool.close()

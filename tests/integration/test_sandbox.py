@@ -1,96 +1,33 @@
-"""The code sandbox with real programs: every test form against correct, wrong, crashing, slow and
-broken solutions (Python and C++), both reward modes, and attacks whose containment is checked
-from outside the sandbox (listener, files, processes, the test process itself).
+"""The code verifier with real programs in the sandbox: every test form against correct, wrong,
+crashing, slow and broken solutions (Python and C++), both reward modes, time budgets, limits.
+The attacks are in test_sandbox_attacks.py.
 
-Limits are short (wall 2 s, CPU 1 s) so the file runs in seconds. The attacks that rely on the
-uid change need root; without it they are skipped with the reason, because the sandbox then does
-not protect against them (see asyncrl.reward.sandbox).
+Limits are short (wall 2 s, CPU 1 s) so the file runs in seconds.
 """
 
+import dataclasses
 import json
 import os
 import resource
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from sandbox_support import (F, LIMITS, ROOT, SLACK_S, cpp, nothing_left_behind, py, run_python, verifier,  # noqa: F401
+                             workdir)
 
-from asyncrl.config import CodeRewardConfig, SandboxConfig
+from asyncrl.config import CodeRewardConfig
 from asyncrl.reward import code_reward
 from asyncrl.reward.code_reward import CodeReward
-from asyncrl.reward.sandbox import SANDBOX_UID_BASE, network_mode, processes_of, run_sandboxed
+from asyncrl.reward.sandbox import isolation, runner, spawn
 
-LIMITS = SandboxConfig(wall_time_s=2.0, cpu_time_s=1, memory_mb=256, max_processes=8, max_file_mb=1,
-                       max_output_kb=64, compile_time_s=30)
-SLACK_S = 1.5
-F = "```"
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root; without it the "
-                                "sandbox does not contain this attack")
 needs_gxx = pytest.mark.skipif(code_reward.GXX is None, reason="no g++")
 
 PAIRS = [(1, 2), (5, 7), (10, -3)]
 ADD_STDIO = [{"type": "stdio", "input": f"{a} {b}\n", "output": f"{a + b}\n"} for a, b in PAIRS]
 ADD_CALL = [{"type": "call", "fn": "add", "args": [a, b], "expected": a + b} for a, b in PAIRS]
 ADD_ASSERT = [{"type": "assert", "code": f"assert add({a}, {b}) == {a + b}"} for a, b in PAIRS]
-
-
-def verifier(mode="all_pass", **kw):
-    return CodeReward(CodeRewardConfig(mode=mode, sandbox=LIMITS, **kw))
-
-
-def run_python(code, workdir):
-    """run_sandboxed on a Python one-off, without the verifier (to see status, output and uid)."""
-    return run_sandboxed([code_reward.PYTHON, "-I", "-S", "-c", textwrap.dedent(code)], b"", LIMITS, workdir)
-
-
-def py(code):
-    return f"Here is my solution.\n{F}python\n{textwrap.dedent(code).strip()}\n{F}\n"
-
-
-def cpp(code):
-    return f"{F}cpp\n#include <iostream>\n#include <vector>\n{textwrap.dedent(code).strip()}\n{F}"
-
-
-def sandbox_processes():
-    """(pid, parent pid, state) of the processes of any sandbox uid (every run has a uid of its
-    own above SANDBOX_UID_BASE)."""
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            status = Path(f"/proc/{name}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields["Uid"].split()[0]) >= SANDBOX_UID_BASE:
-            found.append((int(name), int(fields["PPid"]), fields["State"].strip()[0]))
-    return found
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    """After every test: no sandbox process alive and no sandbox directory left in the temp dir."""
-    tmp = Path(tempfile.gettempdir())
-    before = set(tmp.glob("asyncrl-code-*"))
-    yield
-    left = [(pid, ppid, state) for pid, ppid, state in sandbox_processes()
-            if state != "Z" or ppid == os.getpid()]
-    assert left == []  # nothing alive, and no zombie that this process failed to reap
-    assert set(tmp.glob("asyncrl-code-*")) - before == set()
-
-
-@pytest.fixture
-def workdir():
-    """A directory for run_sandboxed called directly (tmp_path's parents are closed to other uids)."""
-    path = Path(tempfile.mkdtemp(prefix="asyncrl-sandbox-test-"))
-    yield path
-    shutil.rmtree(path)
 
 
 PY_STDIO = {
@@ -215,102 +152,41 @@ def test_bad_input_has_a_defined_outcome(response, outcome):
     assert verifier()(response, {"tests": tests})[1]["outcome"] == outcome
 
 
-# --- attacks: each one contained, reward 0, the host checked from outside -----------------------
-
-def test_network_is_isolated(workdir):
-    assert network_mode() is not None, "this machine cannot isolate the sandbox's network"
-    assert run_python("pass", workdir).network_isolated
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        listener.setblocking(False)
-        port = listener.getsockname()[1]
-        attack = py(f"""
-            import socket
-            socket.create_connection(("127.0.0.1", {port}), timeout=1)
-            print("connected")""")
-        reward, info = verifier()(attack, {"tests": [{"type": "stdio", "input": "", "output": "connected"}]})
-        time.sleep(0.1)
-        with pytest.raises(BlockingIOError):
-            listener.accept()  # nothing ever connected
-    assert (reward, info["outcome"]) == (0.0, "crashed")
-
-
-@needs_root
-def test_cannot_write_outside_its_directory(tmp_path):
-    open_dir = Path(tempfile.mkdtemp())
-    open_dir.chmod(0o755)  # reachable for everyone, writable only by its owner (root)
-    targets = [tmp_path / "pwned", open_dir / "pwned", Path.cwd() / "pwned"]
-    leftover = Path("/tmp") / f"asyncrl-leftover-{os.getpid()}"
-    attack = py(f"""
-        for path in {[str(t) for t in targets]!r}:
-            try:
-                open(path, "w").write("x")
-                print("wrote", path)
-            except OSError as e:
-                print(e)
-        open({str(leftover)!r}, "w").write("left in /tmp")  # world-writable: allowed, cleaned up after
-        print("done")""")
-    try:
-        reward, info = verifier()(attack, {"tests": [{"type": "stdio", "input": "", "output": "done"}]})
-        assert [t for t in targets if t.exists()] == []
-        assert not leftover.exists()
-        assert (reward, info["outcome"]) == (0.0, "failed")  # the permission errors were printed
-    finally:
-        shutil.rmtree(open_dir)
-        for path in [*targets, leftover]:
-            path.unlink(missing_ok=True)
-
-
-@needs_root
-def test_cannot_read_secrets_from_the_environment(monkeypatch, workdir):
-    secret = f"s3cr3t-{os.getpid()}-{time.time_ns()}"
-    monkeypatch.setenv("ASYNCRL_TEST_SECRET", secret)
-    holder = subprocess.Popen(["sleep", "30"], env={"ASYNCRL_TEST_SECRET": secret})
-    try:
-        deadline = time.monotonic() + 5  # readable without the sandbox, once `sleep` has started
-        while secret not in Path(f"/proc/{holder.pid}/environ").read_text():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        attack = f"""
-            import os
-            print(dict(os.environ))
-            for pid in [os.getppid(), {holder.pid}, {os.getpid()}, *filter(str.isdigit, os.listdir("/proc"))]:
-                try:
-                    print(open(f"/proc/{{pid}}/environ", "rb").read())
-                except OSError:
-                    pass"""
-        result = run_python(attack, workdir)
-        assert result.status == "ok" and b"PATH" in result.stdout  # it ran and printed its own environment
-        assert secret.encode() not in result.stdout + result.stderr
-        reward, _ = verifier()(py(attack), {"tests": [{"type": "stdio", "input": "", "output": secret}]})
-        assert reward == 0.0
-    finally:
-        holder.kill()
-        holder.wait()
-
-
-@needs_root
-def test_fork_bomb_is_contained(workdir):
-    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-    start = time.monotonic()
-    result = run_python(bomb, workdir)
-    assert time.monotonic() - start < LIMITS.wall_time_s + SLACK_S
-    assert result.status == "timeout" and result.uid is not None
-    assert processes_of(result.uid) == []
-    reward, info = verifier()(py(bomb), {"tests": ADD_STDIO})
-    assert (reward, info["outcome"]) == (0.0, "timeout")
+@pytest.mark.parametrize("solution, test, passed", [
+    ("def f():\n    return (1, 2)", "assert f() == (1, 2)", True),
+    ("def f():\n    return [1, 2]", "assert f() == (1, 2)", False),  # as in Python: a list is no tuple
+    ("def f():\n    return {2, 1}", "assert f() == set([1, 2])", True),
+    ("def f():\n    return 0.1 + 0.2", "import math\nassert math.isclose(f(), 0.3, rel_tol=1e-9)", True),
+    ("def f():\n    return 0.1 + 0.2", "assert abs(f() - 0.3) < 1e-9", True),
+    ("def f():\n    return 0.1 + 0.2", "assert f() == 0.3", False),
+    ("def f():\n    return None", "assert f() is None", True),
+    ("def f():\n    return 'abc'", "assert 'b' in f()", True),
+    ("def f():\n    return {1: 'a'}", "assert f() == {1: 'a'}", True),
+    ("def f():\n    return float('inf')", "assert f() == float('inf')", True),
+    # HumanEval's form: asserts inside a check function, called once
+    ("def f(x):\n    return x * 2", "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n"
+     "check(f)", True),
+    ("def f(x):\n    return x * 2", "def check(candidate):\n    assert candidate(2) == 5\ncheck(f)", False),
+    # an assert that never runs cannot pass: every probe must report (a forged report is empty)
+    ("def f(x):\n    return x * 2", "def check(candidate):\n    assert candidate(2) == 4", False),
+    ("def f(x):\n    return x > 1", "assert f(2)\nassert not f(0)", True),  # no constant side: inside
+    ("def f(x):\n    return x > 1", "assert f(0)", False),
+])
+def test_assert_tests_compare_outside_like_python(solution, test, passed):
+    reward, info = verifier()(py(solution), {"tests": [{"type": "assert", "code": test}]})
+    assert (reward, info["outcome"]) == ((1.0, "passed") if passed else (0.0, "failed")), info
 
 
 def test_memory_infinite_loop_sleep_and_output_flood(workdir):
     cases = {
-        "x = bytearray(10 ** 10)": "memory",
+        "x = bytearray(10 ** 10)": "memory",  # over RLIMIT_AS at once
         "x = [0] * 10 ** 9": "memory",
         "while True:\n    pass": "timeout",
         "import time\ntime.sleep(100)": "timeout",
         "import sys\nb = b'x' * (1 << 20)\nwhile True:\n    sys.stdout.buffer.write(b)": "output_limit",
         "import sys\nwhile True:\n    sys.stderr.write('e' * 100000)": "output_limit",
         "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)": "killed",
+        "import os\nos.abort()": "crashed",
     }
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for code, outcome in cases.items():
@@ -324,72 +200,57 @@ def test_memory_infinite_loop_sleep_and_output_flood(workdir):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 32 << 10  # KiB
 
 
-@needs_root
-def test_cannot_kill_the_parent_or_its_processes(workdir):
-    sentinel = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    try:
-        attack = f"""
-            import os, signal
-            for action in (lambda: os.kill(os.getppid(), signal.SIGKILL),
-                           lambda: os.killpg(os.getpgid(os.getppid()), signal.SIGKILL),
-                           lambda: os.killpg({sentinel.pid}, signal.SIGKILL),
-                           lambda: os.kill({sentinel.pid}, signal.SIGKILL),
-                           lambda: os.kill({os.getpid()}, signal.SIGKILL),
-                           lambda: os.kill(1, signal.SIGKILL)):
-                try:
-                    action()
-                except OSError as e:
-                    print(e)
-            os.kill(-1, signal.SIGKILL)  # every process of this run's uid but itself: none
-            print("survived")"""
-        result = run_python(attack, workdir)
-        assert result.stdout.count(b"Operation not permitted") == 6
-        assert result.status == "ok" and result.stdout.endswith(b"survived\n")
-        assert verifier()(py(attack), {"tests": ADD_STDIO})[0] == 0.0
-        time.sleep(0.1)
-        assert sentinel.poll() is None  # alive; and so is this process, which is still running
-    finally:
-        sentinel.kill()
-        sentinel.wait()
+def test_a_cpu_bound_run_ends_at_the_cpu_limit_as_timeout(workdir):
+    result = run_python("while True:\n    pass", workdir, wall_time_s=5.0)
+    assert result.status == "timeout" and result.returncode in (-24, -9)  # SIGXCPU (or SIGKILL)
+    assert result.wall_s < LIMITS.cpu_time_s + 1 + SLACK_S  # the CPU limit, not the wall clock
 
 
-def marker_processes(marker):
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
-                found.append(int(name))
-        except OSError:
-            pass
-    return found
+def test_a_launcher_that_died_is_replaced(workdir):
+    assert run_python("print(1)", workdir).stdout == b"1\n"
+    from asyncrl.reward.sandbox import runner
+
+    (pool,) = [p for key, p in runner._pools.items() if key == isolation()]
+    (launcher,) = pool._free
+    launcher.proc.kill()
+    launcher.proc.wait()
+    first = run_python("print(2)", workdir)  # may find the dead one first: a sandbox error, not a hang
+    assert first.status == "sandbox_error" or first.stdout == b"2\n"
+    assert run_python("print(3)", workdir).stdout == b"3\n"
 
 
-@pytest.mark.parametrize("leave_group", [False, True], ids=["child", "setsid-double-fork"])
-def test_no_background_process_survives(leave_group):
-    if leave_group and os.geteuid() != 0:
-        pytest.skip("a child that calls setsid() is only caught by the per-uid sweep, which needs root")
+@pytest.mark.parametrize("net", [True, False], ids=["bare+net", "bare"])
+def test_the_bare_back_end_still_cleans_up(workdir, net):
+    """Where no namespace can be made: leftovers found by cgroup (or uid), files left in /tmp
+    removed, the network namespace kept when that one can be made."""
+    iso = dataclasses.replace(isolation(), backend="bare", userns=not ROOT and net,
+                              net_flags=(0 if not net else spawn.CLONE_NEWNET if ROOT else spawn.CLONE_NEWUSER | spawn.CLONE_NEWNET))
     marker = f"asyncrl-marker-{os.getpid()}-{time.time_ns()}"
-    escape = f"""
-        import os, time
+    code = f"""
+        import os, socket
+        open("/tmp/{marker}", "w").write("x")
         if os.fork() == 0:
-            if {leave_group}:
-                os.setsid()
-                if os.fork() != 0:
-                    os._exit(0)
-            os.execv("/bin/sleep", [{marker!r}, "100"])
-        time.sleep(0.3)  # the background process is running by now
-        print(3)"""
-    # without the sandbox the escape works, and marker_processes sees it
-    subprocess.run([sys.executable, "-c", textwrap.dedent(escape)], check=True, stdout=subprocess.DEVNULL)
+            os.setsid()
+            os.execv("/bin/sleep", ["{marker}", "100"])
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=1)
+        except OSError as e:
+            print(type(e).__name__)"""
     try:
-        assert marker_processes(marker) != []
+        result = runner._run([code_reward.PYTHON, "-I", "-S", "-c", textwrap.dedent(code)], b"", LIMITS, workdir,
+                             False, iso)
+        assert result.status == "ok" and result.backend == "bare"
+        assert result.stdout == (b"OSError\n" if net else b"ConnectionRefusedError\n")  # no route vs. nobody there
+        if ROOT:  # the run's uid owns both: the cgroup (or the uid) finds the process, and the file
+            assert not Path(f"/tmp/{marker}").exists()
+            assert not [p for p in os.listdir("/proc") if p.isdigit() and marker.encode() in _cmdline(p)]
     finally:
-        for pid in marker_processes(marker):
-            os.kill(pid, signal.SIGKILL)
-            try:
-                os.waitpid(pid, 0)  # an orphan of ours once run_sandboxed made this a subreaper
-            except ChildProcessError:
-                pass
-    reward, info = verifier()(py(escape), {"tests": [{"type": "stdio", "input": "", "output": "3"}]})
-    assert (reward, info["outcome"]) == (1.0, "passed")  # the solution itself is fine...
-    assert marker_processes(marker) == []  # ...but what it left behind is gone
+        Path(f"/tmp/{marker}").unlink(missing_ok=True)
+        runner.release(iso)
+
+
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -57,7 +57,10 @@ STDIO = [{"type": "stdio", "input": "1 2\n", "output": "3\n"}]
      [CodeTest("call", fn="add", args=[1, 2], expected=3)]),
     ([{"type": "call", "fn": "f", "kwargs": {"x": 1}, "expected": None}],
      [CodeTest("call", fn="f", kwargs={"x": 1}, expected=None)]),
-    ([{"type": "assert", "code": "assert f(1) == 2"}], [CodeTest("assert", code="assert f(1) == 2")]),
+    # the expected value stays here; the sandbox gets a probe (asyncrl.reward.code_drivers)
+    ([{"type": "assert", "code": "assert f(1) == 2"}],
+     [CodeTest("assert", code="_asyncrl_probe(0, f(1))", checks=(("==", 2, {}),))]),
+    ([{"type": "assert", "code": "assert is_ok(1)"}], [CodeTest("assert", code="assert is_ok(1)")]),
     ({"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]},
      [CodeTest("stdio", stdin="1 2\n", expected="3\n"), CodeTest("stdio", stdin="3 4\n", expected="7\n")]),
     ({"inputs": [[1, 2], 5], "outputs": [[3], [5]], "fn_name": "add"},
@@ -86,6 +89,7 @@ def test_parse_tests_forms(raw, expected):
     ([{"type": "call", "fn": "f", "args": "x", "expected": 0}], "bad_tests"),
     ([{"type": "call", "fn": "f", "args": []}], "bad_tests"),  # no expected
     ([{"type": "assert", "code": "  "}], "bad_tests"),
+    ([{"type": "assert", "code": "assert f(1 =="}], "bad_tests"),  # does not parse
     ([{"type": "shell", "cmd": "ls"}], "bad_tests"),
     ({"inputs": ["1"], "outputs": []}, "bad_tests"),
     ({"inputs": [1], "outputs": ["1"]}, "bad_tests"),

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 CORE = [
     "asyncrl.config", "asyncrl.types", "asyncrl.algo.advantages", "asyncrl.algo.policy_loss",
@@ -16,15 +17,19 @@ CORE = [
 ]
 
 
-def test_core_modules_import_without_vllm_ray_or_deepspeed():
+def import_with_blocked(modules: list[str], blocked: tuple[str, ...]) -> None:
+    """Import `modules` in a fresh interpreter in which importing any of `blocked` fails."""
     code = (
         "import sys\n"
-        "for m in ('vllm', 'ray', 'deepspeed'): sys.modules[m] = None\n"
-        f"for m in {CORE!r}: __import__(m)\n"
-        "print('ok')\n"
+        f"for m in {blocked!r}: sys.modules[m] = None\n"
+        f"for m in {modules!r}: __import__(m)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_core_modules_import_without_vllm_ray_or_deepspeed():
+    import_with_blocked(CORE, ("vllm", "ray", "deepspeed"))
 
 
 def test_algo_is_pure_math():
@@ -36,3 +41,15 @@ def test_algo_is_pure_math():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_analysis_reads_runs_without_matplotlib_torch_or_ray():
+    """Only asyncrl/analysis/plots.py imports matplotlib; reading runs and judging them, and planning
+    and running a study, need neither torch nor Ray (the runs do, in their own processes)."""
+    import_with_blocked(["asyncrl.analysis.curves", "asyncrl.analysis.runs", "asyncrl.analysis.verdict",
+                         "asyncrl.analysis.arms", "asyncrl.analysis.report", "asyncrl.config.study",
+                         "asyncrl.study.plan", "asyncrl.study.runner"],
+                        ("matplotlib", "torch", "vllm", "ray", "deepspeed"))
+    imports = subprocess.run(["grep", "-rlE", "^(import|from) matplotlib", "asyncrl"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    assert imports.stdout.split() == ["asyncrl/analysis/plots.py"]

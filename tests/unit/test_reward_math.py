@@ -5,6 +5,7 @@ math-verify disagrees the case is marked xfail(strict=True) with the reason.
 """
 
 import signal
+import time
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -118,6 +119,55 @@ STRUCTURE = [
     case(r"\boxedx{5}", "5", 0, "not-a-box-command"),
 ]
 
+# A number with words or units in \text{} around it, against a bare-number gold: math-verify read
+# `\text{5 cm}` as a symbol; the first ten right ones here got 0 before (math_checks.number_in_words).
+TEXT_NUMBERS = [
+    case(r"\boxed{\text{5 cm}}", "5", 1, "text-number-with-unit-inside"),
+    case(r"\boxed{\text{5 apples}}", "5", 1, "text-number-with-noun"),
+    case(r"\boxed{\text{The answer is } 5}", "5", 1, "text-sentence-then-number"),
+    case(r"\boxed{\text{total: } 42}", "42", 1, "text-label-colon"),
+    case(r"\boxed{\text{1,000 people}}", "1000", 1, "text-thousands-separator"),
+    case(r"\boxed{\text{2.5 liters}}", r"\frac52", 1, "text-decimal-vs-frac-gold"),
+    case(r"\boxed{\text{-3 degrees}}", "-3", 1, "text-negative-number"),
+    case(r"\boxed{\text{5 cm}^2}", "5", 1, "text-unit-with-exponent"),
+    case(r"\boxed{\text{Tuesday, 5}}", "5", 1, "text-word-comma-number"),
+    case(r"\boxed{\mathrm{12\ kg}}", "12", 1, "mathrm-number-and-unit"),
+    case(r"\boxed{\text{\$15}}", "15", 1, "text-currency-inside"),
+    case(r"\boxed{\text{\frac{3}{4} cup}}", "0.75", 1, "text-fraction-with-unit"),
+    case(r"\boxed{\text{not } 5}", "5", 0, "text-negated"),
+    case(r"\boxed{5 \text{ or } 6}", "5", 0, "text-two-numbers"),
+    case(r"\boxed{\text{at least } 5}", "5", 0, "text-bound-not-value"),
+    case(r"\boxed{\text{about } 7 \text{ hours}}", "7", 0, "text-approximate"),
+    case(r"\boxed{\text{5 apples}}", "6", 0, "text-number-differs"),
+    case(r"\boxed{\text{5}^2 \text{ cm}}", "5", 0, "text-number-squared"),
+    case(r"\boxed{\text{5 apples}}", "x+1", 0, "text-gold-not-a-number"),
+]
+
+# Equal to the gold only after simplifying special constants (i as the imaginary unit, products
+# of cosines) or reading degrees in trigonometric functions; ten of the right ones got 0 before
+# (math_checks.equal_as_constants).
+SPECIAL_CONSTANTS = [
+    case(r"\boxed{e^{i\pi}}", "-1", 1, "euler-identity"),
+    case(r"\boxed{e^{\pi i}+1}", "0", 1, "euler-identity-plus-one"),
+    case(r"\boxed{i^2}", "-1", 1, "imaginary-unit-squared"),
+    case(r"\boxed{i^{i}}", r"e^{-\pi/2}", 1, "i-to-the-i"),
+    case(r"\boxed{\cos(\pi/7)\cos(2\pi/7)\cos(4\pi/7)}", r"-\frac18", 1, "cosine-product-sevenths"),
+    case(r"\boxed{\tan(\pi/7)\tan(2\pi/7)\tan(3\pi/7)}", r"\sqrt7", 1, "tangent-product-sevenths"),
+    case(r"\boxed{\cos 60^\circ}", r"\frac12", 1, "cosine-degrees"),
+    case(r"\boxed{\tan 45^{\circ}}", "1", 1, "tangent-degrees-braced"),
+    case(r"\boxed{\sin(18^\circ)}", r"\frac{\sqrt5-1}{4}", 1, "sine-18-degrees"),
+    case(r"\boxed{\sin(30^\circ)}", "0.5", 1, "sine-degrees-decimal-gold"),
+    case(r"\boxed{\cos(\pi/5) \cos(2\pi/5)}", r"\frac14", 1, "cosine-product-fifths"),
+    case(r"\boxed{\sin(\pi/14)\sin(3\pi/14)\sin(5\pi/14)}", r"\frac18", 1, "sine-product-fourteenths"),
+    case(r"\boxed{e^{i\pi}}", "1", 0, "euler-identity-wrong-sign"),
+    case(r"\boxed{e^{i\pi/2}}", "1", 0, "imaginary-is-not-real"),
+    case(r"\boxed{(1+i)^2}", "2", 0, "complex-square-is-not-real"),
+    case(r"\boxed{\cos 60^\circ}", "0.6", 0, "degrees-value-differs"),
+    case(r"\boxed{3.14159}", r"\pi", 0, "pi-rounded-decimal"),
+    case(r"\boxed{i+1}", "2", 0, "i-is-not-one"),
+    case(r"\boxed{\cos(\pi/7)\cos(2\pi/7)\cos(4\pi/7)}", r"\frac18", 0, "cosine-product-sign"),
+]
+
 MATH_VERIFY_GAPS = [
     xfail(case(r"\boxed{1.5e3}", "1500", 1, "e-notation"),
           "math-verify reads 1.5e3 as 1.5*e*3 (Euler's number)"),
@@ -134,7 +184,7 @@ def reward_fn():
     return MathReward()
 
 
-CASES = EQUIVALENT + WRONG + STRUCTURE + MATH_VERIFY_GAPS
+CASES = EQUIVALENT + WRONG + STRUCTURE + TEXT_NUMBERS + SPECIAL_CONSTANTS + MATH_VERIFY_GAPS
 
 
 @pytest.mark.parametrize("response,gold,expected", CASES)
@@ -267,3 +317,28 @@ def test_works_outside_the_main_thread(reward_fn):
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(grade, [r"\frac{1}{\sqrt{2}}", r"\sqrt{3}"]))
     assert [(r, i["outcome"]) for r, i in results] == [(1.0, "verified"), (0.0, "wrong")]
+
+
+@pytest.mark.parametrize("nested", [
+    "(" * 50 + "1" + ")" * 50,
+    "{" * 20 + "1" + "}" * 20,  # took the whole 10 s deadline
+    r"\sin(" * 8 + "1" + ")" * 8,  # likewise
+    "2^{" * 5 + "2" + "}" * 5,  # a number no machine holds
+    r"\frac{1}{" * 30 + "1" + "}" * 30,
+    r"\left[" * 7 + "1" + r"\right]" * 7,
+])
+def test_deep_nesting_is_refused_before_parsing(reward_fn, nested):
+    start = time.perf_counter()
+    assert reward_fn(f"\\boxed{{{nested}}}", {"answer": "1"}) == (0.0, {"outcome": "bad_input", "answer": nested[:200]})
+    assert time.perf_counter() - start < 0.05
+    assert reward_fn(r"\boxed{1}", {"answer": nested})[1]["outcome"] == "bad_input"  # a gold too
+
+
+@pytest.mark.parametrize("response, gold", [
+    (r"\boxed{\frac{1}{\sqrt{2+\sqrt{2+\sqrt{2}}}}}", r"\frac{1}{\sqrt{2+\sqrt{2+\sqrt{2}}}}"),  # depth 5
+    (r"\boxed{e^{-\frac{x^{2}}{2}}}", r"\exp(-x^2/2)"),  # exponents nested twice
+    (r"\boxed{\left(\frac{\sqrt{3}}{2}, \frac{1}{2}\right)}", r"\left(\frac{\sqrt3}{2},\frac12\right)"),
+    (r"\boxed{2^{2^{2^{2}}}}", "65536"),  # three exponents: still graded
+])
+def test_nesting_within_the_bound_is_graded(reward_fn, response, gold):
+    assert reward_fn(response, {"answer": gold})[0] == 1.0

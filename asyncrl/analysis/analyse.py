@@ -1,0 +1,105 @@
+"""From arms to files: figures/ (PNG + JSON sidecars), report.md and report.json in one directory.
+Used by tools/study.py after a study's runs and by tools/plot_runs.py on any run directories."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from asyncrl.analysis.arms import Arm, mean_curves, stat_with_spread
+from asyncrl.analysis.plots import plot_metric, plot_sweep
+from asyncrl.analysis.report import ArmRow, cell, render, table
+from asyncrl.analysis.runs import config_value
+from asyncrl.analysis.verdict import Verdict, fmt, judge
+from asyncrl.config.study import AnalysisSpec, Finding, SweepPlot
+
+
+def definitions(analysis: AnalysisSpec) -> str:
+    w, frac, x = analysis.window, analysis.collapse_fraction, analysis.x_axis
+    return (f"Curves are the mean over seeds at each step, against {x}. Final: mean of the last {w} steps; peak: "
+            f"maximum of the {w}-step trailing mean; ± is the sample sd over seeds of the same number computed per "
+            f"seed. Collapse: the first {x} at which the {w}-step trailing mean of {analysis.collapse_metric} falls "
+            f"below {frac:g} x the mean of its first {w} steps; `never` if it does not within the run.")
+
+
+def status_text(arm: Arm) -> str:
+    counts: dict[str, int] = {}
+    for r in arm.runs:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return ", ".join(f"{n}/{len(arm.runs)} {s}" for s, n in counts.items())
+
+
+def arm_rows(arms: list[Arm], analysis: AnalysisSpec, metrics: list[str], settings: dict[str, str]) -> list[ArmRow]:
+    rows = []
+    for arm in arms:
+        collapse, _ = stat_with_spread(arm, analysis.collapse_metric, "collapse_step", analysis)
+        cells = {}
+        for m in metrics:
+            final, sd = stat_with_spread(arm, m, "final", analysis)
+            peak, _ = stat_with_spread(arm, m, "peak", analysis)
+            cells[m] = cell(final, sd, peak)
+        rows.append(ArmRow(arm.name, settings.get(arm.name, ""), status_text(arm), arm.num_steps, fmt(collapse), cells))
+    return rows
+
+
+def _label(cfg: dict, fields: list[str], names: dict[str, str]) -> str:
+    def short(v):
+        return str(int(v)) if isinstance(v, bool) else str(v)
+    return ", ".join(f"{names.get(f, f.rsplit('.', 1)[-1])}={short(config_value(cfg, f))}" for f in fields) or "all"
+
+
+def sweep(arms: list[Arm], sp: SweepPlot, analysis: AnalysisSpec, names: dict[str, str], out_dir: Path) -> tuple[str, str]:
+    """The sweep figure and its table: per line and x value, the statistic of each metric."""
+    points: dict[str, dict[str, list[tuple[float, float, float]]]] = {m: {} for m in sp.metrics}
+    rows = []
+    for arm in arms:
+        cfg = arm.runs[0].config
+        x = config_value(cfg, sp.x_field)
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
+            continue
+        label = _label(cfg, sp.series_fields, names)
+        row = [label, fmt(x)]
+        for m in sp.metrics:
+            value, sd = stat_with_spread(arm, m, sp.stat, analysis)
+            row.append(fmt(value) + (f" ± {fmt(sd)}" if sd is not None else ""))
+            if value is not None and math.isfinite(value):
+                points[m].setdefault(label, []).append((float(x), value, sd or 0.0))
+        rows.append(row)
+    rows.sort(key=lambda r: (r[0], float(r[1])))
+    if any(points[m] for m in sp.metrics):
+        plot_sweep(sp.name, names.get(sp.x_field, sp.x_field), {m: p for m, p in points.items() if p}, out_dir / "figures", sp.stat)
+    text = table(["line", names.get(sp.x_field, sp.x_field), *[f"{sp.stat} {m}" for m in sp.metrics]], rows)
+    return f"{sp.stat} against {sp.x_field}", text + f"\n\n![{sp.name}](figures/{sp.name}.png)"
+
+
+def write_json(path: Path, verdicts: list[Verdict], rows: list[ArmRow]) -> None:
+    out = {"verdicts": [{"finding": v.finding.name, "source": v.finding.source, "outcome": v.outcome,
+                         "checks": [{"holds": c.holds, "text": c.text} for c in v.checks]} for v in verdicts],
+           "arms": [{"arm": r.arm, "settings": r.settings, "status": r.status, "steps": r.steps,
+                     "collapse_step": r.collapse, "cells": r.cells} for r in rows]}
+    path.write_text(json.dumps(out, indent=1))
+
+
+def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, description: str = "",
+            findings: list[Finding] = (), sweep_plots: list[SweepPlot] = (), names: dict[str, str] | None = None,
+            settings: dict[str, str] | None = None, notes: list[str] = ()) -> Path:
+    """Write figures/, report.md and report.json under out_dir; returns report.md's path."""
+    names, settings = names or {}, settings or {}
+    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    figures = []
+    for metric in analysis.figures:
+        sc = plot_metric(arms, metric, out_dir / "figures", analysis.x_axis)
+        if sc is not None:
+            figures.append((metric, f"figures/{sc['png']}"))
+    curves = mean_curves(arms, analysis.x_axis)
+    verdicts = [judge(curves, f, analysis) for f in findings]
+    sweeps = [sweep(arms, sp, analysis, names, out_dir) for sp in sweep_plots]
+    metrics = [m for m in analysis.figures if any(len(a.band(m).steps) for a in arms)]
+    rows = arm_rows(arms, analysis, metrics, settings)
+    text = render(title, description, verdicts, rows, metrics, analysis.collapse_metric, definitions(analysis),
+                  figures, sweeps, list(notes))
+    report = out_dir / "report.md"
+    report.write_text(text)
+    write_json(out_dir / "report.json", verdicts, rows)
+    return report

@@ -1,0 +1,99 @@
+"""Reading run directories: metrics.jsonl (one row per step), events.jsonl (start, checkpoints,
+resets, ... and last `end`), config.yaml (the resolved config). Only the standard library and
+PyYAML, so a finished run can be analysed anywhere, also while another is still writing (a half
+written last line is skipped)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from asyncrl.analysis.curves import Series
+
+RunStatus = Literal["new", "finished", "interrupted", "failed", "unfinished"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete JSON lines of a file ([] when it does not exist)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # the line a running process is writing
+            continue
+    return out
+
+
+def status_of(events: list[dict]) -> RunStatus:
+    """new: nothing written; finished / interrupted / failed: the last `end` event says so;
+    unfinished: started but no `end` (still running, or killed without a chance to write it)."""
+    if not events:
+        return "new"
+    last_end = max((i for i, e in enumerate(events) if e.get("event") == "end"), default=-1)
+    last_start = max((i for i, e in enumerate(events) if e.get("event") in ("start", "resume")), default=-1)
+    if last_end < 0 or last_end < last_start:  # a resumed attempt started after the last end has not ended
+        return "unfinished"
+    return events[last_end].get("status", "failed")
+
+
+def series_of(rows: list[dict], metric: str) -> Series:
+    """The metric per step; rows without it (or with null / non-finite values) are skipped, and a
+    step logged twice keeps its last row."""
+    by_step: dict[float, float] = {}
+    for r in rows:
+        v = r.get(metric)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and "step" in r:
+            by_step[r["step"]] = float(v)
+    steps = sorted(by_step)
+    return Series(tuple(float(s) for s in steps), tuple(by_step[s] for s in steps))
+
+
+def config_value(config: dict, dotted: str) -> Any:
+    """`a.b.c` of a config tree (None when a part is missing)."""
+    node: Any = config
+    for part in dotted.split("."):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run directory holds, read once."""
+
+    path: Path
+    rows: list[dict]
+    events: list[dict]
+    config: dict
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def status(self) -> RunStatus:
+        return status_of(self.events)
+
+    def series(self, metric: str) -> Series:
+        return series_of(self.rows, metric)
+
+    def has_checkpoint(self) -> bool:
+        return any((d / "COMPLETE").exists() for d in (self.path / "checkpoints").glob("step_*"))
+
+
+def read_run(path: str | Path) -> RunRecord:
+    path = Path(path)
+    cfg_file = path / "config.yaml"
+    config = yaml.safe_load(cfg_file.read_text()) if cfg_file.exists() else {}
+    return RunRecord(path, read_jsonl(path / "metrics.jsonl"), read_jsonl(path / "events.jsonl"), config or {})

@@ -1,0 +1,259 @@
+"""Memory and process limits for a run's whole process tree: a cgroup of its own.
+
+    slot = Slots(find()).create() ─► a launcher lives in it ─► per run: slot.prepare(limits), then
+    slot.usage() (peak memory, OOM kills)
+
+One slot (a cgroup, or a pair of them on v1) per launcher, reused for all its runs (one at a time):
+creating and removing a memory cgroup per run would leave offline memory cgroups behind for as
+long as page cache is charged to them, and their ids are a limited kernel resource. A slot's
+counters are reset at the start of each run (peak memory) or read as a difference (OOM kills).
+
+Where: under this process's own cgroup, so that the limits that hold for the caller (a container's,
+a job's) still hold for the runs: v1 needs the memory and pids controllers mounted (it is what
+these machines have); v2 needs memory and pids enabled in this cgroup's subtree_control, which
+this module tries to do and which fails when the cgroup also holds processes (the kernel's "no
+internal processes" rule, e.g. a container's root), in which case there is no cgroup layer.
+Slots are named asyncrl-sandbox-<pid>-<n>; Slot.remove() removes one, and create() first removes
+those of processes that are gone (a worker killed with SIGKILL cannot clean up).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "asyncrl-sandbox-"
+_NAME = re.compile(rf"{PREFIX}(\d+)-\d+$")
+_counter = itertools.count(1)  # slot names are unique in this process, whichever Slots made them
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where this process's cgroups are: version, and per controller the directory of its cgroup."""
+
+    version: int
+    dirs: dict[str, Path]  # controller (memory, pids) -> this process's cgroup directory
+
+
+@dataclass
+class Slot:
+    version: int
+    dirs: dict[str, Path]  # controller -> the slot's cgroup directory
+    memory_mb: int = 1 << 40  # the limits now: a new cgroup has none
+    max_tasks: int = 0
+    _oom_before: int = 0
+    _peak_fd: int | None = field(default=None, repr=False)
+
+    @property
+    def procs_files(self) -> list[bytes]:
+        """The cgroup.procs files a process writes "0" into to join the slot (one per hierarchy)."""
+        return sorted({bytes(d / "cgroup.procs") for d in self.dirs.values()})
+
+    def prepare(self, memory_mb: int, max_tasks: int) -> None:
+        """Set the limits for the next run and reset its counters."""
+        if self.version == 1:
+            mem, pids = self.dirs["memory"], self.dirs["pids"]
+            if memory_mb != self.memory_mb:
+                limit = str(memory_mb << 20)
+                # memsw (memory + swap) must stay >= the memory limit: order the writes by direction
+                files = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+                for name in files if memory_mb < self.memory_mb else reversed(files):
+                    if (mem / name).exists():
+                        (mem / name).write_text(limit)
+            (mem / "memory.max_usage_in_bytes").write_text("0")  # the peak, reset to the usage now
+            if max_tasks != self.max_tasks:
+                (pids / "pids.max").write_text(str(max_tasks))
+        else:
+            d = self.dirs["memory"]
+            if memory_mb != self.memory_mb:
+                (d / "memory.max").write_text(str(memory_mb << 20))
+                if (d / "memory.swap.max").exists():
+                    (d / "memory.swap.max").write_text("0")
+            if max_tasks != self.max_tasks:
+                (d / "pids.max").write_text(str(max_tasks))
+            self._reset_peak_v2(d)
+        self.memory_mb, self.max_tasks = memory_mb, max_tasks
+        self._oom_before = self._oom_kills()
+
+    def _reset_peak_v2(self, d: Path) -> None:
+        # memory.peak is resettable since Linux 6.12, per open file: keep one fd to write and read
+        if self._peak_fd is None and (d / "memory.peak").exists():
+            self._peak_fd = os.open(d / "memory.peak", os.O_RDWR | os.O_CLOEXEC)
+        if self._peak_fd is not None:
+            try:
+                os.pwrite(self._peak_fd, b"reset\n", 0)
+            except OSError:  # an older kernel: the peak is the slot's lifetime peak
+                pass
+
+    def usage(self) -> tuple[float | None, int]:
+        """(peak memory of the run in MiB or None if unknown, OOM kills during the run)."""
+        if self.version == 1:
+            peak = int((self.dirs["memory"] / "memory.max_usage_in_bytes").read_text())
+        elif self._peak_fd is not None:
+            peak = int(os.pread(self._peak_fd, 64, 0))
+        else:
+            peak = None
+        return (None if peak is None else peak / (1 << 20)), self._oom_kills() - self._oom_before
+
+    def _oom_kills(self) -> int:
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        for line in (self.dirs["memory"] / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def pids(self) -> list[int]:
+        return sorted({int(p) for d in self.dirs.values() for p in (d / "cgroup.procs").read_text().split()})
+
+    def kill(self, timeout_s: float = 2.0) -> bool:
+        """SIGKILL everything in the slot, its launcher included; True once it is empty."""
+        deadline = time.monotonic() + timeout_s
+        kill_file = self.dirs["memory"] / "cgroup.kill"
+        while pids := self.pids():
+            if self.version == 2 and kill_file.exists():
+                kill_file.write_text("1")
+            else:  # pids.max bounds how many can be forked between two reads
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def remove(self) -> None:
+        if self._peak_fd is not None:
+            os.close(self._peak_fd)
+            self._peak_fd = None
+        self.kill()
+        for d in set(self.dirs.values()):
+            _rmdir(d)
+
+
+def find(proc_self: Path = Path("/proc/self")) -> Hierarchy | None:
+    """This process's cgroups with memory and pids control, v1 or v2; None if there are none."""
+    mounts = _cgroup_mounts(proc_self / "mountinfo")
+    own = {}
+    for line in (proc_self / "cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            own[c] = path.lstrip("/")
+    v1 = {c: mounts[c] / own[c] for c in ("memory", "pids") if c in mounts and c in own}
+    if len(v1) == 2:
+        return Hierarchy(1, v1)
+    if "" in mounts and "" in own:
+        d = mounts[""] / own[""]
+        enabled = set((d / "cgroup.controllers").read_text().split())
+        if {"memory", "pids"} <= enabled:
+            return Hierarchy(2, {"memory": d, "pids": d})
+    return None
+
+
+def _cgroup_mounts(mountinfo: Path) -> dict[str, Path]:
+    """controller -> mount point (v1), "" -> the v2 mount point."""
+    out: dict[str, Path] = {}
+    for line in mountinfo.read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, fstype_and_rest = left.split(), right.split()
+        if len(fields) < 5 or len(fstype_and_rest) < 3:
+            continue
+        fstype, options, mount_point = fstype_and_rest[0], fstype_and_rest[2], Path(fields[4])
+        if fstype == "cgroup2":
+            out.setdefault("", mount_point)
+        elif fstype == "cgroup":
+            for opt in options.split(","):
+                out.setdefault(opt, mount_point)
+    return out
+
+
+class Slots:
+    """Creates this process's slots (one per launcher, launcher.py) and removes them."""
+
+    def __init__(self, hierarchy: Hierarchy):
+        self.hierarchy = hierarchy
+        self._swept_by = 0  # the pid that removed stale slots (a fork does it again for itself)
+        self._lock = threading.Lock()
+
+    def create(self) -> Slot:
+        with self._lock:
+            if self._swept_by != os.getpid():
+                self._swept_by = os.getpid()
+                remove_stale(self.hierarchy)
+            name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
+        h = self.hierarchy
+        dirs = {c: d / name for c, d in h.dirs.items()}
+        if h.version == 2:
+            _enable_v2_controllers(h.dirs["memory"])
+        made = []
+        try:
+            for d in set(dirs.values()):
+                d.mkdir()
+                made.append(d)
+        except OSError:
+            for d in made:
+                _rmdir(d)
+            raise
+        return Slot(h.version, dirs)
+
+
+def _enable_v2_controllers(d: Path) -> None:
+    wanted = {"memory", "pids"}
+    if not wanted <= set((d / "cgroup.subtree_control").read_text().split()):
+        (d / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(wanted)))
+
+
+def remove_stale(hierarchy: Hierarchy) -> list[Path]:
+    """Remove the slots of processes that no longer exist; returns what was removed."""
+    removed = []
+    for parent in set(hierarchy.dirs.values()):
+        try:
+            entries = list(parent.iterdir())
+        except OSError:
+            continue
+        for d in entries:
+            match = _NAME.match(d.name)
+            if match and not _alive(int(match.group(1))):
+                slot = Slot(hierarchy.version, {"memory": d, "pids": d})
+                slot.kill()
+                if _rmdir(d):
+                    removed.append(d)
+    return removed
+
+
+def leftover_slots(hierarchy: Hierarchy) -> list[Path]:
+    """Every sandbox slot under this process's cgroups (for tests: none once all is released)."""
+    out = []
+    for parent in set(hierarchy.dirs.values()):
+        out += [d for d in parent.iterdir() if _NAME.match(d.name)]
+    return sorted(out)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _rmdir(d: Path) -> bool:
+    for _ in range(100):  # EBUSY for a moment while the last killed task is released
+        try:
+            d.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.005)
+    return False

@@ -1,0 +1,185 @@
+"""Running a study's plan: each run is an ordinary `launch/run.py` process writing an ordinary run
+directory, one after another or N at a time on one shared Ray cluster.
+
+Resuming: before anything starts, every run directory is read. A run whose events.jsonl ends with
+a finished `end` is skipped. A run that was interrupted, failed or killed is resumed from its
+newest complete checkpoint (`resume=auto`) when it has one, else restarted: its directory is moved
+to <study dir>/_restarted/ and the run starts fresh. A run skipped or resumed must have in its
+config.yaml every field the plan sets for it; a mismatch stops the study before anything runs (the
+directory belongs to another setting). A run's console output goes to <study dir>/logs/<run>.log;
+its PYTHONPATH starts with this checkout, so the runs use the asyncrl the study imported.
+
+Stopping: the runs start in their own sessions, so a Ctrl-C reaches only this process, which
+sends each running run one SIGTERM (it stops after its step and writes a checkpoint, so the next
+invocation resumes it) and starts nothing new; a second Ctrl-C sends a second SIGTERM (exit now).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from asyncrl.analysis.runs import RunStatus, config_value, read_run
+from asyncrl.config.load import ConfigError, load_config
+from asyncrl.study.plan import ROOT, ArmRun, StudyPlan
+
+Action = Literal["skip", "start", "resume", "restart"]
+
+
+def decide(status: RunStatus, has_checkpoint: bool) -> Action:
+    if status == "finished":
+        return "skip"
+    if status == "new":
+        return "start"
+    return "resume" if has_checkpoint else "restart"
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) or (
+        isinstance(a, (int, float)) and isinstance(b, (int, float)) and float(a) == float(b))
+
+
+def mismatches(run_config: dict, fields: dict[str, Any]) -> list[str]:
+    """Fields the plan sets that a run's config.yaml holds differently."""
+    out = []
+    for key, want in fields.items():
+        have = config_value(run_config, key)
+        if not _same(have, list(want) if isinstance(want, tuple) else want):
+            out.append(f"{key}: the run has {have!r}, the study sets {want!r}")
+    return out
+
+
+@dataclass
+class Outcome:
+    run: str
+    action: Action
+    exit_code: int | None = None
+    seconds: float = 0.0
+    status: str = ""
+
+
+class StudyRunner:
+    def __init__(self, plan: StudyPlan, parallel: int = 1, log: Callable[[str], None] = print):
+        self.plan, self.parallel, self.log = plan, parallel, log
+        self.logs_dir = plan.study_dir / "logs"
+        self._stop_signals = 0
+        self.stop_signal: int | None = None  # the first SIGINT / SIGTERM / SIGHUP received, if any
+        self._running: dict[str, subprocess.Popen] = {}
+
+    def actions(self) -> list[tuple[ArmRun, Action]]:
+        """What each run needs; raises ConfigError when a finished run was made with other fields."""
+        out, wrong = [], []
+        for run in self.plan.runs:
+            rec = read_run(run.run_dir)
+            action = decide(rec.status, rec.has_checkpoint())
+            if action in ("skip", "resume"):
+                bad = mismatches(rec.config, run.fields)
+                if bad:
+                    wrong.append(f"{run.run_dir}: " + "; ".join(bad))
+            out.append((run, action))
+        if wrong:
+            raise ConfigError("runs in the study directory were made with other settings (remove them, or give "
+                              "another observe.output_dir):\n  " + "\n  ".join(wrong))
+        return out
+
+    def run(self) -> list[Outcome]:
+        todo = self.actions()
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        address = self._start_cluster() if self.parallel > 1 else None
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        outcomes: list[Outcome] = []
+        try:
+            pending = list(enumerate(todo, 1))
+            started: dict[str, tuple[Outcome, float]] = {}
+            while pending or self._running:
+                while pending and len(self._running) < self.parallel and not self._stop_signals:
+                    i, (run, action) = pending.pop(0)
+                    outcome = Outcome(run.name, action)
+                    outcomes.append(outcome)
+                    if action == "skip":
+                        outcome.status = "finished"
+                        self.log(f"[{i}/{len(todo)}] {run.name}: finished before, skipped")
+                        continue
+                    self.log(f"[{i}/{len(todo)}] {run.name}: {action}")
+                    self._launch(run, action, address)
+                    started[run.name] = (outcome, time.monotonic())
+                if self._stop_signals and not self._running:
+                    break
+                self._reap(started)
+                time.sleep(0.2)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            if address is not None:
+                import ray
+
+                ray.shutdown()
+        return outcomes
+
+    def _launch(self, run: ArmRun, action: Action, address: str | None) -> None:
+        extra = ["resume=auto"] if action == "resume" else []
+        if action == "restart":
+            attic = self.plan.study_dir / "_restarted"
+            attic.mkdir(exist_ok=True)
+            k = sum(1 for p in attic.glob(f"{run.name}.*")) + 1
+            shutil.move(str(run.run_dir), str(attic / f"{run.name}.{k}"))
+        if address:
+            extra.append(f"ray.address={address}")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               "PYTHONUNBUFFERED": "1"}
+        with open(self.logs_dir / f"{run.name}.log", "a") as out:
+            out.write(f"\n$ {' '.join(run.argv(self.plan.base, *extra))}\n")
+            out.flush()
+            self._running[run.name] = subprocess.Popen(run.argv(self.plan.base, *extra), stdout=out,
+                                                       stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def _reap(self, started: dict[str, tuple[Outcome, float]]) -> None:
+        for name, proc in list(self._running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self._running[name]
+            outcome, t0 = started.pop(name)
+            outcome.exit_code, outcome.seconds = code, round(time.monotonic() - t0, 1)
+            outcome.status = read_run(self.plan.study_dir / name).status
+            self.log(f"    {name}: {outcome.status} (exit {code}) after {outcome.seconds:.0f} s"
+                     + ("" if code == 0 else f"; log: {self.logs_dir / (name + '.log')}"))
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop_signals += 1
+        if self._stop_signals == 1:
+            self.stop_signal = signum
+            self.log(f"\n{signal.Signals(signum).name}: stopping the running runs after their step "
+                     "(they write a checkpoint; run the same command again to resume); again to stop at once")
+        for proc in self._running.values():
+            proc.send_signal(signal.SIGTERM)
+
+    def _start_cluster(self) -> str:
+        """One local Ray cluster the parallel runs join (unless RAY_ADDRESS names one)."""
+        import ray
+
+        if os.environ.get("RAY_ADDRESS"):
+            return os.environ["RAY_ADDRESS"]
+        per_run = load_config(self.plan.base).ray.num_cpus or 4
+        ray.init(num_cpus=per_run * self.parallel, include_dashboard=False, log_to_driver=False)
+        return ray.get_runtime_context().gcs_address
+
+
+def write_manifest(plan: StudyPlan, outcomes: list[Outcome]) -> Path:
+    """<study dir>/study.json: every run's directory and command, and what the last invocation did
+    (action, exit code, seconds per run)."""
+    manifest = {"study": plan.study.name, "quick": plan.quick, "base": str(plan.base),
+                "runs": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.run_dir),
+                          "command": " ".join(r.argv(plan.base))} for r in plan.runs],
+                "last_invocation": [asdict(o) for o in outcomes]}
+    path = plan.study_dir / "study.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=1))
+    return path
