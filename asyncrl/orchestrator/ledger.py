@@ -107,23 +107,23 @@ class GroupLedger:
         self.requeued: deque[GroupRecord] = deque()
         self.counts = LedgerCounts()
         self._next_seq = 0
+        # groups still generating, per actor: kept as records change state, because admission
+        # asks every turn of the loop and a scan of every record there costs the driver
+        # ~0.5 ms a turn with 64 actors' groups in flight
+        self._generating: dict[int, int] = {}
 
     # -- admission ----------------------------------------------------------------------------
 
     def generating_by_actor(self, actor_ids: list[int]) -> dict[int, int]:
         """Groups each of these actors is still generating (the dispatch load)."""
-        load = dict.fromkeys(actor_ids, 0)
-        for r in self.records.values():
-            if r.state == "generating" and r.actor in load:
-                load[r.actor] += 1
-        return load
+        return {a: self._generating.get(a, 0) for a in actor_ids}
 
     def capacity(self, learner_version: int, token_budget: int, group_size: int, max_tokens: int,
                  step_running: bool, verifiers_behind: bool) -> int:
         """How many more prompts may be admitted now (requeued ones included)."""
         c = self.counts
         per_group = c.kept_group_tokens / c.groups_kept if c.groups_kept else None
-        generating = sum(r.state == "generating" for r in self.records.values())
+        generating = sum(self._generating.values())
         view = AdmissionView(
             learner_version=learner_version,
             prompts_per_step=prompts_per_step(token_budget, per_group, group_size, max_tokens),
@@ -150,7 +150,11 @@ class GroupLedger:
             raise ValueError(f"group {record.group_id} is already in flight")
         self.records[record.group_id] = record
         self.counts.groups_admitted += 1
+        self._count_generating(record, +1)
         return record
+
+    def _count_generating(self, record: GroupRecord, change: int) -> None:
+        self._generating[record.actor] = self._generating.get(record.actor, 0) + change
 
     # -- samples and rewards ------------------------------------------------------------------
 
@@ -163,6 +167,8 @@ class GroupLedger:
             self.counts.samples_orphaned += 1
             return None
         record.versions[s.sample_index] = s.versions[0] if s.versions else -1
+        if record.generated == record.group_size:  # now scoring
+            self._count_generating(record, -1)
         return record
 
     def on_scored(self, s: Sample, correct: float, info: dict[str, Any]) -> GroupRecord | None:
@@ -205,7 +211,9 @@ class GroupLedger:
         return len(lost)
 
     def _requeue(self, r: GroupRecord) -> None:
+        """`r` is generating (nothing else is requeued while the run goes on)."""
         del self.records[r.group_id]
+        self._count_generating(r, -1)
         self.assembler.discard(r.group_id)
         self.counts.samples_discarded += r.generated
         self.counts.groups_requeued += 1
@@ -243,6 +251,7 @@ class GroupLedger:
         self.counts = LedgerCounts(**state["counts"])
         self._next_seq = state["next_seq"]
         self.records = {}
+        self._generating = {}
         self.requeued = deque(_record_from_state(d) for d in state["requeued"])
         self.assembler.load_state_dict(state["assembler"])
         self.buffer.load_state_dict(state["buffer"])

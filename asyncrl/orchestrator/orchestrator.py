@@ -7,7 +7,8 @@
     [step] ◄─────────────┴──── token buffer ◄─────────┴──── (shaping, groups, advantages) ◄┘
        │  a part per rank (zmq) ─► learner ranks ─► StepResult (version + 1) ─► [push]
 
-One thread drives three loops, interleaved, each step of which is cheap and non-blocking:
+One thread drives three loops, interleaved, each step of which is cheap and non-blocking (every
+turn ingests samples and routes rewards; admission and the step are looked at every BOOKKEEPING_S):
 
 - rollout loop (actors, in their own processes): generates continuously; each actor runs the
   prompts it was given and streams every sample as it finishes. Waits for: prompts. Unblocked by:
@@ -50,6 +51,7 @@ from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
 from asyncrl.orchestrator.checkpointer import Checkpointer
 from asyncrl.orchestrator.evaluation import Evaluator, eval_summary, format_eval_summary
+from asyncrl.orchestrator.intake import SampleIntake, freeze_startup_heap
 from asyncrl.orchestrator.learner_group import LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
 from asyncrl.orchestrator.scoring import ResultRouter
@@ -62,13 +64,18 @@ from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import Sample, StepResult
 
 
+# Admission, the step's start and end and checkpoint commits run at most this often: each costs
+# tens of microseconds (Ray checks among them), and under load the loop turns every few samples,
+# so every turn would spend more on them than on its samples. 2 ms is nothing next to a step.
+BOOKKEEPING_S = 0.002
+
+
 class Orchestrator:
     def __init__(self, cfg: Config, log_fn=print):
         self.cfg, self.say = preflight.resolve(cfg), log_fn  # max_model_len from the model when unset
         self.run_dir = self.cfg.run_dir.resolve()
         self.version = self.step = 0
         self.history: list[dict[str, Any]] = []
-        self.probe_ids: list[int] | None = None  # the first sample seen: real text for this model
         self.stop_reason, self._train_ref, self._wait_for_data_s = None, None, 0.0
         self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn,
                                         on_commit=lambda step, **info: self.metrics.event(step, "checkpoint", **info))
@@ -109,10 +116,14 @@ class Orchestrator:
         self.evaluator = Evaluator.build(cfg, self.tokenizer, self.metrics, self.say)
         self.route_results = ResultRouter(self.ledger, self.stats, self.stages, self.evaluator, self.tokenizer,
                                           RewardErrorMonitor(cfg.reward.max_error_frac), self.metrics, self.say)
+        self.intake = SampleIntake(self.ledger, self.rewards, self.tokenizer, self.route_results, self.evaluator)
+        if resume:
+            self.intake.probe_ids = resume[1]["probe_ids"]
         self.metrics.event(self.step, "resume" if resume else "start", model=self.model_path,
                            actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}))
         self._last_step_t = self._last_health_t = time.monotonic()
         self.evaluator.maybe_start(self.version, self.pool, self.stages.current)
+        freeze_startup_heap()
 
     def run(self) -> dict[str, Any]:
         try:
@@ -125,22 +136,26 @@ class Orchestrator:
         self.start()
         display = ProgressDisplay(self.cfg.total_steps, self.cfg.observe.console)
         t_start = time.monotonic()
+        next_bookkeeping = 0.0
         try:
             while self.step < self.cfg.total_steps and not self._stopped():
                 self._ingest(self.samples.drain())
-                if self.stop_reason is None:
-                    self._admit()
-                if self._train_ref is None:
+                now = time.monotonic()
+                if now >= next_bookkeeping:  # see BOOKKEEPING_S
+                    next_bookkeeping = now + BOOKKEEPING_S
                     if self.stop_reason is None:
-                        self._try_start_step()
-                elif self._train_ref.ready():
-                    display.update(self._finish_step(self._train_ref.result()))
-                    continue
+                        self._admit()
+                    if self._train_ref is None:
+                        if self.stop_reason is None:
+                            self._try_start_step()
+                    elif self._train_ref.ready():
+                        display.update(self._finish_step(self._train_ref.result()))
+                        continue
+                    self.checkpoints.poll()
                 sample = self.samples.recv(timeout_s=0.01)
                 if sample is not None:
                     self._ingest([sample])
                 self._poll_rewards()
-                self.checkpoints.poll()
                 self._check_health()
         except RayActorError as e:  # actors' deaths are handled in the pool; this is the learner's
             if getattr(e, "actor_id", None) is not None and not self.learner.owns(e.actor_id):
@@ -170,18 +185,18 @@ class Orchestrator:
         if hasattr(self, "metrics"):
             self.metrics.event(self.step, "end", status=status, **({"reason": reason} if reason else {}))
 
+    @property
+    def probe_ids(self) -> list[int] | None:
+        """The first sample seen (prompt and response): real text for this model's parity probe."""
+        return self.intake.probe_ids
+
     def _ingest(self, samples: list[Sample]) -> None:
-        """Samples as they arrive: recorded by the ledger, then off to the reward pool."""
-        for s in samples:
-            if self.probe_ids is None and s.response_ids:
-                self.probe_ids = s.prompt_ids + s.response_ids
-            if self.ledger.on_generated(s) is not None:
-                self.rewards.submit(s, self.tokenizer.decode(s.response_ids, skip_special_tokens=True), s.metadata)
+        """Samples as they arrive: recorded by the ledger, then off to the reward pool (intake.py)."""
+        self.intake.ingest(samples)
 
     def _poll_rewards(self, timeout_s: float = 0.0) -> None:
         """Rewards as they come back (scoring.py routes them), and eval samples to be scored."""
-        self.evaluator.poll(self.rewards, self.tokenizer, self.step)
-        self.route_results(self.rewards.poll(timeout_s), self.step)
+        self.intake.poll_rewards(self.step, timeout_s)
 
     def _admit(self) -> None:
         stage, cfg = self.stages.current, self.cfg
@@ -287,7 +302,7 @@ class Orchestrator:
         if state["version"] != self.version:
             raise RuntimeError(f"run state at version {state['version']}, learner at {self.version}")
         self.step, self.history = state["step"], state["history"]
-        self.pool.pushes, self.probe_ids = state["pushes"], state["probe_ids"]
+        self.pool.pushes = state["pushes"]
         self.ledger.load_state_dict(state["ledger"])
         self.stages.load_state_dict(state["stages"])
         self.ledger.buffer.token_budget = self.stages.current.token_budget

@@ -4,7 +4,8 @@ a run survives hangs and crashes (they never reach a real run unless a config na
     reward.type=import:asyncrl.reward.fault_injection:hang_on_some
 
 - `scripted`: does what the sample's metadata says ("behave": ok / hang / crash / raise, or
-  stubborn: hang ignoring SIGTERM, as a verifier stuck in C code does), for tests of the pool.
+  stubborn: hang ignoring SIGTERM, as a verifier stuck in C code does; "sleep_s" first), for
+  tests of the pool.
 - `hang_on_some` / `crash_on_some`: the math verifier, except that one sample in `EVERY`
   (chosen by a hash of the response, so the same sample always misbehaves) hangs for an hour or
   kills its process.
@@ -24,6 +25,7 @@ _math = None
 
 def scripted(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     behave = metadata.get("behave", "ok")
+    time.sleep(float(metadata.get("sleep_s", 0.0)))  # a slow but well-behaved verifier
     if behave == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if behave in ("hang", "stubborn"):

@@ -4,11 +4,25 @@ hard timeout, so a verifier that hangs or crashes can never stall the run.
     submit(key, response, metadata) ─► queue ─► [dispatcher thread] ─► idle worker ─► poll() results
 
 Each worker builds its verifier once (`factory`, e.g. the RewardRouter of the run's config) and
-then answers one call at a time over a pipe. A dispatcher thread in the parent hands each call
-to an idle worker and collects its answer; the caller never blocks on a worker: `poll` returns
-the finished results, and for a call past `timeout_s` the dispatcher kills the worker and yields
-reward 0 with outcome `timeout`; a worker that died mid-call yields outcome `worker_crash`.
-Either way a fresh worker replaces it and the pool's counters say how often it happened.
+then runs the batches of calls it is handed over a pipe, in order, answering each batch with one
+message. A dispatcher thread in the parent hands batches to idle workers and collects their
+answers; the caller never blocks on a worker: `poll` returns the finished results, and for a call
+past `timeout_s` the dispatcher kills the worker and yields reward 0 with outcome `timeout`; a
+worker that died mid-call yields outcome `worker_crash`. Either way a fresh worker replaces it,
+the other calls of its batch go back to the head of the queue (the ones it had finished too:
+their answers died with it, and verifiers are pure, so they simply run again), and the pool's
+counters say how often it happened.
+
+Batches: one call per pipe message costs a round trip of two processes waking each other (about
+0.25 ms) and the driver's thread two messages per sample, which caps a pool of cheap verifiers at
+a few thousand calls/s whatever their cost. So when calls are waiting and recent calls were fast,
+a worker is handed several at once (`batch_size`: about BATCH_S of work, at most MAX_BATCH
+calls). Each call still has its own clock: before a call the worker writes its index in the batch
+and its start time into two doubles it shares with the pool (no message), which the dispatcher
+reads for deadlines and, when a worker fails, to tell the call that failed from the others. With
+slow verifiers or a short queue every batch holds one call, as before batching existed. While a
+worker is idle, calls of a fast verifier wait up to MAX_WAIT_S for others to share their batch:
+a driver that submits a few samples at a time would otherwise still pay a message per sample.
 
 Workers come from a forkserver that has already imported the verifiers and warmed their caches
 (reward/preload.py), so a replacement starts in milliseconds, warm, instead of re-importing sympy;
@@ -42,6 +56,22 @@ from typing import Any
 from asyncrl.reward.base import RewardFn
 
 PRELOAD = ("asyncrl.reward.preload",)  # the verifiers, imported and warmed once for all workers
+BATCH_S = 0.02  # a worker is handed about this much work at once (by the recent mean call time)
+MAX_BATCH = 64
+MAX_WAIT_S = 0.002  # how long calls may wait for more to fill a batch while a worker is idle
+
+
+def batch_size(num_waiting: int, num_idle: int, mean_call_s: float | None) -> int:
+    """How many waiting calls to hand one idle worker: an even share of the queue, at most
+    BATCH_S of work by the recent mean call time and at most MAX_BATCH; 1 until a call has been
+    timed. Calls queued behind one that hangs wait for its timeout, so only fast verifiers batch."""
+    if num_waiting <= 0 or num_idle <= 0:
+        return 0
+    if mean_call_s is None:
+        return 1
+    share = -(-num_waiting // num_idle)
+    by_time = int(BATCH_S / max(mean_call_s, 1e-6))
+    return max(1, min(share, by_time, MAX_BATCH))
 
 
 @dataclass
@@ -71,19 +101,19 @@ def _release_sandboxes() -> None:
         sandbox.release()
 
 
-def _worker_main(conn: Connection, factory: Callable[[], RewardFn]) -> None:
+def _worker_main(conn: Connection, factory: Callable[[], RewardFn], progress) -> None:
     def on_term(*_):  # take running sandboxes down with this worker
         _release_sandboxes()
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        _serve(conn, factory)
+        _serve(conn, factory, progress)
     finally:
         _release_sandboxes()
 
 
-def _serve(conn: Connection, factory: Callable[[], RewardFn]) -> None:
+def _serve(conn: Connection, factory: Callable[[], RewardFn], progress) -> None:
     try:
         verifier = factory()
     except Exception as e:  # a replacement would fail the same way: the pool stops the run
@@ -91,25 +121,36 @@ def _serve(conn: Connection, factory: Callable[[], RewardFn]) -> None:
         return
     conn.send(("ready",))
     while True:
-        msg = conn.recv()
-        if msg is None:
+        batch = conn.recv()
+        if batch is None:
             return
-        task_id, response, metadata = msg
-        t0 = time.monotonic()
-        try:
-            reward, info = verifier(response, metadata)
-            reward = float(reward)
-        except Exception as e:  # a verifier bug costs this sample its reward, not the run
-            reward, info = 0.0, {"outcome": "verifier_error", "error": repr(e)[:300]}
-        conn.send((task_id, reward, info, time.monotonic() - t0))
+        results = []
+        for index, (task_id, response, metadata) in enumerate(batch):
+            t0 = time.monotonic()
+            progress[START], progress[INDEX] = t0, index  # the start first: see RewardPool._running
+            try:
+                reward, info = verifier(response, metadata)
+                reward = float(reward)
+            except Exception as e:  # a verifier bug costs this sample its reward, not the run
+                reward, info = 0.0, {"outcome": "verifier_error", "error": repr(e)[:300]}
+            results.append((task_id, reward, info, time.monotonic() - t0))
+        conn.send(results)
+
+
+Task = tuple[int, Any, str, dict[str, Any]]  # (task id, key, response, metadata)
+INDEX, START = 0, 1  # a worker's progress: the call of its batch it runs, and when that call began
 
 
 @dataclass
 class _Worker:
     proc: Any
     conn: Connection
+    progress: Any
+    """Shared doubles [INDEX, START], written by the worker before each call (time.monotonic is
+    one clock for all processes of the machine)."""
     ready: bool = False
-    task: tuple[int, Any, float] | None = None  # (task id, key, start time)
+    batch: list[Task] = field(default_factory=list)
+    """The calls it was handed and has not answered."""
 
 
 class RewardPool:
@@ -124,7 +165,9 @@ class RewardPool:
         self.kill_grace_s = kill_grace_s
         self.stats = PoolStats()
         self._ids = itertools.count()
-        self._queue: deque[tuple[int, Any, str, dict[str, Any]]] = deque()
+        self._queue: deque[Task] = deque()
+        self._mean_call_s: float | None = None  # recent verifier call time, for batch_size
+        self._queued_since = 0.0  # when the queue last became non-empty
         self._dying: list[tuple[Any, float]] = []  # (process, when to SIGKILL it)
         # Everything above and below is shared with the dispatcher thread, under this lock.
         self._lock = threading.Condition()
@@ -142,12 +185,14 @@ class RewardPool:
     def num_pending(self) -> int:
         """Calls submitted and not yet returned by poll (queued, running or finished)."""
         with self._lock:
-            return len(self._queue) + len(self._results) + sum(w.task is not None for w in self._workers)
+            return len(self._queue) + len(self._results) + sum(len(w.batch) for w in self._workers)
 
     @property
     def num_queued(self) -> int:
-        """Calls waiting for a free worker: when nonzero, the verifiers are a bottleneck."""
-        return len(self._queue)
+        """Calls waiting for a free worker: when nonzero, the verifiers are a bottleneck. (Calls
+        that wait up to MAX_WAIT_S for company while a worker is idle do not count.)"""
+        with self._lock:
+            return 0 if self._idle() else len(self._queue)
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Wait until every worker has built its verifier (for benchmarks: start-up is not what
@@ -157,10 +202,23 @@ class RewardPool:
             return all(w.ready for w in self._workers)
 
     def submit(self, key: Any, response: str, metadata: dict[str, Any]) -> None:
+        self.submit_many([(key, response, metadata)])
+
+    def submit_many(self, calls: list[tuple[Any, str, dict[str, Any]]]) -> None:
+        """Several (key, response, metadata) calls at once: one lock and one wake-up for all."""
+        if not calls:
+            return
         with self._lock:
-            self.stats.submitted += 1
-            self._queue.append((next(self._ids), key, response, metadata))
-        self._wake()
+            self.stats.submitted += len(calls)
+            if not self._queue:
+                self._queued_since = time.monotonic()
+            self._queue.extend((next(self._ids), key, response, metadata) for key, response, metadata in calls)
+            # the dispatcher wakes by itself when a worker answers or a wait ends: only a call
+            # that may go to an idle worker now, or starts a wait, needs it woken (each wake-up
+            # costs the caller's thread a switch to the dispatcher's)
+            wake = self._idle() and (len(self._queue) == len(calls) or len(self._queue) >= self._full_batch())
+        if wake:
+            self._wake()
 
     def poll(self, timeout_s: float = 0.0) -> list[RewardResult]:
         """Results that are ready, timeouts and crashes included (waiting up to timeout_s for the
@@ -173,9 +231,9 @@ class RewardPool:
         return out
 
     # -- the dispatcher thread ------------------------------------------------------------------
-    # A worker gets its next call the moment it answers, not when the training loop next polls
-    # (every ~10 ms, longer under load): with short verifier calls that left workers idle most
-    # of the time. It waits on the workers' pipes, the wake-up socket and the nearest deadline.
+    # A worker gets its next calls the moment it has answered, not when the training loop next
+    # polls (every ~10 ms, longer under load): with short verifier calls that left workers idle
+    # most of the time. It waits on the workers' pipes, the wake-up socket and the nearest deadline.
 
     def _dispatcher(self) -> None:
         try:
@@ -184,7 +242,7 @@ class RewardPool:
                     if self._closing:
                         return
                     self._dispatch()
-                    conns = [w.conn for w in self._workers if w.task is not None or not w.ready]
+                    conns = [w.conn for w in self._workers if w.batch or not w.ready]
                     timeout = self._next_deadline() - time.monotonic()
                 wait([*conns, self._wake_r], timeout=min(max(timeout, 0.0), 0.1))
                 with contextlib.suppress(BlockingIOError):
@@ -201,7 +259,9 @@ class RewardPool:
                 self._lock.notify_all()
 
     def _next_deadline(self) -> float:
-        times = [w.task[2] + self.timeout_s for w in self._workers if w.task is not None]
+        times = [w.progress[START] + self.timeout_s for w in self._workers if w.batch]
+        if self._queue and self._idle():
+            times.append(self._queued_since + MAX_WAIT_S)
         times += [kill_at for _, kill_at in self._dying]
         return min(times, default=time.monotonic() + 0.1)
 
@@ -210,6 +270,7 @@ class RewardPool:
             self._wake_w.send(b"x")
 
     def _collect(self, i: int, w: _Worker) -> list[RewardResult]:
+        out = []
         try:
             while w.conn.poll():
                 msg = w.conn.recv()
@@ -218,19 +279,28 @@ class RewardPool:
                     continue
                 if msg[0] == "failed":
                     raise RuntimeError(f"a reward worker could not build its verifier: {msg[1]}")
-                task_id, reward, info, latency = msg
-                _, key, _ = w.task
-                w.task = None
-                return [self._result(key, reward, info, latency)]
+                if [r[0] for r in msg] != [task[0] for task in w.batch]:
+                    raise RuntimeError("a reward worker answered calls it was not handed")
+                for (_, key, _, _), (_, reward, info, latency) in zip(w.batch, msg):
+                    m = self._mean_call_s
+                    self._mean_call_s = latency if m is None else 0.9 * m + 0.1 * latency
+                    out.append(self._result(key, reward, info, latency))
+                w.batch = []
         except (EOFError, OSError):
             pass  # the worker died: handled below
-        if w.task is not None and time.monotonic() - w.task[2] > self.timeout_s:
+        if w.batch and time.monotonic() - w.progress[START] > self.timeout_s:
             self.stats.timeouts += 1
-            return [self._replace(i, "timeout")]
-        if not w.proc.is_alive():
+            out.append(self._replace(i, "timeout"))
+        elif not w.proc.is_alive():
             self.stats.crashes += 1
-            return [self._replace(i, "worker_crash")] if w.task is not None else self._restart(i)
-        return []
+            out += [self._replace(i, "worker_crash")] if w.batch else self._restart(i)
+        return out
+
+    @staticmethod
+    def _running(w: _Worker) -> int:
+        """The call of its batch the worker runs (or ran last). The worker writes the start time
+        before the index, so a deadline read after the index is never older than that call's."""
+        return min(int(w.progress[INDEX]), len(w.batch) - 1)
 
     def _result(self, key: Any, reward: float, info: dict[str, Any], latency: float) -> RewardResult:
         self.stats.completed += 1
@@ -238,37 +308,55 @@ class RewardPool:
         return RewardResult(key, reward, info, latency)
 
     def _replace(self, i: int, outcome: str) -> RewardResult:
+        """The worker's running call fails with `outcome`; the rest of its batch goes back to the
+        head of the queue, in order (the calls it had finished too: their answers are lost)."""
         w = self._workers[i]
-        _, key, t0 = w.task
+        running = self._running(w)
+        self._queue.extendleft(reversed(w.batch[:running] + w.batch[running + 1:]))
+        self._queued_since = 0.0  # these have waited: no batching wait for them
+        latency = time.monotonic() - w.progress[START]
         self._stop(w)
         self._workers[i] = self._start_worker()
-        return self._result(key, 0.0, {"outcome": outcome}, time.monotonic() - t0)
+        return self._result(w.batch[running][1], 0.0, {"outcome": outcome}, latency)
 
     def _restart(self, i: int) -> list[RewardResult]:
         self._stop(self._workers[i])
         self._workers[i] = self._start_worker()
         return []
 
+    def _idle(self) -> list[_Worker]:
+        return [w for w in self._workers if w.ready and not w.batch]
+
+    def _full_batch(self) -> int:
+        return batch_size(MAX_BATCH, 1, self._mean_call_s)
+
     def _dispatch(self) -> None:
-        for w in self._workers:
-            if not self._queue:
+        """Hand idle workers the queue in even shares, once it fills a batch for one of them
+        or its oldest call has waited MAX_WAIT_S (at once for verifiers too slow to batch)."""
+        idle = self._idle()
+        if not idle or not self._queue or (len(self._queue) < self._full_batch()
+                                          and time.monotonic() - self._queued_since < MAX_WAIT_S):
+            return
+        for j, w in enumerate(idle):
+            k = batch_size(len(self._queue), len(idle) - j, self._mean_call_s)
+            if k == 0:
                 return
-            if w.ready and w.task is None:
-                task_id, key, response, metadata = self._queue.popleft()
-                w.task = (task_id, key, time.monotonic())
-                try:
-                    w.conn.send((task_id, response, metadata))
-                except (BrokenPipeError, OSError):
-                    pass  # the worker is gone; the next collect reports it as a crash
+            w.batch = [self._queue.popleft() for _ in range(k)]
+            w.progress[INDEX], w.progress[START] = 0, time.monotonic()  # the clock runs from now
+            try:
+                w.conn.send([(task_id, response, metadata) for task_id, _, response, metadata in w.batch])
+            except (BrokenPipeError, OSError):
+                pass  # the worker is gone; the next collect reports it as a crash
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self._factory), daemon=True)
+        progress = self._ctx.RawArray("d", 2)
+        proc = self._ctx.Process(target=_worker_main, args=(child, self._factory, progress), daemon=True)
         with _main_hidden():
             proc.start()
         child.close()
         self.stats.workers_started += 1
-        return _Worker(proc, parent)
+        return _Worker(proc, parent, progress)
 
     def _stop(self, w: _Worker) -> None:
         """SIGTERM now and SIGKILL after kill_grace_s (in `_reap`), without waiting here: a worker

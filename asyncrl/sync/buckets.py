@@ -1,10 +1,15 @@
 """Bucket plans for weight pushes: many tensors travel as a few flat byte buffers.
 
 One collective per tensor would cost a round trip per parameter (hundreds per push), so the
-sender packs consecutive tensors into buckets of at most `bucket_bytes` and broadcasts each
-bucket once. The plan is plain data (lists/dicts of str/int) so it can travel as msgpack or
-as a Ray / vLLM RPC argument ahead of the bytes; both sides derive byte offsets from it, so
-they can never disagree about where a tensor starts.
+sender packs small tensors into buckets of at most `bucket_bytes` and broadcasts each bucket
+once. A tensor of DIRECT_BYTES or more gets a bucket of its own instead: it is broadcast
+straight from the parameter's memory and can be received straight into the destination's, with
+no copy on either side (on a 2-core machine the copies into and out of buckets compete with the
+transfer itself for the cores: a push at 0.5-0.6x a raw broadcast of the same bytes, against
+about 0.85x without them; tools/bench_weight_sync.py). The plan is plain data
+(lists/dicts of str/int) so it can travel as msgpack or as a Ray / vLLM RPC argument ahead of
+the bytes; both sides derive byte offsets from it, so they can never disagree about where a
+tensor starts.
 
 No torch.distributed here: planning is arithmetic, packing is memcpy.
 """
@@ -18,6 +23,9 @@ import torch
 # Offsets are rounded up to this many bytes so every slice of the uint8 buffer can be
 # reinterpreted (`Tensor.view(dtype)`) as any dtype without a copy.
 ALIGN_BYTES = 16
+# A tensor this large travels alone, without a copy: past it a broadcast's fixed cost (tens of
+# microseconds) is below what copying it into a bucket and out again would cost.
+DIRECT_BYTES = 1 << 20
 
 TensorSpec = tuple[str, Sequence[int], str]  # (name, shape, dtype string such as "float32")
 
@@ -39,35 +47,54 @@ def _align(n: int) -> int:
     return (n + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
 
 
-def plan_buckets(specs: Iterable[TensorSpec], bucket_bytes: int) -> list[dict]:
-    """Group tensors, in order, into buckets whose padded size is at most `bucket_bytes`.
+def plan_buckets(specs: Iterable[TensorSpec], bucket_bytes: int,
+                 direct_bytes: int = DIRECT_BYTES) -> list[dict]:
+    """Bucket the tensors `specs` lists (in the order a sender produces them): the broadcast order.
 
-    A tensor larger than `bucket_bytes` gets a bucket of its own (the only way a bucket
-    exceeds the bound). Returns a list of buckets, each
+    A tensor of `direct_bytes` or more, or larger than `bucket_bytes` (the only way a bucket
+    exceeds the bound), gets a bucket of its own (`is_direct`), placed where the tensor comes.
+    Smaller tensors collect, in order, in a packed bucket that large tensors pass: it is closed
+    when the next small tensor would overflow it, once `bucket_bytes` of large tensors have passed
+    it, or at the end, and placed where it closes. So a layer's biases and norms share one
+    broadcast instead of one each between its matrices, and a small tensor trails its neighbours by
+    at most `bucket_bytes`. Buckets are therefore not in the tensors' order; every tensor is in
+    exactly one. Returns a list of buckets, each
     `{"nbytes": int, "tensors": [{"name", "shape", "dtype", "offset", "nbytes"}, ...]}`,
     where `offset` is the tensor's byte offset in the bucket buffer (multiple of ALIGN_BYTES).
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     buckets: list[dict] = []
-    current: list[dict] = []
-    used = 0
+    packed: list[dict] = []  # the open packed bucket's entries
+    used = passed = 0  # its bytes so far; bytes of large tensors that passed it
     for name, shape, dtype in specs:
         dtype = dtype_to_str(dtype_from_str(dtype))  # normalize "torch.float32" -> "float32"
         numel = 1
         for dim in shape:
             numel *= int(dim)
         nbytes = numel * dtype_from_str(dtype).itemsize
+        entry = {"name": name, "shape": [int(d) for d in shape], "dtype": dtype, "offset": 0,
+                 "nbytes": nbytes}
+        if nbytes >= direct_bytes or nbytes > bucket_bytes:
+            buckets.append({"nbytes": nbytes, "tensors": [entry]})
+            passed += nbytes if packed else 0
+            continue
         offset = _align(used)
-        if current and offset + nbytes > bucket_bytes:
-            buckets.append({"nbytes": used, "tensors": current})
-            current, offset = [], 0
-        current.append({"name": name, "shape": [int(d) for d in shape], "dtype": dtype,
-                        "offset": offset, "nbytes": nbytes})
+        if packed and (offset + nbytes > bucket_bytes or passed >= bucket_bytes):
+            buckets.append({"nbytes": used, "tensors": packed})
+            packed, offset, passed = [], 0, 0
+        entry["offset"] = offset
+        packed.append(entry)
         used = offset + nbytes
-    if current:
-        buckets.append({"nbytes": used, "tensors": current})
+    if packed:
+        buckets.append({"nbytes": used, "tensors": packed})
     return buckets
+
+
+def is_direct(bucket: dict) -> bool:
+    """A bucket that is one whole tensor: its bytes are the tensor's own, no packing needed."""
+    entries = bucket["tensors"]
+    return len(entries) == 1 and entries[0]["offset"] == 0 and entries[0]["nbytes"] == bucket["nbytes"]
 
 
 def specs_of(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[TensorSpec]:

@@ -5,25 +5,51 @@ group: the learner's DDP group is the default one, and weight pushes must not in
 with its collectives. Receivers (vLLM workers, see `vllm_gloo_engine.py`) join the same
 group with `open_gloo_group` and ranks 1..world_size-1.
 
-Wire format of one push: a 4 x int64 header [magic, version, num_buckets, num_bytes], then
-one uint8 broadcast per bucket of the plan from `buckets.plan_buckets`. The header lets a
-receiver refuse a push whose shape differs from the metadata it was given, instead of
-loading garbage. Packing bucket k+1 overlaps with the broadcast of bucket k (two buffers).
+Wire format of one push: a 4 x int64 header [magic, version, num_buckets, num_bytes]
+(`push_header`), then one uint8 broadcast per bucket of the plan from `buckets.plan_buckets`.
+The header lets a receiver refuse a push whose shape differs from the metadata it was given,
+instead of loading garbage (`check_header`). A bucket that is one large tensor is broadcast
+from the parameter's own memory; small tensors are packed into one of two reusable buffers
+(allocated once, so no push pays page faults on fresh memory). Up to MAX_IN_FLIGHT broadcasts
+are queued at once, over the group's GLOO_CONNECTIONS connections, so gloo sends bucket after
+bucket with no gap while the next is packed. All ranks must open the group with
+`open_gloo_group` (same connections); the vLLM receiver does.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections import deque
 from datetime import timedelta
 
 import torch
 from torch.distributed import BroadcastOptions, PrefixStore, ProcessGroupGloo, TCPStore
 
-from asyncrl.sync.buckets import pack_bucket, plan_buckets, specs_of
+from asyncrl.sync.buckets import copy_bytes, is_direct, pack_bucket, plan_buckets, specs_of
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
 
 HEADER_MAGIC = 0x5753594E43  # "WSYNC": guards against a receiver joining the wrong stream
+# Each broadcast has a fixed cost (about 0.1-0.5 ms here, most of it waiting on the other side),
+# so many are kept queued, and the group has two TCP connections (gloo "devices"): consecutive
+# broadcasts alternate between them, so one bucket's fixed cost overlaps the other's transfer.
+MAX_IN_FLIGHT = 8  # broadcasts queued in gloo at once
+GLOO_CONNECTIONS = 2
+GLOO_THREADS = 8  # gloo's worker threads: every queued broadcast can run
+
+
+def push_header(plan: list[dict], version: int) -> list[int]:
+    """The 4 int64 a push starts with: [magic, version, num_buckets, num_bytes]."""
+    return [HEADER_MAGIC, version, len(plan), sum(b["nbytes"] for b in plan)]
+
+
+def check_header(received: torch.Tensor, plan: list[dict], version: int, where: str) -> None:
+    """Refuse a push whose header differs from what the receiver's metadata says (a wrong
+    stream, a wrong version, another plan): WeightSyncError before any weight is loaded."""
+    expected = push_header(plan, version)
+    if received.tolist() != expected:
+        raise WeightSyncError(f"{where}: push header {received.tolist()} does not match the "
+                              f"metadata for version {version} ({expected})")
 
 
 def open_gloo_group(
@@ -35,10 +61,14 @@ def open_gloo_group(
     """
     timeout = timedelta(seconds=timeout_s)
     where = f"gloo weight-sync group {host}:{port} (rank {rank} of {world_size})"
+    options = ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._threads = GLOO_THREADS
+    options._devices = [ProcessGroupGloo.create_default_device() for _ in range(GLOO_CONNECTIONS)]
     try:
         store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
                          wait_for_workers=False)
-        group = ProcessGroupGloo(PrefixStore("asyncrl/weights", store), rank, world_size, timeout)
+        group = ProcessGroupGloo(PrefixStore("asyncrl/weights", store), rank, world_size, options)
     except RuntimeError as exc:  # torch raises DistStoreError (a RuntimeError) on timeout
         raise WeightSyncError(f"could not join {where} within {timeout_s:.0f}s: {exc}") from exc
     return group, store
@@ -75,7 +105,7 @@ class GlooWeightSender:
         self._group: ProcessGroupGloo | None = None
         self._store: TCPStore | None = None
         self._plan: list[dict] | None = None
-        self._buffers: list[torch.Tensor] = []
+        self._buffers: list[torch.Tensor] = []  # two pack buffers for buckets of small tensors
 
     def connect(self) -> None:
         """Host the store and join as rank 0; every receiver must be joining concurrently."""
@@ -84,7 +114,9 @@ class GlooWeightSender:
 
     def metadata(self, named_params: NamedTensors) -> dict:
         """The bucket plan for these parameters (plain data); receivers need it before `push`."""
-        self._plan = plan_buckets(specs_of(named_params), self.bucket_bytes)
+        self._specs = specs_of(named_params)
+        self._plan = plan_buckets(self._specs, self.bucket_bytes)
+        self._place = {e["name"]: (index, e) for index, b in enumerate(self._plan) for e in b["tensors"]}
         return {
             "kind": "gloo",
             "update_info": {"buckets": self._plan},
@@ -96,31 +128,50 @@ class GlooWeightSender:
         """Broadcast the parameters bucket by bucket; returns `sync/...` stats.
 
         `named_params` must match the last `metadata()` (names, shapes, dtypes, order). It is
-        read lazily, one bucket ahead at most: a sharded learner gathers each parameter as it
-        is needed, never the whole model at once.
+        read lazily: a sharded learner gathers each parameter as it is needed, never the whole
+        model at once. A small tensor is copied into its bucket when it comes; a large one is
+        held until its broadcast is done (at most MAX_IN_FLIGHT of them).
         """
         if self._group is None:
             raise RuntimeError("GlooWeightSender.push before connect() (or after close())")
         if self._plan is None:
             raise RuntimeError("GlooWeightSender.push before metadata(): receivers need the plan")
-        plan, params = self._plan, iter(named_params)
-        num_bytes = sum(b["nbytes"] for b in plan)
+        plan = self._plan
         start = time.perf_counter()
-        header = torch.tensor([HEADER_MAGIC, version, len(plan), num_bytes], dtype=torch.int64)
+        header = torch.tensor(push_header(plan, version), dtype=torch.int64)
         self._wait(broadcast(self._group, header), version, "header")
-        pending = None
-        for index, bucket in enumerate(plan):
-            tensors = [self._checked(entry, next(params, None)) for entry in bucket["tensors"]]
-            buffer = pack_bucket(bucket, tensors, self._buffer(index))
-            work = broadcast(self._group, buffer)
-            if pending is not None:  # bucket index-1 done: its buffer may be reused next
-                self._wait(pending, version, f"bucket {index - 1}/{len(plan)}")
-            pending = work
-        if pending is not None:
-            self._wait(pending, version, f"bucket {len(plan) - 1}/{len(plan)}")
-        if next(params, None) is not None:
-            raise ValueError("push() got more parameters than the last metadata() planned")
+        self._in_flight: deque = deque()  # (bucket index, work, buffer: kept alive until sent)
+        staged: dict[int, torch.Tensor] = {}  # complete buckets waiting for their turn
+        packed: dict[int, tuple[torch.Tensor, int]] = {}  # open packed bucket -> (buffer, tensors in)
+        last_in_slot = [-1, -1]  # the packed bucket that last used each pack buffer
+        sent = num_packed = 0
+        for count, item in enumerate(named_params):
+            tensor = self._checked(count, item)
+            index, entry = self._place[item[0]]
+            bucket = plan[index]
+            if is_direct(bucket):
+                staged[index] = pack_bucket(bucket, [tensor])  # its own bytes (a copy if strided)
+            else:
+                if index not in packed:  # a new bucket: the pack buffer of the one two back
+                    slot, num_packed = num_packed % 2, num_packed + 1
+                    if last_in_slot[slot] >= sent:  # cannot happen: plan_buckets closes in order
+                        raise RuntimeError(f"bucket {last_in_slot[slot]} still waits in its pack buffer")
+                    self._wait_through(last_in_slot[slot], version, len(plan))  # then it is free
+                    last_in_slot[slot] = index
+                    packed[index] = (self._buffer(slot)[: bucket["nbytes"]], 0)
+                buffer, filled = packed[index]
+                copy_bytes(buffer[entry["offset"] : entry["offset"] + entry["nbytes"]], tensor)
+                packed[index] = (buffer, filled + 1)
+                if filled + 1 == len(bucket["tensors"]):
+                    staged[index] = packed.pop(index)[0]
+            while sent in staged:
+                self._send(sent, staged.pop(sent), version, len(plan))
+                sent += 1
+        if sent != len(plan):
+            raise ValueError("push() got fewer parameters than the last metadata() planned")
+        self._wait_through(len(plan) - 1, version, len(plan))
         seconds = time.perf_counter() - start
+        num_bytes = sum(b["nbytes"] for b in plan)
         return {"sync/version": version, "sync/num_bytes": num_bytes,
                 "sync/num_buckets": len(plan), "sync/push_s": seconds,
                 "sync/push_gb_per_s": num_bytes / seconds / 1e9}
@@ -130,23 +181,36 @@ class GlooWeightSender:
         self._group = self._store = None
         self._buffers = []
 
-    @staticmethod
-    def _checked(entry: dict, item: tuple[str, torch.Tensor] | None) -> torch.Tensor:
-        """The next parameter, which must be the one the plan has next. A mismatch is caught
+    def _checked(self, count: int, item: tuple[str, torch.Tensor]) -> torch.Tensor:
+        """Parameter `count`, which must be the one the metadata had there. A mismatch is caught
         before its bucket is broadcast, so receivers never load a wrong layout."""
-        got = None if item is None else specs_of([item])[0]
-        if got != (entry["name"], list(entry["shape"]), entry["dtype"]):
-            raise ValueError(f"push() parameter {got} differs from the last metadata()'s "
-                             f"{(entry['name'], entry['shape'], entry['dtype'])}; call metadata() again and "
-                             "send it to the receivers first")
+        want = self._specs[count] if count < len(self._specs) else None
+        got = specs_of([item])[0]
+        if want is None:
+            raise ValueError("push() got more parameters than the last metadata() planned")
+        if got != want:
+            raise ValueError(f"push() parameter {got} differs from the last metadata()'s {want}; call "
+                             "metadata() again and send it to the receivers first")
         return item[1]
 
-    def _buffer(self, index: int) -> torch.Tensor:
-        """One of two reusable pack buffers, large enough for the biggest bucket."""
-        size = max(b["nbytes"] for b in self._plan)
+    def _buffer(self, slot: int) -> torch.Tensor:
+        """Pack buffer `slot` (0 or 1), large enough for the biggest packed bucket; kept for
+        later pushes."""
+        size = max(b["nbytes"] for b in self._plan if not is_direct(b))
         if len(self._buffers) != 2 or self._buffers[0].numel() < size:
             self._buffers = [torch.empty(size, dtype=torch.uint8) for _ in range(2)]
-        return self._buffers[index % 2]
+        return self._buffers[slot]
+
+    def _send(self, index: int, buffer: torch.Tensor, version: int, num_buckets: int) -> None:
+        self._in_flight.append((index, broadcast(self._group, buffer), buffer))
+        if len(self._in_flight) > MAX_IN_FLIGHT:
+            self._wait_through(self._in_flight[0][0], version, num_buckets)
+
+    def _wait_through(self, index: int, version: int, num_buckets: int) -> None:
+        """Wait until the broadcasts of buckets up to `index` are done."""
+        while self._in_flight and self._in_flight[0][0] <= index:
+            done, work, _ = self._in_flight.popleft()
+            self._wait(work, version, f"bucket {done}/{num_buckets}")
 
     def _wait(self, work, version: int, what: str) -> None:
         try:

@@ -36,7 +36,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from asyncrl.sync.buckets import unpack_bucket
-from asyncrl.sync.gloo_sender import HEADER_MAGIC, broadcast, open_gloo_group
+from asyncrl.sync.gloo_sender import broadcast, check_header, open_gloo_group
 from asyncrl.sync.protocol import WeightSyncError
 
 BACKEND = "asyncrl_gloo"
@@ -113,11 +113,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
         header = torch.zeros(4, dtype=torch.int64)
         self._wait(broadcast(self.group, header), version, "header")
-        expected = [HEADER_MAGIC, version, len(buckets), sum(b["nbytes"] for b in buckets)]
-        if header.tolist() != expected:
-            raise WeightSyncError(f"{self.where}: push header {header.tolist()} does not match "
-                                  f"the metadata for version {version} ({expected})")
-        # Fresh buffers: layerwise reload keeps views of them until a layer is complete.
+        check_header(header, buckets, version, self.where)
+        # Fresh buffers, not in place (gloo_receiver.py does that): vLLM's layers repack their
+        # weights at load, and layerwise reload keeps views of the buffers until a layer is complete.
         pending = self._post(buckets, 0)
         with disable_mtp_completeness_check():
             for index, bucket in enumerate(buckets):

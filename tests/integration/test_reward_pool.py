@@ -108,6 +108,63 @@ def test_a_verifier_that_cannot_be_built_stops_the_pool_with_its_error():
         pool.close()
 
 
+def warm_up(pool, n=4):
+    """A few calls, so the pool has timed its verifier (it batches only once it knows it is fast)."""
+    pool.submit_many([(f"warm{i}", "x", {"reward": 1.0}) for i in range(n)])
+    collect(pool, n)
+    assert pool._mean_call_s is not None and pool._mean_call_s < 0.01
+
+
+@pytest.fixture
+def warm_pool(request):
+    """A pool whose verifier is known to be fast: calls waiting together go in one batch."""
+    workers, timeout_s = request.param
+    p = RewardPool(scripted_factory, num_workers=workers, timeout_s=timeout_s)
+    warm_up(p)
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("warm_pool", [(2, 5.0)], indirect=True)
+def test_fast_calls_go_in_batches_and_every_result_is_exact(warm_pool):
+    warm_pool.submit_many([(i, "x", {"reward": i / 500}) for i in range(500)])
+    got = collect(warm_pool, 500)
+    assert sorted(got) == list(range(500))
+    assert all(got[i].reward == pytest.approx(i / 500) for i in got)
+    assert warm_pool.stats.completed == warm_pool.stats.submitted == 504 and warm_pool.num_pending == 0
+    assert warm_pool.stats.workers_started == 2
+
+
+@pytest.mark.parametrize("warm_pool", [(1, 1.0)], indirect=True)
+def test_a_hang_inside_a_batch_times_out_alone_and_the_calls_behind_it_run_on_a_replacement(warm_pool):
+    calls = [(f"before{i}", "x", {"reward": 1.0}) for i in range(3)] + [("hang", "x", {"behave": "hang"})]
+    calls += [(f"after{i}", "x", {"reward": 0.5}) for i in range(3)]
+    warm_pool.submit_many(calls)  # one worker, a fast verifier: one batch of 7
+    got = collect(warm_pool, 7)
+    assert got["hang"].info["outcome"] == "timeout" and 1.0 <= got["hang"].latency_s < 3.0
+    assert all(got[f"before{i}"].reward == 1.0 and got[f"after{i}"].reward == 0.5 for i in range(3))
+    assert warm_pool.stats.timeouts == 1 and warm_pool.stats.workers_started == 2
+
+
+@pytest.mark.parametrize("warm_pool", [(1, 1.0)], indirect=True)
+def test_each_call_of_a_batch_has_its_own_clock(warm_pool):
+    """Two calls of 0.6 s in one batch, timeout 1 s: a batch-wide clock would cut the second."""
+    warm_pool.submit_many([(i, "x", {"reward": 1.0, "sleep_s": 0.6}) for i in range(2)])
+    got = collect(warm_pool, 2)
+    assert [got[i].info["outcome"] for i in range(2)] == ["scripted", "scripted"]
+    assert warm_pool.stats.timeouts == 0
+
+
+@pytest.mark.parametrize("warm_pool", [(1, 5.0)], indirect=True)
+def test_a_crash_inside_a_batch_costs_one_call(warm_pool):
+    warm_pool.submit_many([("ok1", "x", {"reward": 1.0}), ("crash", "x", {"behave": "crash"}),
+                           ("ok2", "x", {"reward": 1.0}), ("ok3", "x", {"reward": 1.0})])
+    got = collect(warm_pool, 4)
+    assert got["crash"].info["outcome"] == "worker_crash"
+    assert [got[k].reward for k in ("ok1", "ok2", "ok3")] == [1.0, 1.0, 1.0]
+    assert warm_pool.stats.crashes == 1
+
+
 def code_factory():
     from asyncrl.config import CodeRewardConfig, SandboxConfig
     from asyncrl.reward.code_reward import CodeReward

@@ -194,3 +194,20 @@ def test_assembler_rloo_advantages():
         out = asm.add(ScoredSample(make_sample("g", i, 2), reward=r))
     # r_i - mean of the other two
     assert out.advantages == pytest.approx([1.0 - 0.25, 0.0 - 0.75, 0.5 - 0.5])
+
+
+def test_stale_scan_stops_at_the_first_young_response_and_drops_exactly_the_old_tokens():
+    """The queue past its head is in version order, so the scan may stop early; a split head
+    that is newer than the responses behind it must not stop it."""
+    buf = TokenBuffer(token_budget=3, max_staleness=1)
+    buf.add_group(make_group("v2", [4], version=2))
+    buf.next_batch(2)  # "v2" is split: its last token stays at the head
+    mixed = make_sample("mix", 0, 4, version=0)
+    mixed.versions = [0, 0, 1, 3]  # versions never decrease along a response
+    for g in (Group("mix", [ScoredSample(mixed, 1.0)], [1.0]), make_group("v0", [2], version=0),
+              make_group("v1", [3], version=1), make_group("v3", [5], version=3)):
+        buf.add_group(g)
+    assert buf.drop_stale(2) == 2 + 2  # mix's two version-0 tokens and all of v0; v1 is the first kept
+    assert buf.num_loss_tokens == 1 + 2 + 3 + 5
+    assert buf.stats.tokens_in == buf.stats.tokens_out + buf.stats.tokens_dropped_stale + buf.num_loss_tokens
+    assert [c.group_id for c in buf.next_batch(2)] == ["v2", "mix"]

@@ -139,3 +139,41 @@ def test_rollout_batches_are_sealed_in_admission_order_whatever_the_arrival_orde
         return [c.group_id for c in buf.next_batch(0)]
 
     assert run(["p2", "p0", "p1"]) == run(["p0", "p1", "p2"]) == ["p0", "p0", "p1", "p1", "p2", "p2"]
+
+
+def test_generating_counts_kept_as_groups_move_equal_a_scan_of_the_records():
+    """Admission reads per-actor generating counts every loop turn; they are kept up to date as
+    groups are admitted, complete, get scored, or are requeued, and must equal a full scan."""
+    import random
+
+    rng = random.Random(7)
+    led = make_ledger(TokenBuffer(10_000, max_staleness=100), n=3)
+    actors, next_prompt = [0, 1, 2], 0
+
+    def scanned():
+        load = dict.fromkeys(actors, 0)
+        for r in led.records.values():
+            if r.state == "generating" and r.actor in load:
+                load[r.actor] += 1
+        return load
+
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.3:
+            led.admit(prompt(next_prompt), 0, SPEC, 3, actor=rng.choice(actors))
+            next_prompt += 1
+        elif op < 0.75 and led.records:
+            rec = rng.choice(list(led.records.values()))
+            missing = [i for i in range(3) if i not in rec.versions]
+            if missing:
+                led.on_generated(sample(rec.group_id, rng.choice(missing)))
+            elif rec.scored < 3:
+                led.on_scored(sample(rec.group_id, rec.scored), float(rng.random() < 0.5), {})
+        elif op < 0.8:
+            led.requeue_actor(rng.choice(actors))
+        elif led.requeued:
+            for r in led.take_requeued(2):
+                led.readmit(r, rng.choice(actors))
+        assert led.generating_by_actor(actors) == scanned()
+        assert sum(led.generating_by_actor(actors).values()) == sum(r.state == "generating" for r in led.records.values())
+    assert balanced(led)

@@ -4,7 +4,7 @@ import msgpack
 import pytest
 import torch
 
-from asyncrl.sync.buckets import ALIGN_BYTES, pack_bucket, plan_buckets, specs_of, unpack_bucket
+from asyncrl.sync.buckets import ALIGN_BYTES, is_direct, pack_bucket, plan_buckets, specs_of, unpack_bucket
 
 
 def mixed_tensors() -> list[tuple[str, torch.Tensor]]:
@@ -20,43 +20,62 @@ def mixed_tensors() -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def round_trip(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list:
-    plan = plan_buckets(specs_of(named), bucket_bytes)
-    out, first = [], 0
+def round_trip(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, direct_bytes: int = 1 << 20) -> dict:
+    plan = plan_buckets(specs_of(named), bucket_bytes, direct_bytes)
+    tensors, out = dict(named), {}
     for bucket in plan:
-        count = len(bucket["tensors"])
-        buffer = pack_bucket(bucket, [t for _, t in named[first : first + count]]).clone()
-        out += unpack_bucket(bucket, buffer)
-        first += count
+        buffer = pack_bucket(bucket, [tensors[e["name"]] for e in bucket["tensors"]]).clone()
+        out.update(unpack_bucket(bucket, buffer))
     return out
 
 
-def test_bucket_bytes_bounded_and_order_kept():
+def names(plan: list[dict]) -> list[list[str]]:
+    return [[e["name"] for e in b["tensors"]] for b in plan]
+
+
+def test_bucket_bytes_bounded_every_tensor_once_and_packed_order_kept():
     named = mixed_tensors()
     plan = plan_buckets(specs_of(named), bucket_bytes=256)
-    assert [e["name"] for b in plan for e in b["tensors"]] == [n for n, _ in named]
+    assert sorted(n for b in names(plan) for n in b) == sorted(n for n, _ in named)
+    order = [n for n, _ in named]
     for bucket in plan:
         assert bucket["nbytes"] <= 256 or len(bucket["tensors"]) == 1
+        got = [e["name"] for e in bucket["tensors"]]
+        assert got == sorted(got, key=order.index)
         for entry in bucket["tensors"]:
             assert entry["offset"] % ALIGN_BYTES == 0
             assert entry["offset"] + entry["nbytes"] <= bucket["nbytes"]
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 64, 256, 1 << 20])
-def test_pack_unpack_round_trip_exact(bucket_bytes):
+@pytest.mark.parametrize("direct_bytes", [8, 100, 1 << 20])
+def test_pack_unpack_round_trip_exact(bucket_bytes, direct_bytes):
     named = mixed_tensors()
-    got = round_trip(named, bucket_bytes)
-    assert [n for n, _ in got] == [n for n, _ in named]
-    for (_, want), (_, have) in zip(named, got, strict=True):
-        assert have.dtype == want.dtype and have.shape == want.shape
-        assert torch.equal(have, want)
+    got = round_trip(named, bucket_bytes, direct_bytes)
+    assert sorted(got) == sorted(n for n, _ in named)
+    for name, want in named:
+        assert got[name].dtype == want.dtype and got[name].shape == want.shape
+        assert torch.equal(got[name], want)
 
 
-def test_oversized_tensor_gets_its_own_bucket():
+def test_oversized_tensor_gets_its_own_bucket_and_small_ones_wait_behind_it():
     named = [("small", torch.zeros(4)), ("big", torch.zeros(100)), ("tail", torch.zeros(2))]
     plan = plan_buckets(specs_of(named), bucket_bytes=64)
-    assert [[e["name"] for e in b["tensors"]] for b in plan] == [["small"], ["big"], ["tail"]]
-    assert plan[1]["nbytes"] == 400
+    # 400 bytes of large tensors passed "small": its bucket closes before "tail" joins it
+    assert names(plan) == [["big"], ["small"], ["tail"]]
+    assert plan[0]["nbytes"] == 400 and is_direct(plan[0]) and is_direct(plan[1])
+
+
+def test_large_tensors_travel_alone_and_small_ones_share_a_bucket_past_them():
+    shapes = [("s1", [3]), ("L1", [40]), ("s2", [5]), ("L2", [40]), ("s3", [2])]  # float32
+    named = [(n, torch.zeros(s)) for n, s in shapes]
+    plan = plan_buckets(specs_of(named), bucket_bytes=1000, direct_bytes=100)
+    assert names(plan) == [["L1"], ["L2"], ["s1", "s2", "s3"]]
+    assert [is_direct(b) for b in plan] == [True, True, False]
+    assert [e["offset"] for e in plan[2]["tensors"]] == [0, 16, 48]
+    # past bucket_bytes of large tensors the small ones leave without waiting for more
+    plan = plan_buckets(specs_of(named), bucket_bytes=300, direct_bytes=100)
+    assert names(plan) == [["L1"], ["L2"], ["s1", "s2"], ["s3"]]
 
 
 def test_small_tensors_share_buckets():
@@ -84,5 +103,4 @@ def test_pack_reuses_out_buffer_and_checks_shapes():
 def test_non_contiguous_tensor_packs_by_value():
     base = torch.arange(12.0).view(3, 4)
     named = [("t", base.t())]
-    (_, got), = round_trip(named, bucket_bytes=1 << 10)
-    assert torch.equal(got, base.t())
+    assert torch.equal(round_trip(named, bucket_bytes=1 << 10)["t"], base.t())

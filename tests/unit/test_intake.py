@@ -1,0 +1,47 @@
+"""The driver's per-sample path (orchestrator/intake.py) without Ray: the batch decoder gives the
+tokenizer's own texts, and ingest hands the pool one call per new sample, none for repeats."""
+
+import random
+
+from asyncrl.buffer.group_assembler import GroupAssembler
+from asyncrl.buffer.token_buffer import TokenBuffer
+from asyncrl.orchestrator.intake import SampleIntake, batch_decoder
+from asyncrl.orchestrator.ledger import GroupLedger, Shaping
+from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.tiny.tokenizer import build_tokenizer
+from asyncrl.types import PromptItem, Sample
+
+
+def test_batch_decoder_gives_exactly_what_decode_gives_special_tokens_included():
+    tok = build_tokenizer()
+    rng = random.Random(0)
+    batch = [[rng.randrange(0, tok.vocab_size) for _ in range(rng.randrange(0, 30))] for _ in range(50)]
+    assert batch_decoder(tok)(batch) == [tok.decode(ids, skip_special_tokens=True) for ids in batch]
+    tok.clean_up_tokenization_spaces = True  # the backend alone would not do this: one at a time
+    assert batch_decoder(tok)(batch) == [tok.decode(ids, skip_special_tokens=True) for ids in batch]
+
+
+class Pool:
+    def __init__(self):
+        self.calls = []
+
+    def submit_many(self, calls):
+        self.calls += calls
+
+
+def test_ingest_submits_each_new_sample_once_with_its_text_and_keeps_the_first_as_probe():
+    tok = build_tokenizer()
+    ledger = GroupLedger(TokenBuffer(64, 1), GroupAssembler(2), Shaping(), 2)
+    ledger.admit(PromptItem("g", [5, 6], {"answer": "1"}), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0)
+    pool = Pool()
+    intake = SampleIntake(ledger, pool, tok, route=None, evaluator=None)
+    ids = tok.encode("12+3")
+
+    def sample(i):
+        return Sample("g", "g", i, [5, 6], ids, [-0.5] * len(ids), [0] * len(ids), "stop", 0, {"answer": "1"})
+
+    intake.ingest([sample(0), sample(0), sample(1)])  # a repeated frame is not scored twice
+    intake.ingest([])
+    assert [(c[0].sample_index, c[1], c[2]) for c in pool.calls] == [(0, "12+3", {"answer": "1"}),
+                                                                     (1, "12+3", {"answer": "1"})]
+    assert intake.probe_ids == [5, 6, *ids] and ledger.counts.samples_orphaned == 1
