@@ -126,7 +126,7 @@ def encode_batch(b: Batch) -> bytes:
             "role": b.role,
             "opened": [_encode_chunk(c) for c in b.opened],
             "layout_groups": [s.group_id for s in layout],
-            "layout_spans": _pack([[s.sample_index, s.loss_start, s.num_tokens] for s in layout] or [], "<i4"),
+            "layout_spans": _pack([v for s in layout for v in (s.sample_index, s.loss_start, s.num_tokens)], "<i4"),
             "opened_offset": b.opened_offset,
         },
         use_bin_type=True,
