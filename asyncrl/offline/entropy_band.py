@@ -40,6 +40,8 @@ class CheckpointEntropy:
     accuracy: float
     """Mean reward of the samples."""
     num_tokens: int
+    logprob_gap: float = 0.0
+    """Largest |engine - transformers| logprob of a sampled token (near 0: the engine held this policy)."""
 
 
 def choose(measured: list[CheckpointEntropy], low: float, high: float, prefer: Prefer = "center") -> CheckpointEntropy:
