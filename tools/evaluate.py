@@ -49,8 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=None,
                    help="0: greedy (default: eval.temperature, else the last stage's)")
     p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--out", default=None, help="write every sample (prompt, response, reward, outcome) as jsonl")
-    p.add_argument("--json", action="store_true", help="print one JSON line only")
+    p.add_argument("--out", default=None, help="with --model: write every sample (prompt, response, reward, outcome) as jsonl")
+    p.add_argument("--json", action="store_true", help="with --model: print one JSON line only")
     return p.parse_args(argv)
 
 
@@ -86,7 +86,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     from asyncrl.eval_policy import load_run_config, sample_and_score, summarize
 
     cfg, config_path = load_run_config(args.model, args.config, say)
-    records, n, ks, spec, _ = setup(cfg, args)
+    records, n, ks, spec, settings = setup(cfg, args)
     temperature = spec.temperature
     say(f"evaluating {cfg.model.path}: {len(records)} prompts x {n} samples at T={temperature}")
     samples = asyncio.run(sample_and_score(cfg, records, n, spec, say))
@@ -99,8 +99,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     examples = [f"{str(s.prompt)[-200:]} -> {s.response}  (reward {s.reward:g}, {s.outcome})"
                 for s in samples[::n][:NUM_EXAMPLES]]
     return {"model": args.model, "config": str(config_path) if config_path else None,
-            "data": args.data or cfg.eval.data or f"{cfg.data.type} held-out split",
-            "n": n, "temperature": temperature, "max_tokens": spec.max_tokens, "num_records": len(records),
+            "data": settings["data"], "n": n, "temperature": temperature, "max_tokens": spec.max_tokens, "num_records": len(records),
             **summarize(samples, n, ks), "examples": examples}
 
 
