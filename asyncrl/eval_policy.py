@@ -3,13 +3,15 @@ tools/sample_policy.py share.
 
     policy dir ─► load_run_config (the config.yaml of the run it belongs to)
                ─► held_out_records (--data, else the run's own: eval_records)
-               ─► sample_and_score: a vLLM engine in this process, n samples per prompt,
-                  rewards from a RewardPool of the run's verifiers (so their timeouts apply)
+               ─► sample_and_score: a vLLM engine in this process (its own, or one shared by
+                  many policies: offline/policy_engine.py), n samples per prompt, rewards from
+                  a RewardPool of the run's verifiers (so their timeouts apply)
                ─► summarize: avg@n and pass@k (algo/pass_at_k.py), overall and per data_source
 
 The records, prompt tokenization, verifiers and metrics are the in-training evaluation's
 (orchestrator/evaluation.py), so the figures here and a run's eval/avg@n agree for the same policy
-up to sampling noise.
+up to sampling noise. tools/filter_difficulty.py and tools/choose_checkpoint.py sample and score
+through the same functions.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,10 @@ class EvalSample:
     finish_reason: str
     reward: float = 0.0
     info: dict[str, Any] | None = None
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+    token_ids: list[int] = field(default_factory=list, repr=False)
+    logprobs: list[float] = field(default_factory=list, repr=False)
+    """Behaviour logprob of each response token, at the sampling temperature (as in rollouts)."""
 
     @property
     def data_source(self) -> str:
@@ -135,32 +141,49 @@ class Progress:
 
 
 async def sample_and_score(cfg: Config, records: list[dict[str, Any]], n: int, spec: SamplingSpec,
-                           say: Callable[[str], None] = print) -> list[EvalSample]:
-    """n samples of every record that fits the context (a record's n in a row), scored."""
-    from transformers import AutoTokenizer
+                           say: Callable[[str], None] = print, engine: Any = None,
+                           pool: Any = None) -> list[EvalSample]:
+    """n samples of every record that fits the context (a record's n in a row), scored.
 
-    from asyncrl.orchestrator.components import build_reward_pool
+    `engine`: a started engine holding cfg.model.path's policy (offline/policy_engine.py, shared
+    by the policies of a run or a study), else one is started here for this call. `pool`: a
+    reward pool of cfg.reward's verifiers to reuse, else one is started here."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     items = prompt_items(cfg, tokenizer, records, spec.max_tokens)
     # Started first: its workers import and warm the verifiers while vLLM loads.
-    pool = build_reward_pool(cfg.reward, lambda: {data_source_of(r) for r in records})
+    own_pool = pool is None
+    if own_pool:
+        pool = reward_pool(cfg, records)
     try:
-        samples = await _generate(cfg, records, items, n, spec, tokenizer, say)
+        samples = await generate(cfg, records, items, n, spec, tokenizer, say, engine)
         _score(pool, samples, say)
     finally:
-        pool.close()
+        if own_pool:
+            pool.close()
     return samples
 
 
-async def _generate(cfg: Config, records: list[dict[str, Any]], items: list[PromptItem], n: int,
-                    spec: SamplingSpec, tokenizer: Any, say: Callable[[str], None]) -> list[EvalSample]:
+def reward_pool(cfg: Config, records: list[dict[str, Any]]) -> Any:
+    """A reward pool of the run's verifiers for these records (close it when done)."""
+    from asyncrl.orchestrator.components import build_reward_pool
+
+    return build_reward_pool(cfg.reward, lambda: {data_source_of(r) for r in records})
+
+
+async def generate(cfg: Config, records: list[dict[str, Any]], items: list[PromptItem], n: int,
+                   spec: SamplingSpec, tokenizer: Any, say: Callable[[str], None],
+                   engine: Any = None) -> list[EvalSample]:
+    """n samples of each item, unscored, with their tokens' behaviour logprobs."""
     import asyncio
 
-    from asyncrl.orchestrator.components import engine_factory
+    from asyncrl.offline.policy_engine import PolicyEngine
 
-    engine = engine_factory(cfg, cfg.model.path, actor_id=0)()
-    await engine.start()
+    own_engine = engine is None
+    if own_engine:
+        engine = PolicyEngine(cfg, say)
+        await engine.load(cfg.model.path)
     progress = Progress("generated", len(items) * n, say)
     base_seed = cfg.seed if spec.seed is None else spec.seed
 
@@ -172,13 +195,15 @@ async def _generate(cfg: Config, records: list[dict[str, Any]], items: list[Prom
         rec = records[index]
         return EvalSample(index, rec.get("prompt", rec.get("messages")), item.metadata,
                           tokenizer.decode(out.token_ids, skip_special_tokens=True), len(out.token_ids),
-                          out.finish_reason)
+                          out.finish_reason, prompt_ids=item.prompt_ids, token_ids=out.token_ids,
+                          logprobs=out.logprobs)
 
     try:
         requests = itertools.chain.from_iterable(itertools.repeat(item, n) for item in items)
         return list(await asyncio.gather(*[one(i, item) for i, item in enumerate(requests)]))
     finally:
-        await engine.shutdown()
+        if own_engine:
+            await engine.shutdown()
 
 
 def _score(pool: Any, samples: list[EvalSample], say: Callable[[str], None]) -> None:

@@ -6,13 +6,18 @@
     python tools/study.py configs/studies/skywork_sec4.yaml --quick --plan   # the runs and their commands
     python tools/study.py configs/studies/skywork_sec4.yaml --quick --report # figures and report only
     python tools/study.py configs/studies/skywork_sec4.yaml --quick --arms nsgd1,nsgd4   # some arms only
+    python tools/study.py configs/studies/skywork_sec4.yaml --quick --evaluate  # + each arm's final avg@n
 
 Dotted overrides after the study file apply to every arm (not to a field an arm varies). Each run
 is an ordinary run directory, <observe.output_dir>/<study>[-quick]/<arm>-s<seed>, made by
 launch/run.py; the same command again skips finished runs and resumes interrupted ones
 (asyncrl/study/runner.py). The study directory also gets report.md, report.json, figures/
-(PNG + JSON sidecars), logs/<run>.log and study.json (every run's command). Exit codes: 0 every
-run finished, 1 a run did not, 2 a bad study file or override, 128 + signal when stopped.
+(PNG + JSON sidecars), logs/<run>.log and study.json (every run's command). --evaluate runs
+tools/evaluate.py --final-only on every finished run (one vLLM engine for all, about 30 s plus a
+few seconds per run on 2 cores) so the report's arm table gets each arm's held-out avg@n; without
+it the column appears for runs that already have an eval.json. Exit codes: 0 every run finished
+(and evaluated), 1 a run did not (or the evaluation failed), 2 a bad study file or override,
+128 + signal when stopped.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--arms", default=None, help="only these arms, comma-separated (default: all)")
     p.add_argument("--plan", action="store_true", help="print the runs, what each needs and its command; run nothing")
     p.add_argument("--report", action="store_true", help="only write figures and the report from the runs there")
+    p.add_argument("--evaluate", action="store_true",
+                   help="evaluate each finished run's final/ on held-out data (tools/evaluate.py) for the report")
     return p.parse_intermixed_args(argv)
 
 
@@ -92,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
         if runner.stop_signal is not None:
             code = 128 + runner.stop_signal
+    if args.evaluate and runner.stop_signal is None:
+        from asyncrl.study.runner import evaluate_finals
+
+        if evaluate_finals(whole, log=lambda s: print(s, flush=True)) != 0:
+            notes.append("the evaluation of final policies failed: see logs/evaluate.log")
+            code = code or 1
     path = report(whole, notes)  # every arm that has runs, also those of earlier invocations
     print(f"report: {path}")
     return code

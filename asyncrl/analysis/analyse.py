@@ -13,6 +13,7 @@ from asyncrl.analysis.report import ArmRow, cell, render, table
 from asyncrl.analysis.runs import config_value
 from asyncrl.analysis.verdict import Verdict, fmt, judge
 from asyncrl.config.study import AnalysisSpec, Finding, SweepPlot
+from asyncrl.offline.run_policies import final_figure
 
 
 def definitions(analysis: AnalysisSpec) -> str:
@@ -41,6 +42,29 @@ def arm_rows(arms: list[Arm], analysis: AnalysisSpec, metrics: list[str], settin
             cells[m] = cell(final, sd, peak)
         rows.append(ArmRow(arm.name, settings.get(arm.name, ""), status_text(arm), arm.num_steps, fmt(collapse), cells))
     return rows
+
+
+def eval_column(arms: list[Arm]) -> tuple[str, dict[str, str]] | None:
+    """The final policy's avg@n from each run's eval.json (tools/evaluate.py): the column's header
+    and per arm its mean ± sample sd over the seeds that have one (None: no run has an eval.json)."""
+    figures = {a.name: [final_figure(r.evaluation) for r in a.runs] for a in arms}
+    keys = sorted({f[0] for found in figures.values() for f in found if f})
+    if not keys:
+        return None
+    cells = {}
+    for name, found in figures.items():
+        values = [f[1] for f in found if f]
+        if not values:
+            cells[name] = "–"
+            continue
+        mean = sum(values) / len(values)
+        text = fmt(mean)
+        if len(values) > 1:
+            text += f" ± {fmt(math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)))}"
+        if len(values) < len(found):
+            text += f" ({len(values)}/{len(found)} runs)"
+        cells[name] = text
+    return f"final policy {'/'.join(keys)} (eval.json)", cells
 
 
 def _label(cfg: dict, fields: list[str], names: dict[str, str]) -> str:
@@ -97,8 +121,16 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
     sweeps = [sweep(arms, sp, analysis, names, out_dir) for sp in sweep_plots]
     metrics = [m for m in analysis.figures if any(len(a.band(m).steps) for a in arms)]
     rows = arm_rows(arms, analysis, metrics, settings)
+    evaluated = eval_column(arms)
+    notes = list(notes)
+    if evaluated:
+        header, cells = evaluated
+        for row in rows:
+            row.cells[header] = cells[row.arm]
+        metrics = [*metrics, header]
+        notes.append(f"{header}: held-out avg@n of each run's final/ by tools/evaluate.py, mean ± sd over seeds.")
     text = render(title, description, verdicts, rows, metrics, analysis.collapse_metric, definitions(analysis),
-                  figures, sweeps, list(notes))
+                  figures, sweeps, notes)
     report = out_dir / "report.md"
     report.write_text(text)
     write_json(out_dir / "report.json", verdicts, rows)

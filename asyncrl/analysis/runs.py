@@ -1,5 +1,6 @@
 """Reading run directories: metrics.jsonl (one row per step), events.jsonl (start, checkpoints,
-resets, ... and last `end`), config.yaml (the resolved config). Only the standard library and
+resets, ... and last `end`), config.yaml (the resolved config), eval.json when tools/evaluate.py
+has evaluated the run's saved policies (asyncrl/offline/run_policies.py). Only the standard library and
 PyYAML, so a finished run can be analysed anywhere, also while another is still writing (a half
 written last line is skipped)."""
 
@@ -76,6 +77,8 @@ class RunRecord:
     rows: list[dict]
     events: list[dict]
     config: dict
+    evaluation: dict | None = None
+    """eval.json (None: the run's policies were not evaluated offline)."""
 
     @property
     def name(self) -> str:
@@ -96,4 +99,6 @@ def read_run(path: str | Path) -> RunRecord:
     path = Path(path)
     cfg_file = path / "config.yaml"
     config = yaml.safe_load(cfg_file.read_text()) if cfg_file.exists() else {}
-    return RunRecord(path, read_jsonl(path / "metrics.jsonl"), read_jsonl(path / "events.jsonl"), config or {})
+    evaluation = path / "eval.json"
+    return RunRecord(path, read_jsonl(path / "metrics.jsonl"), read_jsonl(path / "events.jsonl"), config or {},
+                     json.loads(evaluation.read_text()) if evaluation.is_file() else None)

@@ -9,6 +9,9 @@ config.yaml every field the plan sets for it; a mismatch stops the study before 
 directory belongs to another setting). A run's console output goes to <study dir>/logs/<run>.log;
 its PYTHONPATH starts with this checkout, so the runs use the asyncrl the study imported.
 
+Evaluating (tools/study.py --evaluate): after the runs, every finished run's final/ is evaluated
+on the held-out data by tools/evaluate.py into its eval.json, which the report reads.
+
 Stopping: the runs start in their own sessions, so a Ctrl-C reaches only this process, which
 sends each running run one SIGTERM (it stops after its step and writes a checkpoint, so the next
 invocation resumes it) and starts nothing new; a second Ctrl-C sends a second SIGTERM (exit now).
@@ -21,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,8 +136,7 @@ class StudyRunner:
             shutil.move(str(run.run_dir), str(attic / f"{run.name}.{k}"))
         if address:
             extra.append(f"ray.address={address}")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               "PYTHONUNBUFFERED": "1"}
+        env = child_env()
         with open(self.logs_dir / f"{run.name}.log", "a") as out:
             out.write(f"\n$ {' '.join(run.argv(self.plan.base, *extra))}\n")
             out.flush()
@@ -170,6 +173,32 @@ class StudyRunner:
         per_run = load_config(self.plan.base).ray.num_cpus or 4
         ray.init(num_cpus=per_run * self.parallel, include_dashboard=False, log_to_driver=False)
         return ray.get_runtime_context().gcs_address
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a study's child processes: this checkout first on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def evaluate_finals(plan: StudyPlan, log: Callable[[str], None] = print) -> int:
+    """`tools/evaluate.py --final-only` on every finished run of the plan, in one process (one vLLM
+    engine for all, each run's policy pushed into it); output in logs/evaluate.log. Runs already
+    evaluated with the same settings are not evaluated again. Returns its exit code."""
+    runs = [str(r.run_dir) for r in plan.runs if read_run(r.run_dir).status == "finished"]
+    if not runs:
+        return 0
+    logs = plan.study_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "tools" / "evaluate.py"), *runs, "--final-only"]
+    log(f"evaluating the final policy of {len(runs)} run(s); log: {logs / 'evaluate.log'}")
+    t0 = time.monotonic()
+    with open(logs / "evaluate.log", "a") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env()).returncode
+    log(f"    evaluation: exit {code} after {time.monotonic() - t0:.0f} s")
+    return code
 
 
 def write_manifest(plan: StudyPlan, outcomes: list[Outcome]) -> Path:

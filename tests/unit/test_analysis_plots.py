@@ -95,3 +95,33 @@ def test_sweep_figure_and_report(tmp_path, runs):
     assert "![entropy/learner](figures/entropy_learner.png)" in text and "![vs_eta](figures/vs_eta.png)" in text
     verdicts = json.loads((out / "report.json").read_text())["verdicts"]
     assert [v["outcome"] for v in verdicts] == ["holds"]
+
+
+def write_eval(run_dir, final_avg, step=4):
+    from asyncrl.offline.run_policies import SavedPolicy, eval_document, eval_entry
+
+    entries = [eval_entry(SavedPolicy("checkpoints/step_2", 2, run_dir), {"avg@8": 0.0, "pass@8": 0.0}),
+               eval_entry(SavedPolicy("final", step, run_dir), {"avg@8": final_avg, "pass@8": 1.0})]
+    (run_dir / "eval.json").write_text(json.dumps(eval_document(run_dir, {"n": 8}, entries)))
+
+
+def test_report_gives_each_arm_its_final_policys_avg_from_eval_json(tmp_path, runs):
+    write_eval(runs["eta0"][0], 0.5)
+    write_eval(runs["eta0"][1], 0.25)
+    write_eval(runs["eta4"][0], 0.75)  # eta4-s1 was not evaluated
+    arms = arms_from_dirs([d for ds in runs.values() for d in ds], group_seeds=True)
+    analyse(arms, tmp_path / "out", AnalysisSpec(figures=["entropy/learner"], window=2), "t")
+    text = (tmp_path / "out" / "report.md").read_text()
+    header = "final policy avg@8 (eval.json)"
+    assert f"| entropy/learner | {header} |" in text
+    # eta0: mean of 0.5 and 0.25, sample sd sqrt(2 * 0.125^2) = 0.1768
+    assert "| 0.375 ± 0.177 |" in text
+    assert "| 0.75 (1/2 runs) |" in text
+    cells = {a["arm"]: a["cells"][header] for a in json.loads((tmp_path / "out" / "report.json").read_text())["arms"]}
+    assert cells == {"eta0": "0.375 ± 0.177", "eta4": "0.75 (1/2 runs)"}
+
+
+def test_report_has_no_eval_column_without_eval_json(tmp_path, runs):
+    arms = arms_from_dirs(runs["eta0"], group_seeds=True)
+    analyse(arms, tmp_path / "out", AnalysisSpec(figures=["entropy/learner"], window=2), "t")
+    assert "eval.json" not in (tmp_path / "out" / "report.md").read_text()

@@ -48,7 +48,8 @@ def test_analysis_reads_runs_without_matplotlib_torch_or_ray():
     and running a study, need neither torch nor Ray (the runs do, in their own processes)."""
     import_with_blocked(["asyncrl.analysis.curves", "asyncrl.analysis.runs", "asyncrl.analysis.verdict",
                          "asyncrl.analysis.arms", "asyncrl.analysis.report", "asyncrl.config.study",
-                         "asyncrl.study.plan", "asyncrl.study.runner"],
+                         "asyncrl.study.plan", "asyncrl.study.runner", "asyncrl.offline.run_policies",
+                         "asyncrl.offline.difficulty", "asyncrl.offline.entropy_band"],
                         ("matplotlib", "torch", "vllm", "ray", "deepspeed"))
     imports = subprocess.run(["grep", "-rlE", "^(import|from) matplotlib", "asyncrl"], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parents[2])

@@ -1,0 +1,114 @@
+"""One vLLM engine for many saved policies: the first policy starts it, every later one of the same
+architecture has its weights pushed in over the weight sync a run uses (sync/gloo_sender.py into
+the engine's gloo receiver), which takes well under a second for the tiny model instead of the
+~20 s of a new vLLM-CPU engine.
+
+The push is the run's own, tested path (tests/integration/test_weight_sync_vllm.py: logprob parity
+after a push, tied LM head included), fed from the policy directory's safetensors instead of a
+learner: this process is rank 0 of a two-rank gloo group on loopback, the engine's worker rank 1.
+A policy whose config.json differs from the loaded one's (another architecture or size) cannot
+be pushed into it: the engine is shut down and a new one started on that policy, and `say` tells
+why. Everything else about the engine (dtype, context, KV cache, seed) comes from the config
+given at construction, as `engine_factory` builds it for a rollout actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.config import Config
+from asyncrl.rollout.engine import Completion, SamplingSpec
+
+# config.json keys that say nothing about the weights' layout
+IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version")
+SYNC_TIMEOUT_S = 120.0
+
+
+def architecture(policy_dir: str | Path) -> dict[str, Any]:
+    """The policy's config.json without the keys that do not affect its weights."""
+    cfg = json.loads((Path(policy_dir) / "config.json").read_text())
+    return {k: v for k, v in cfg.items() if k not in IGNORED_CONFIG_KEYS}
+
+
+def policy_tensors(policy_dir: str | Path) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor of the policy's safetensors file(s), by checkpoint name (what vLLM loads)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(policy_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{policy_dir}: no *.safetensors weights to load")
+    return [item for f in files for item in load_file(str(f)).items()]
+
+
+class PolicyEngine:
+    """`await load(dir)` before sampling from a policy; `generate` as a rollout engine's."""
+
+    def __init__(self, cfg: Config, say: Callable[[str], None] = print):
+        self.cfg, self.say = cfg, say
+        self.engine = None
+        self.loaded: Path | None = None
+        self._arch: dict[str, Any] | None = None
+        self._sender = None
+        self._version = 0
+        self.num_engines = 0
+        """Engines started so far (1 when every policy was pushed into the first)."""
+
+    async def load(self, policy_dir: str | Path) -> None:
+        policy_dir = Path(policy_dir)
+        if self.loaded == policy_dir.absolute():
+            return
+        arch = architecture(policy_dir)
+        if self.engine is not None and arch != self._arch:
+            self.say(f"{policy_dir}: another architecture than {self.loaded} (config.json differs); "
+                     "weights cannot be pushed across, starting a new engine")
+            await self.shutdown()
+        if self.engine is None:
+            await self._start(policy_dir)
+        else:
+            await self._push(policy_dir)
+        self.loaded, self._arch = policy_dir.absolute(), arch
+
+    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion:
+        return await self.engine.generate(prompt_ids, spec, request_id)
+
+    async def _start(self, policy_dir: Path) -> None:
+        from asyncrl.orchestrator.components import engine_factory
+
+        # sync.type gloo: the receiver this process pushes into (NCCL would need a GPU learner)
+        cfg = self.cfg.model_copy(update={"sync": self.cfg.sync.model_copy(update={"type": "gloo"})})
+        self.engine = engine_factory(cfg, str(policy_dir), actor_id=0)()
+        await self.engine.start()
+        self.num_engines += 1
+
+    async def _push(self, policy_dir: Path) -> None:
+        from asyncrl.sync.gloo_sender import GlooWeightSender, free_port
+
+        if self._sender is None:  # joined on the first push; an engine used for one policy never joins
+            port = free_port()
+            self._sender = GlooWeightSender("127.0.0.1", port, world_size=2, timeout_s=SYNC_TIMEOUT_S,
+                                            bucket_bytes=self.cfg.sync.bucket_mb << 20)
+            await asyncio.gather(asyncio.to_thread(self._sender.connect),
+                                 self.engine.init_weight_sync("127.0.0.1", port, 1, 2, SYNC_TIMEOUT_S))
+        tensors = policy_tensors(policy_dir)
+        metadata = self._sender.metadata(tensors)
+        self._version += 1
+        await asyncio.gather(asyncio.to_thread(self._sender.push, tensors, self._version),
+                             self.engine.load_weights(metadata, self._version))
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        return await self.engine.prompt_logprobs(token_ids)
+
+    async def shutdown(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
+        if self.engine is not None:
+            await self.engine.shutdown()
+            self.engine = None
+        self.loaded = self._arch = None

