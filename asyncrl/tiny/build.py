@@ -11,8 +11,10 @@ training, the final norm's weight is divided by a temperature tau, which with ti
 no LM-head bias is exactly the same as sampling the trained model at temperature tau. tau is
 found by bisection so that the exact probability of sampling the right answer on train prompts
 equals ``target_answer_probability``. The result knows the answer (greedy accuracy about 1) but
-samples it only ~30% of the time: the "sharpening" regime where RL gains fast, and where entropy
-dynamics are visible. The measured accuracies go into ``warm_start.json`` beside the weights.
+samples it only ~30% of the time: the "sharpening" regime where RL gains fast. The catch: RL's
+gain from it is largely undoing tau, and its falling entropy largely the same rescaling, so it
+shows the loop working, not entropy dynamics of a real policy (the README says so). The measured
+accuracies go into ``warm_start.json`` beside the weights.
 
 The output is a Hugging Face directory (Qwen2, tied embeddings, float32 safetensors, character
 tokenizer) that transformers and vLLM load, cached under ``$ASYNCRL_CACHE`` (default
