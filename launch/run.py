@@ -40,8 +40,8 @@ def connect_ray(address: str | None, num_cpus: int | None, worker_logs: str) -> 
     common = {"log_to_driver": worker_logs == "console", "logging_level": logging.WARNING}
     if address:
         ray.init(address=address, **common)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **common)
+    else:  # "local": a cluster of our own even if `ray start` left one running on this machine
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **common)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,7 +139,7 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
     outcome, resumed = "completed", False
     for attempt in range(2):
         cfg = load_config(None, base + (["resume=auto"] if attempt else []))
-        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=False)
         orch = Orchestrator(cfg, log_fn=lambda m: None)
         if attempt == 0:
             threading.Thread(target=operator, args=(orch, state), daemon=True).start()

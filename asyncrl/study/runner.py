@@ -171,7 +171,7 @@ class StudyRunner:
         if os.environ.get("RAY_ADDRESS"):
             return os.environ["RAY_ADDRESS"]
         per_run = load_config(self.plan.base).ray.num_cpus or 4
-        ray.init(num_cpus=per_run * self.parallel, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=per_run * self.parallel, include_dashboard=False, log_to_driver=False)
         return ray.get_runtime_context().gcs_address
 
 
