@@ -69,3 +69,10 @@ def freeze_startup_heap() -> None:
     they are skipped; what the run allocates later is collected as before."""
     gc.collect()
     gc.freeze()
+
+
+def unfreeze_heap() -> None:
+    """Undo freeze_startup_heap at shutdown: the interpreter's exit never collects frozen objects,
+    and extension types that count their live instances (nanobind's, in vLLM's dependencies)
+    then print leak reports after the run's last line."""
+    gc.unfreeze()

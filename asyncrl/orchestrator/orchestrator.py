@@ -51,7 +51,7 @@ from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
 from asyncrl.orchestrator.checkpointer import Checkpointer
 from asyncrl.orchestrator.evaluation import Evaluator, eval_summary, format_eval_summary
-from asyncrl.orchestrator.intake import SampleIntake, freeze_startup_heap
+from asyncrl.orchestrator.intake import SampleIntake, freeze_startup_heap, unfreeze_heap
 from asyncrl.orchestrator.learner_group import LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
 from asyncrl.orchestrator.scoring import ResultRouter
@@ -311,3 +311,4 @@ class Orchestrator:
 
     def shutdown(self) -> None:
         components.shutdown(self, self.say)
+        unfreeze_heap()
