@@ -35,7 +35,6 @@ class EntropySchedule:
         self.measured: float | None = None  # its e_k
         self._entropy_sum = 0.0       # learner entropy x loss tokens of the open batch's steps so far
         self._tokens = 0
-        self._steps: list[float] = []  # their means (one step's mean is returned as it is)
 
     def coef(self, role: str, measured: float | None = None) -> tuple[float, dict[str, float]]:
         """alpha for a step of `role` ("own", "open", "continue"); `measured`: the exact e_k of
@@ -48,7 +47,7 @@ class EntropySchedule:
                 measured = self._lagged()
             elif measured is None:
                 raise ValueError("exact entropy control needs e_k of the step or of the rollout batch it opens")
-            self._entropy_sum, self._tokens, self._steps = 0.0, 0, []
+            self._entropy_sum, self._tokens = 0.0, 0
             self.measured = measured
             # lagged mode's first step has no e_0 yet, and c_0 = 0 anyway
             self.alpha = ctl.update(measured) if measured is not None else 0.0
@@ -61,17 +60,14 @@ class EntropySchedule:
         """A step's learner entropy over its loss tokens (all ranks), for the lagged e_k."""
         self._entropy_sum += entropy_mean * num_tokens
         self._tokens += num_tokens
-        self._steps.append(entropy_mean)
 
     def _lagged(self) -> float | None:
-        if len(self._steps) == 1:
-            return self._steps[0]
         return self._entropy_sum / self._tokens if self._tokens else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"entropy_control": self.controller.state_dict() if self.controller else None,
                 "batch_alpha": self.alpha, "batch_measured": self.measured,
-                "batch_entropy_sum": self._entropy_sum, "batch_tokens": self._tokens, "batch_steps": self._steps}
+                "batch_entropy_sum": self._entropy_sum, "batch_tokens": self._tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.controller is not None and state.get("entropy_control"):
@@ -80,6 +76,5 @@ class EntropySchedule:
         self.measured = state.get("batch_measured")
         if "batch_tokens" in state:
             self._entropy_sum, self._tokens = float(state["batch_entropy_sum"]), int(state["batch_tokens"])
-            self._steps = [float(x) for x in state["batch_steps"]]
         elif state.get("last_entropy") is not None:  # a checkpoint from before rollout-batch entropy control
-            self._entropy_sum, self._tokens, self._steps = float(state["last_entropy"]), 1, [state["last_entropy"]]
+            self._entropy_sum, self._tokens = float(state["last_entropy"]), 1
