@@ -17,7 +17,7 @@ class TinyModelConfig(_Section):
     """How `builtin:tiny` is warm-started (asyncrl/tiny/build.py); each setting is part of the cache
     key, so a change builds a new model once (tens of seconds) and reuses it afterwards."""
 
-    target_sampled_accuracy: float | None = Field(0.3, gt=0, lt=1)
+    target_sampled_accuracy: float | None = Field(0.25, gt=0, lt=1)
     """Supervised training stops when the accuracy of sampling (temperature 1, whole vocabulary,
     as rollouts sample) on the train problems reaches this: RL starts from a partially trained
     policy. None: train all warm_start_steps, to convergence."""
