@@ -12,7 +12,7 @@ from asyncrl.config.load import (DEFAULT_CONFIG, ConfigError, config_from_dict, 
 from asyncrl.config.schema import (BUILTIN_VERIFIERS, AlgoConfig, BufferConfig, CodeRewardConfig, Config,
                                    DataConfig, DataMixConfig, EntropyControlConfig, EvalConfig, KLConfig, LearnerConfig,
                                    ModelConfig, ObserveConfig, RayConfig, RewardConfig, RolloutConfig,
-                                   SandboxConfig, StageConfig, SyncConfig)
+                                   SandboxConfig, StageConfig, SyncConfig, TinyModelConfig)
 
 __all__ = [
     "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "dump_config", "load_config", "parse_override",
@@ -20,4 +20,5 @@ __all__ = [
     "BUILTIN_VERIFIERS", "AlgoConfig", "BufferConfig", "CodeRewardConfig", "Config", "DataConfig",
     "DataMixConfig", "EntropyControlConfig", "EvalConfig", "KLConfig", "LearnerConfig", "ModelConfig", "ObserveConfig",
     "RayConfig", "RewardConfig", "RolloutConfig", "SandboxConfig", "StageConfig", "SyncConfig",
+    "TinyModelConfig",
 ]

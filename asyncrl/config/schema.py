@@ -13,9 +13,32 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
+class TinyModelConfig(_Section):
+    """How `builtin:tiny` is warm-started (asyncrl/tiny/build.py); each setting is part of the cache
+    key, so a change builds a new model once (tens of seconds) and reuses it afterwards."""
+
+    target_sampled_accuracy: float | None = Field(0.25, gt=0, lt=1)
+    """Supervised training stops when the accuracy of sampling (temperature 1, whole vocabulary,
+    as rollouts sample) on the train problems reaches this: RL starts from a partially trained
+    policy. None: train all warm_start_steps, to convergence."""
+    warm_start_steps: int = Field(800, gt=0)
+    """Length of the supervised learning-rate schedule and the most steps trained."""
+    lr: float = Field(3e-3, gt=0)
+    """Peak learning rate of the supervised warm start."""
+    soften_to_probability: float | None = Field(None, gt=0, lt=1)
+    """Optional, off by default: after training, bake a temperature into the weights so that the
+    exact probability of sampling the right answer is this. Use it with target_sampled_accuracy=null
+    (a converged model): RL then mostly undoes the temperature, and its entropy falls by the same
+    rescaling, so entropy studies on such a model measure that artefact."""
+    seed: int = 0
+    """Seeds the tiny model's init, its warm-start batches and accuracy samples."""
+
+
 class ModelConfig(_Section):
     path: str = "builtin:tiny"
     """Hugging Face model directory, or `builtin:tiny` for the locally built tiny model."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    """The warm start of `builtin:tiny` (ignored for any other model.path)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype in both learner and engines (float32 on CPU)."""
     max_model_len: int | None = Field(None, gt=0)

@@ -28,14 +28,15 @@ from asyncrl.rollout.engine import SamplingSpec
 
 
 def resolve_model_path(cfg: Config, log=print) -> str:
-    """`builtin:tiny` builds (or reuses from the cache) the locally made tiny model."""
+    """`builtin:tiny` builds (or reuses from the cache) the locally made tiny model, warm-started as
+    `model.tiny` says."""
     if cfg.model.path.startswith("builtin:"):
         name = cfg.model.path.split(":", 1)[1]
         if name != "tiny":
             raise ValueError(f"model.path {cfg.model.path!r}: the only built-in model is 'builtin:tiny'")
-        from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
+        from asyncrl.tiny.build import ensure_tiny_model, spec_for
 
-        return str(ensure_tiny_model(TinyModelSpec(), log=log))
+        return str(ensure_tiny_model(spec_for(cfg.model.tiny), log=log))
     return cfg.model.path
 
 

@@ -1,9 +1,11 @@
-"""How well a tiny model does its task, and the softening that sets where RL starts.
+"""How well a tiny model does its task (the warm start stops on it), and the optional softening.
 
-`answer_probability` is the exact probability of sampling the canonical right response at
-temperature 1 (sampled accuracy without sampling noise); `soften` bakes a temperature into the
-weights to bring it down to a target; `measure_accuracy` samples the way RL rollouts do (plain
-temperature 1 over the whole vocabulary, greedy as the other end).
+`measure_accuracy` samples the way RL rollouts do (plain temperature 1 over the whole vocabulary,
+greedy as the other end): the warm start's stopping rule. `answer_probability` is the exact
+probability of sampling the canonical right response at temperature 1 (sampled accuracy without
+sampling noise, a few points lower: a stray character before the right ``\\boxed{}`` also counts
+as correct when sampling); `soften` (an option of the build, off by default) bakes a temperature
+into the weights to bring it down to a target.
 """
 
 from __future__ import annotations

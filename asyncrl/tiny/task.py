@@ -1,12 +1,15 @@
 """The built-in synthetic task: small-operand addition with a `\\boxed{}` answer.
 
-Why addition of small numbers: a sub-million-parameter character model learns it to a useful
-but imperfect level in about a minute on 2 CPU cores, so a warm-started policy samples correct
-answers some of the time at temperature 1 (groups of samples have mixed rewards) and RL has
-something to sharpen. Harder tasks (chained operations, two-digit operands up to 50) barely move
-in the same time (measured on 2 cores: ~1% accuracy after 600 supervised steps).
+Why addition of single digits: a sub-million-parameter character model learns part of it in
+tens of seconds on 2 CPU cores, so a warm start stopped early samples correct answers some of the
+time at temperature 1 (groups of samples have mixed rewards), and the 79 train problems are few
+enough that RL's 300 demo steps visit each about 20 times: measured here, RL then raised the
+reward of a start stopped at 0.3 sampled accuracy by +0.29 in 300 steps. With operands up to 20
+(363 train problems, each visited ~5 times) the same start and algorithm gained only +0.06 to
++0.13, and harder tasks (chained operations, operands up to 50) barely move under supervised
+training in the same time (~1% accuracy after 600 steps).
 
-Prompts look like ``"17+5="`` and the target completion is ``"\\boxed{22}"``: the final answer in
+Prompts look like ``"7+5="`` and the target completion is ``"\\boxed{12}"``: the final answer in
 ``\\boxed{}`` is what the math verifier checks. No reasoning prefix: at this size it only adds
 tokens to learn.
 
@@ -32,12 +35,13 @@ Split = Literal["train", "eval"]
 class TinyTaskSpec:
     """Difficulty knobs of the tiny task; part of the tiny model's cache key."""
 
-    max_operand: int = 20
+    max_operand: int = 10
     """Operands are drawn uniformly from [0, max_operand)."""
     ops: str = "+"
     """Operators to draw from: any of "+", "-", "*". Subtraction keeps a >= b (no negatives)."""
-    eval_fraction: float = 0.1
-    """Fraction of distinct problems held out for evaluation (never trained on)."""
+    eval_fraction: float = 0.2
+    """Fraction of distinct problems held out for evaluation (never trained on): 0.2 of the 100
+    problems leaves 21 held out, enough for avg@8 over 168 samples."""
 
 
 def solve(a: int, op: str, b: int) -> int:
@@ -52,7 +56,7 @@ def solve(a: int, op: str, b: int) -> int:
 
 
 def format_prompt(a: int, op: str, b: int) -> str:
-    """The prompt text, e.g. ``"17+5="``. Kept minimal: every prompt token costs step time."""
+    """The prompt text, e.g. ``"7+5="``. Kept minimal: every prompt token costs step time."""
     return f"{a}{op}{b}="
 
 

@@ -41,6 +41,9 @@ def test_dotted_overrides_are_typed():
     ("rollout.num_actors=0", "rollout.num_actors"),
     ("algo.eps_low=abc", "algo.eps_low"),
     ("algo.advantage_std=unbiased", "algo.advantage_std"),
+    ("model.tiny.target_sampled_accuracy=1.5", "model.tiny.target_sampled_accuracy"),
+    ("model.tiny.soften_to_probability=0", "model.tiny.soften_to_probability"),
+    ("model.tiny.warm_start_steps=0", "model.tiny.warm_start_steps"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:

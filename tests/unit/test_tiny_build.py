@@ -1,5 +1,7 @@
-"""The tiny model build: loadable HF directory, tied embeddings, cache reuse, softening."""
+"""The tiny model build: loadable HF directory, tied embeddings, cache reuse, the early-stop rule
+of the warm start, the spec a run's `model.tiny` asks for, and the optional softening."""
 
+import dataclasses
 import json
 import threading
 
@@ -7,8 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncrl.tiny import task
-from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model, new_model, train_records
+from asyncrl.config import TinyModelConfig, load_config
+from asyncrl.orchestrator.components import resolve_model_path
+from asyncrl.tiny import build, task
+from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model, new_model, sampled_accuracy, spec_for, train_records, warm_start
 from asyncrl.tiny.measure import answer_probability, soften
 from asyncrl.tiny.tokenizer import build_tokenizer
 
@@ -97,3 +101,83 @@ def test_soften_is_a_temperature_on_the_logits_and_hits_its_target():
     with torch.no_grad():
         assert torch.allclose(model(input_ids=ids).logits, before / tau, atol=1e-5)
     assert soften(model, tokenizer, records, target=1.0) == 1.0
+
+
+def scripted(accuracies):
+    """A stand-in for the sampled-accuracy measurement: returns the given values in turn."""
+    values = iter(accuracies)
+    return lambda model: next(values)
+
+
+def run_warm_start(spec, measure, on_check=None):
+    logs: list[str] = []
+    model = new_model(spec, build_tokenizer())
+    return warm_start(model, build_tokenizer(), spec, logs.append, on_check, measure), logs
+
+
+def test_warm_start_stops_at_the_first_check_that_reaches_the_target():
+    spec = dataclasses.replace(SMALL, warm_start_steps=40, check_every=2, target_sampled_accuracy=0.3)
+    report, logs = run_warm_start(spec, scripted([0.1, 0.29, 0.3, 0.9]))
+    # checks after steps 2, 4, 6: 0.3 reaches 0.3 (>=), so training stops at step 6, not at 40
+    assert report["steps"] == 6 and report["reached_target"] is True
+    assert report["sampled_accuracy_curve"] == [[2, 0.1], [4, 0.29], [6, 0.3]]
+    assert any("stopped at step 6" in line for line in logs)
+
+
+def test_warm_start_that_never_reaches_the_target_trains_every_step_and_warns():
+    spec = dataclasses.replace(SMALL, warm_start_steps=7, check_every=3, target_sampled_accuracy=0.3)
+    report, logs = run_warm_start(spec, scripted([0.1, 0.2]))
+    assert report["steps"] == 7 and report["reached_target"] is False
+    assert report["sampled_accuracy_curve"] == [[3, 0.1], [6, 0.2]]
+    assert any("never reached 0.3" in line for line in logs)
+
+
+def test_without_a_target_it_trains_to_the_end_checking_only_for_on_check():
+    spec = dataclasses.replace(SMALL, warm_start_steps=4, check_every=2, target_sampled_accuracy=None)
+    report, _ = run_warm_start(spec, scripted([]))  # measuring at all would raise StopIteration
+    assert report["steps"] == 4 and report["sampled_accuracy_curve"] == []
+    seen: list = []
+    report, _ = run_warm_start(spec, scripted([0.5, 0.95]), on_check=lambda step, acc: seen.append((step, acc)))
+    assert report["steps"] == 4 and seen == [(2, 0.5), (4, 0.95)]
+
+
+def test_the_stop_rule_measures_by_sampling_every_train_problem_seeded():
+    spec = dataclasses.replace(SMALL, check_samples_per_problem=1)
+    tokenizer = build_tokenizer()
+    model = new_model(spec, tokenizer).eval()
+    first = sampled_accuracy(model, tokenizer, spec)
+    assert first == sampled_accuracy(model, tokenizer, spec)  # seeded: a spec's build repeats
+    assert 0.0 <= first <= 1.0
+    assert (first * len(train_records(spec))).is_integer()  # one sample of every train problem
+
+
+def test_the_default_config_asks_for_the_default_spec_and_each_setting_reaches_it():
+    assert spec_for(TinyModelConfig()) == TinyModelSpec()
+    assert spec_for(load_config().model.tiny) == TinyModelSpec()
+    changed = TinyModelConfig(target_sampled_accuracy=None, soften_to_probability=0.3, warm_start_steps=300,
+                              lr=1e-3, seed=4)
+    spec = spec_for(changed)
+    assert (spec.target_sampled_accuracy, spec.soften_to_probability, spec.warm_start_steps, spec.lr, spec.seed) == (
+        None, 0.3, 300, 1e-3, 4)
+
+
+@pytest.mark.parametrize("override", [
+    {"target_sampled_accuracy": 0.5}, {"target_sampled_accuracy": None}, {"soften_to_probability": 0.3},
+    {"warm_start_steps": 801}, {"lr": 1e-3}, {"seed": 1},
+])
+def test_every_model_tiny_setting_changes_the_cache_key(override):
+    assert spec_for(TinyModelConfig(**override)).key() != TinyModelSpec().key()
+
+
+def test_the_format_version_is_part_of_the_key(monkeypatch):
+    before = TinyModelSpec().key()
+    monkeypatch.setattr(build, "FORMAT_VERSION", build.FORMAT_VERSION + 1)
+    assert TinyModelSpec().key() != before
+
+
+def test_a_run_builds_the_tiny_model_its_config_asks_for(monkeypatch):
+    asked: list = []
+    monkeypatch.setattr(build, "ensure_tiny_model", lambda spec, log: asked.append(spec) or "/built")
+    cfg = load_config(None, ["model.tiny.target_sampled_accuracy=0.5"])
+    assert resolve_model_path(cfg) == "/built"
+    assert asked == [dataclasses.replace(TinyModelSpec(), target_sampled_accuracy=0.5)]
