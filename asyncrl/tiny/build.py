@@ -10,7 +10,8 @@ vocabulary, ``measure.measure_accuracy``) and stops at the first check whose acc
 ``target_sampled_accuracy`` (default 0.25; measured: the check at step 80 finds 0.30, after
 33 s on 2 cores). The result is a partially trained policy: the right answer's probability is
 between 0.05 and 0.95 on every train problem and greedy decoding is wrong on 71% of the held-out
-ones, so RL has real errors to fix and a real policy whose entropy it moves. The accuracy curve up to the stop goes into ``warm_start.json``.
+ones, so RL has real errors to fix and a real policy whose entropy it moves. The accuracy curve
+up to the stop goes into ``warm_start.json``.
 
 Softening (an option, off by default): with ``target_sampled_accuracy=None`` the model trains all
 ``warm_start_steps`` (greedy accuracy ~1), and ``soften_to_probability`` then divides the final
