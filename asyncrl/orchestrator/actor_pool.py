@@ -9,10 +9,13 @@ step boundaries, when the learner is not training (its Ray calls run in order, s
 behind a step would carry the next version).
 
 Failures: an actor is dead when a call to it raises `RayActorError` (its process was killed, its
-engine crashed, its node left), or when it did not finish a push within `sync.timeout_s` (then it
-is killed, so it cannot come back into an old group). A replacement starts in the background
-(a vLLM engine takes ~25 s) while the survivors go on; it joins the group and receives the current
-weights at the first step boundary after it is up, and gets prompts only after that.
+node left), when its engine failed (every request fails; `RolloutActor.failed` returns, and the
+actor is killed), or when it did not finish a push within `sync.timeout_s` (then it is killed, so
+it cannot come back into an old group). One `failed` call per actor is always outstanding, so a
+death is noticed even while nothing else is pending on that actor. A replacement starts in the
+background (a vLLM engine takes ~25 s) while the survivors go on; once it is up it joins the group
+and receives the current weights at the next moment no step runs (between steps, or at once when
+no actor was left to feed a step), and gets prompts only after that.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class ActorPool:
         self.weight_meta: dict[str, Any] = {}
         self.pushes = 0  # completed pushes, for sync.probe_every (saved in the run's checkpoint)
         self._calls: dict[int, list[Any]] = {}  # refs of calls not yet seen to finish, per actor
+        self._watch: dict[int, Any] = {}  # actor -> its outstanding `failed` call
         self._group_ids: list[int] = []  # members of the current weight-sync group, in rank order
 
     @property
@@ -86,6 +90,7 @@ class ActorPool:
                 self._spawn(i)
                 continue
             self.actors[i] = handle
+            self._watch[i] = handle.failed.remote()
             joined.append(i)
         return joined
 
@@ -103,8 +108,12 @@ class ActorPool:
                  for r, a in enumerate(ids)]
         done, waiting = ray.wait(refs, num_returns=len(refs), timeout=sync.timeout_s + 30)
         dead = self._dead_among(ids, refs[1:])
-        if dead or waiting:
-            raise PushFailed(f"weight-sync group on port {port} could not form; actors {dead} did not join", dead)
+        hung = [a for a, r in zip(ids, refs[1:]) if r in waiting and a not in dead]
+        for a in dead + hung:
+            self.remove(a, kill=a in hung or self._engine_failure(a) is not None)
+        if dead or hung or refs[0] in waiting:
+            raise PushFailed(f"weight-sync group on port {port} could not form; actors {sorted(dead + hung)} "
+                             "did not join", sorted(dead + hung))
         ray.get(refs[0])
         self.weight_meta = ray.get(self.learner.rank0("weight_metadata"))
         self._group_ids = ids
@@ -115,24 +124,36 @@ class ActorPool:
         ref = self.actors[actor_id].submit.remote(items, spec, group_size)
         self._calls.setdefault(actor_id, []).append(ref)
 
-    def find_dead(self) -> list[int]:
-        """Live actors one of whose calls failed because the actor is gone (cheap: no waiting)."""
-        dead = []
+    def find_dead(self) -> dict[int, str]:
+        """Live actors that are gone (a call failed with the actor) or whose engine failed, with
+        why; they are removed (cheap: no waiting)."""
+        dead = {a: why for a, why in ((a, self._engine_failure(a)) for a in self.ids) if why}
         for a, refs in list(self._calls.items()):
             finished, self._calls[a] = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
             for ref in finished:
                 try:
                     ray.get(ref)
                 except RayActorError:
-                    dead.append(a)
+                    dead.setdefault(a, "actor process died")
                     break
-        for a in dead:
-            self.remove(a)
+        for a, why in dead.items():
+            self.remove(a, kill=why != "actor process died")
         return dead
+
+    def _engine_failure(self, actor_id: int) -> str | None:
+        """Why the actor can no longer generate, once its `failed` call has returned."""
+        ref = self._watch.get(actor_id)
+        if ref is None or not ray.wait([ref], timeout=0)[0]:
+            return None
+        try:
+            return f"its engine failed: {ray.get(ref)}"
+        except RayActorError:
+            return "actor process died"
 
     def remove(self, actor_id: int, kill: bool = False) -> None:
         handle = self.actors.pop(actor_id, None)
         self._calls.pop(actor_id, None)
+        self._watch.pop(actor_id, None)
         if kill and handle is not None:
             ray.kill(handle, no_restart=True)
 
@@ -206,11 +227,11 @@ class ActorPool:
             # is still waiting.
             _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=self.cfg.sync.timeout_s + 10)
         dead = self._dead_among(ids, refs)
-        hung = [a for a, r in zip(ids, refs) if r in waiting]
+        hung = [a for a, r in zip(ids, refs) if r in waiting and a not in dead]
         for a in hung:
             self.remove(a, kill=True)  # a member that hangs in a collective cannot be trusted again
         for a in dead:
-            self.remove(a)
+            self.remove(a, kill=self._engine_failure(a) is not None)
         if dead or hung:
             if learner is not None:
                 try:  # with its peers gone the learner's broadcast fails fast; wait it out
@@ -231,10 +252,14 @@ class ActorPool:
         return out
 
     def _dead_among(self, ids: list[int], refs: list[Any]) -> list[int]:
-        """The actors whose finished call failed because the actor is gone. A call that raised
-        inside a live actor (a survivor's receive, broken by a dead peer) does not count."""
+        """The actors whose finished call failed because the actor is gone, or whose engine
+        failed. A call that raised inside a live actor (a survivor's receive, broken by a dead
+        peer) does not count."""
         dead = []
         for a, ref in zip(ids, refs):
+            if self._engine_failure(a):
+                dead.append(a)
+                continue
             if not ray.wait([ref], timeout=0)[0]:
                 continue
             try:

@@ -146,6 +146,7 @@ class Orchestrator:
                     if self.stop_reason is None:
                         self._admit()
                     if self._train_ref is None:
+                        self._join_started_actors()
                         if self.stop_reason is None:
                             self._try_start_step()
                     elif self._train_ref.ready():
@@ -263,6 +264,13 @@ class Orchestrator:
             self.checkpoints.save(self.step, self.state_dict(), self.learner)
         return row
 
+    def _join_started_actors(self) -> None:
+        """Actors whose engines came up while no step runs join now, not at the next step
+        boundary: with every actor lost there would be no next step. The push gives them the
+        current weights (and rebuilds the group) before they get prompts."""
+        if self.pool.starting and self.pool.admit_started():
+            self._push()
+
     def _push(self) -> dict[str, float]:
         """Drain push (and parity probe); lost actors are replaced, the push retried around the rest."""
         return self.pool.push_and_probe(
@@ -272,7 +280,8 @@ class Orchestrator:
     def _check_health(self, every_s: float = 0.5) -> None:
         if time.monotonic() - self._last_health_t >= every_s:
             self._last_health_t = time.monotonic()
-            self._actors_lost(self.pool.find_dead(), "actor process died")
+            for actor, why in self.pool.find_dead().items():
+                self._actors_lost([actor], why)
             self.requests.check_stall(self, self._last_health_t)
 
     def _actors_lost(self, dead: list[int], why: str) -> None:

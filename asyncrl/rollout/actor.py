@@ -72,6 +72,7 @@ class RolloutActor:
         self._aborted: set[str] = set()    # aborted by a weight update: to be resumed
         self._tasks: set[asyncio.Task] = set()
         self._failures: list[BaseException] = []
+        self._failed = asyncio.Event()  # set with the first generation failure (see `failed`)
         self.stats = {"samples": 0, "tokens": 0, "prompts": 0, "updates": 0, "resumed": 0}
         redirect_output()  # to the run's logs/ when the orchestrator asked (before the engine starts)
 
@@ -174,6 +175,15 @@ class RolloutActor:
         if not task.cancelled() and task.exception() is not None:
             log.error("generation failed on actor %d: %r", self.actor_id, task.exception())
             self._failures.append(task.exception())
+            self._failed.set()
+
+    async def failed(self) -> str:
+        """Returns the first generation error once this actor can no longer generate (its engine
+        died: every request fails). The pool keeps one call of this outstanding per actor, so a
+        failed engine is noticed, like a dead process (the call raises then), even while no
+        other call to the actor is pending, e.g. when its groups hold all the admission room."""
+        await self._failed.wait()
+        return repr(self._failures[0])[:300]
 
     def _raise_failures(self) -> None:
         if self._failures:

@@ -80,6 +80,38 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path, small_model)
     assert_accounting(orch)
 
 
+@pytest.mark.parametrize("fault", ["kill -9", "engine failure"])
+def test_the_only_actor_lost_is_replaced_and_the_run_completes(tmp_path, small_model, fault):
+    # With one actor nothing else feeds the steps or gets a call that would fail: the loss must be
+    # noticed by itself and the replacement must join without waiting for a step boundary.
+    cfg = config(tmp_path, small_model, "rollout.num_actors=1", "total_steps=30", "observe.stall_timeout_s=60")
+    pids = []
+
+    def break_engine(actor):  # nested: shipped to the actor by value, not by module name
+        """Every later request fails, as when a vLLM engine core dies under a live actor process."""
+        async def dead(*args):
+            raise RuntimeError("EngineDeadError: engine core died")
+
+        actor.engine.generate = dead
+
+    def operator(orch):
+        wait_rows(orch, 4)
+        actor = orch.pool.actors[0]
+        pids.append(ray.get(actor.get_stats.remote())["pid"])
+        if fault == "kill -9":
+            os.kill(pids[0], signal.SIGKILL)
+        else:
+            ray.get(actor.__ray_call__.remote(break_engine))
+
+    orch, stats, events = run_with_operator(cfg, operator)
+    assert len(orch.history) == 30 and [h["learner/loss_tokens"] for h in orch.history] == [48] * 30
+    lost = [e for e in events if e["event"] == "actor_lost"]
+    assert [e["actor"] for e in lost] == [0]
+    assert ("engine core died" in lost[0]["reason"]) == (fault == "engine failure")
+    assert len(stats) == 1 and stats[0]["pid"] != pids[0] and stats[0]["version"] == 30
+    assert_accounting(orch)
+
+
 def test_the_pool_grows_and_shrinks_on_request_without_touching_the_learner(tmp_path, small_model):
     cfg = config(tmp_path, small_model, "rollout.num_actors=1", "total_steps=200")
 
