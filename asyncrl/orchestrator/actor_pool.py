@@ -29,10 +29,13 @@ from ray.exceptions import RayActorError
 
 from asyncrl.config import Config
 from asyncrl.orchestrator import components
+from asyncrl.rollout.engine import EngineFailed
 from asyncrl.sync.gloo_sender import free_port
 from asyncrl.sync.protocol import WeightSyncError
 
 log = logging.getLogger(__name__)
+
+PROCESS_DIED = "actor process died"
 
 
 class PushFailed(RuntimeError):
@@ -107,13 +110,9 @@ class ActorPool:
         refs += [self.actors[a].init_weight_sync.remote(self.host, port, r + 1, world, sync.timeout_s)
                  for r, a in enumerate(ids)]
         done, waiting = ray.wait(refs, num_returns=len(refs), timeout=sync.timeout_s + 30)
-        dead = self._dead_among(ids, refs[1:])
-        hung = [a for a, r in zip(ids, refs[1:]) if r in waiting and a not in dead]
-        for a in dead + hung:
-            self.remove(a, kill=a in hung or self._engine_failure(a) is not None)
-        if dead or hung or refs[0] in waiting:
-            raise PushFailed(f"weight-sync group on port {port} could not form; actors {sorted(dead + hung)} "
-                             "did not join", sorted(dead + hung))
+        lost = self._remove_lost(ids, refs[1:], waiting)
+        if lost or refs[0] in waiting:
+            raise PushFailed(f"weight-sync group on port {port} could not form: {describe(lost)}", sorted(lost))
         ray.get(refs[0])
         self.weight_meta = ray.get(self.learner.rank0("weight_metadata"))
         self._group_ids = ids
@@ -125,30 +124,17 @@ class ActorPool:
         self._calls.setdefault(actor_id, []).append(ref)
 
     def find_dead(self) -> dict[int, str]:
-        """Live actors that are gone (a call failed with the actor) or whose engine failed, with
-        why; they are removed (cheap: no waiting)."""
-        dead = {a: why for a, why in ((a, self._engine_failure(a)) for a in self.ids) if why}
-        for a, refs in list(self._calls.items()):
+        """Live actors that are gone, with why; they are removed (cheap: no waiting)."""
+        dead = {}
+        for a in self.ids:
+            refs = self._calls.get(a, [])
             finished, self._calls[a] = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
-            for ref in finished:
-                try:
-                    ray.get(ref)
-                except RayActorError:
-                    dead.setdefault(a, "actor process died")
-                    break
+            why = next(filter(None, map(why_gone, [self._watch.get(a), *finished])), None)
+            if why:
+                dead[a] = why
         for a, why in dead.items():
-            self.remove(a, kill=why != "actor process died")
+            self.remove(a, kill=why != PROCESS_DIED)
         return dead
-
-    def _engine_failure(self, actor_id: int) -> str | None:
-        """Why the actor can no longer generate, once its `failed` call has returned."""
-        ref = self._watch.get(actor_id)
-        if ref is None or not ray.wait([ref], timeout=0)[0]:
-            return None
-        try:
-            return f"its engine failed: {ray.get(ref)}"
-        except RayActorError:
-            return "actor process died"
 
     def remove(self, actor_id: int, kill: bool = False) -> None:
         handle = self.actors.pop(actor_id, None)
@@ -226,21 +212,15 @@ class ActorPool:
             # timeout (the same sync.timeout_s); past that the others fail, and only the culprit
             # is still waiting.
             _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=self.cfg.sync.timeout_s + 10)
-        dead = self._dead_among(ids, refs)
-        hung = [a for a, r in zip(ids, refs) if r in waiting and a not in dead]
-        for a in hung:
-            self.remove(a, kill=True)  # a member that hangs in a collective cannot be trusted again
-        for a in dead:
-            self.remove(a, kill=self._engine_failure(a) is not None)
-        if dead or hung:
+        lost = self._remove_lost(ids, refs, waiting)
+        if lost:
             if learner is not None:
                 try:  # with its peers gone the learner's broadcast fails fast; wait it out
                     learner.result(self.cfg.sync.timeout_s)
                 except (WeightSyncError, ray.exceptions.RayTaskError, TimeoutError):
                     pass
             self._group_ids = []
-            raise PushFailed(f"weight push of version {version} (step {step}) lost rollout actors "
-                             f"{sorted(dead + hung)} ({'died' if dead else 'timed out'})", sorted(dead + hung))
+            raise PushFailed(f"weight push of version {version} (step {step}) lost {describe(lost)}", sorted(lost))
         if learner is not None and not learner.ready():  # raises RayActorError if a rank died
             raise TimeoutError(f"weight push of version {version} (step {step}) did not finish within "
                                f"{self.cfg.sync.timeout_s}s on the learner ranks")
@@ -251,24 +231,18 @@ class ActorPool:
                 out[k] = out.get(k, 0) + v if k == "sync/aborted_requests" else max(out.get(k, 0.0), v)
         return out
 
-    def _dead_among(self, ids: list[int], refs: list[Any]) -> list[int]:
-        """The actors whose finished call failed because the actor is gone, or whose engine
-        failed. A call that raised inside a live actor (a survivor's receive, broken by a dead
-        peer) does not count."""
-        dead = []
+    def _remove_lost(self, ids: list[int], refs: list[Any], waiting: list[Any]) -> dict[int, str]:
+        """After a collective call (`refs[i]` on actor `ids[i]`): the members it lost, with why,
+        removed from the pool. Gone: see `why_gone`; hung: still `waiting`, killed, since a member
+        that hangs in a collective cannot be trusted again. A call that raised inside a live actor
+        (a survivor's receive, broken by a dead peer) loses nothing: the retry on a new group decides."""
+        lost = {}
         for a, ref in zip(ids, refs):
-            if self._engine_failure(a):
-                dead.append(a)
-                continue
-            if not ray.wait([ref], timeout=0)[0]:
-                continue
-            try:
-                ray.get(ref)
-            except RayActorError:
-                dead.append(a)
-            except Exception:  # noqa: BLE001 - alive; the retry on a new group decides
-                pass
-        return dead
+            why = why_gone(self._watch.get(a)) or why_gone(ref) or ("timed out" if ref in waiting else None)
+            if why:
+                lost[a] = why
+                self.remove(a, kill=why != PROCESS_DIED)
+        return lost
 
     def check_parity(self, probe_ids: list[int], tolerance: float, version: int) -> float:
         """Max |actor - learner| logprob over the probe, over all actors; raises past `tolerance`.
@@ -297,3 +271,24 @@ class ActorPool:
                 ray.get(h.shutdown.remote(), timeout=30)
             except Exception as e:  # shutting down anyway; say what failed
                 log.warning("actor shutdown failed: %r", e)
+
+
+def why_gone(ref: Any) -> str | None:
+    """Why a finished call says its actor is gone: the process died (RayActorError) or the engine
+    failed (`EngineFailed`, the actor's calls raise it from then on); None while the call runs,
+    when it succeeded, or when it raised anything else (the actor is alive)."""
+    if ref is None or not ray.wait([ref], timeout=0)[0]:
+        return None
+    try:
+        ray.get(ref)
+    except RayActorError:
+        return PROCESS_DIED
+    except EngineFailed as e:  # Ray's wrapper: the actor's own exception is its `cause`
+        return f"its engine failed: {getattr(e, 'cause', e)}"
+    except Exception:  # noqa: BLE001 - raised inside a live actor
+        return None
+    return None
+
+
+def describe(lost: dict[int, str]) -> str:
+    return "; ".join(f"rollout actor {a} ({why})" for a, why in sorted(lost.items())) or "no actor"

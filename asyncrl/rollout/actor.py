@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.observe.worker_logs import redirect_output
-from asyncrl.rollout.engine import Completion, InferenceEngine, SamplingSpec
+from asyncrl.rollout.engine import Completion, EngineFailed, InferenceEngine, SamplingSpec
 from asyncrl.types import PromptItem, Sample
 
 log = logging.getLogger(__name__)
@@ -177,17 +177,19 @@ class RolloutActor:
             self._failures.append(task.exception())
             self._failed.set()
 
-    async def failed(self) -> str:
-        """Returns the first generation error once this actor can no longer generate (its engine
-        died: every request fails). The pool keeps one call of this outstanding per actor, so a
-        failed engine is noticed, like a dead process (the call raises then), even while no
-        other call to the actor is pending, e.g. when its groups hold all the admission room."""
+    async def failed(self) -> None:
+        """Raises `EngineFailed` once this actor can no longer generate (its engine failed a
+        request: a dead engine fails them all). The pool keeps one call of this outstanding per
+        actor, so a failed engine is noticed, like a dead process (the call raises
+        RayActorError then), even while no other call to the actor is pending, e.g. when its
+        groups hold all the admission room."""
         await self._failed.wait()
-        return repr(self._failures[0])[:300]
+        self._raise_failures()
 
     def _raise_failures(self) -> None:
         if self._failures:
-            raise RuntimeError(f"actor {self.actor_id}: generation failed") from self._failures[0]
+            raise EngineFailed(f"actor {self.actor_id}: generation failed: {self._failures[0]!r:.300}") \
+                from self._failures[0]
 
     # -- weights ------------------------------------------------------------------------------
 

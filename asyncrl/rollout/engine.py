@@ -28,6 +28,11 @@ class Completion:
     """stop | length | abort"""
 
 
+class EngineFailed(RuntimeError):
+    """A rollout actor's engine failed a request: the actor cannot generate any more (its calls
+    raise this from then on) and the pool replaces it."""
+
+
 class InferenceEngine(Protocol):
     async def start(self) -> None: ...
 
