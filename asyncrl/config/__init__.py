@@ -9,10 +9,10 @@ value fails at load with a message naming the field and what is allowed.
 
 from asyncrl.config.load import (DEFAULT_CONFIG, ConfigError, config_from_dict, dump_config, load_config,
                                  parse_override, write_resolved)
-from asyncrl.config.schema import (BUILTIN_VERIFIERS, AlgoConfig, BufferConfig, CodeRewardConfig, Config,
-                                   DataConfig, DataMixConfig, EntropyControlConfig, EvalConfig, KLConfig, LearnerConfig,
-                                   ModelConfig, ObserveConfig, RayConfig, RewardConfig, RolloutConfig,
-                                   SandboxConfig, StageConfig, SyncConfig, TinyModelConfig)
+from asyncrl.config.reward_section import BUILTIN_VERIFIERS, CodeRewardConfig, RewardConfig, SandboxConfig
+from asyncrl.config.schema import (AlgoConfig, BufferConfig, Config, DataConfig, DataMixConfig, EntropyControlConfig,
+                                   EvalConfig, KLConfig, LearnerConfig, ModelConfig, ObserveConfig, RayConfig,
+                                   RolloutConfig, StageConfig, SyncConfig, TinyModelConfig)
 
 __all__ = [
     "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "dump_config", "load_config", "parse_override",

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from asyncrl.config.load import ConfigError, explain, read_yaml
-from asyncrl.config.schema import _Section
+from asyncrl.config.section import _Section
 
 Stat = Literal["initial", "final", "peak", "min", "mean", "collapse_step", "slope", "mean_abs_dev", "reset_ratio"]
 DEFAULT_FIGURES = ["entropy/learner", "entropy/behaviour_sampled", "reward/mean", "clip/low_frac",
