@@ -23,6 +23,11 @@ reads for deadlines and, when a worker fails, to tell the call that failed from 
 slow verifiers or a short queue every batch holds one call, as before batching existed. While a
 worker is idle, calls of a fast verifier wait up to MAX_WAIT_S for others to share their batch:
 a driver that submits a few samples at a time would otherwise still pay a message per sample.
+A call of a batch that runs past STRAGGLER_S (ten batches' worth of work) hands the rest of its
+batch back to the head of the queue, the calls it had finished too (their answers would come
+only with the batch's): a hung verifier then holds one call for timeout_s, not up to MAX_BATCH,
+whose groups would keep the run short of a step for as long. The worker learns of it through a
+third shared double, the number of calls it may still run; one it has begun anyway runs twice.
 
 Workers come from a forkserver that has already imported the verifiers and warmed their caches
 (reward/preload.py), so a replacement starts in milliseconds, warm, instead of re-importing sympy;
@@ -59,6 +64,7 @@ PRELOAD = ("asyncrl.reward.preload",)  # the verifiers, imported and warmed once
 BATCH_S = 0.02  # a worker is handed about this much work at once (by the recent mean call time)
 MAX_BATCH = 64
 MAX_WAIT_S = 0.002  # how long calls may wait for more to fill a batch while a worker is idle
+STRAGGLER_S = 10 * BATCH_S  # a call of a batch running longer hands the others back
 
 
 def batch_size(num_waiting: int, num_idle: int, mean_call_s: float | None) -> int:
@@ -126,6 +132,8 @@ def _serve(conn: Connection, factory: Callable[[], RewardFn], progress) -> None:
             return
         results = []
         for index, (task_id, response, metadata) in enumerate(batch):
+            if index >= progress[LIMIT]:  # the pool took the rest back (RewardPool._take_back)
+                break
             t0 = time.monotonic()
             progress[START], progress[INDEX] = t0, index  # the start first: see RewardPool._running
             try:
@@ -138,7 +146,9 @@ def _serve(conn: Connection, factory: Callable[[], RewardFn], progress) -> None:
 
 
 Task = tuple[int, Any, str, dict[str, Any]]  # (task id, key, response, metadata)
-INDEX, START = 0, 1  # a worker's progress: the call of its batch it runs, and when that call began
+# A worker's progress: the call of its batch it runs, when that call began, and (written by the
+# pool) how many calls of the batch it may run.
+INDEX, START, LIMIT = 0, 1, 2
 
 
 @dataclass
@@ -146,11 +156,13 @@ class _Worker:
     proc: Any
     conn: Connection
     progress: Any
-    """Shared doubles [INDEX, START], written by the worker before each call (time.monotonic is
-    one clock for all processes of the machine)."""
+    """Shared doubles [INDEX, START, LIMIT]: the first two written by the worker before each call
+    (time.monotonic is one clock for all processes of the machine), the last by the pool."""
     ready: bool = False
     batch: list[Task] = field(default_factory=list)
-    """The calls it was handed and has not answered."""
+    """The calls it was handed and has not answered (a running one only, once the rest is taken back)."""
+    skip: int = 0
+    """Answers at the head of its next reply that belong to calls taken back: ignored."""
 
 
 class RewardPool:
@@ -250,6 +262,7 @@ class RewardPool:
                 with self._lock:
                     for i, w in enumerate(self._workers):
                         self._results.extend(self._collect(i, w))
+                    self._take_back()
                     self._dispatch()
                     self._reap()
                     self._lock.notify_all()
@@ -260,6 +273,7 @@ class RewardPool:
 
     def _next_deadline(self) -> float:
         times = [w.progress[START] + self.timeout_s for w in self._workers if w.batch]
+        times += [w.progress[START] + STRAGGLER_S for w in self._workers if len(w.batch) > 1]
         if self._queue and self._idle():
             times.append(self._queued_since + MAX_WAIT_S)
         times += [kill_at for _, kill_at in self._dying]
@@ -279,9 +293,10 @@ class RewardPool:
                     continue
                 if msg[0] == "failed":
                     raise RuntimeError(f"a reward worker could not build its verifier: {msg[1]}")
-                if [r[0] for r in msg] != [task[0] for task in w.batch]:
+                answers = msg[w.skip:w.skip + len(w.batch)]  # beyond: a call taken back as it began
+                if [r[0] for r in answers] != [task[0] for task in w.batch]:
                     raise RuntimeError("a reward worker answered calls it was not handed")
-                for (_, key, _, _), (_, reward, info, latency) in zip(w.batch, msg):
+                for (_, key, _, _), (_, reward, info, latency) in zip(w.batch, answers):
                     m = self._mean_call_s
                     self._mean_call_s = latency if m is None else 0.9 * m + 0.1 * latency
                     out.append(self._result(key, reward, info, latency))
@@ -289,35 +304,51 @@ class RewardPool:
         except (EOFError, OSError):
             pass  # the worker died: handled below
         if w.batch and time.monotonic() - w.progress[START] > self.timeout_s:
-            self.stats.timeouts += 1
-            out.append(self._replace(i, "timeout"))
+            out += self._replace(i, "timeout")
         elif not w.proc.is_alive():
             self.stats.crashes += 1
-            out += [self._replace(i, "worker_crash")] if w.batch else self._restart(i)
+            out += self._replace(i, "worker_crash") if w.batch else self._restart(i)
         return out
 
     @staticmethod
     def _running(w: _Worker) -> int:
-        """The call of its batch the worker runs (or ran last). The worker writes the start time
-        before the index, so a deadline read after the index is never older than that call's."""
-        return min(int(w.progress[INDEX]), len(w.batch) - 1)
+        """The call of its batch the worker runs (or ran last); len(w.batch) or more for a call
+        taken back that it had begun. The worker writes the start time before the index, so a
+        deadline read after the index is never older than that call's."""
+        return int(w.progress[INDEX]) - w.skip
+
+    def _take_back(self) -> None:
+        """Every call of a batch but the one running, when that one has run past STRAGGLER_S,
+        goes back to the head of the queue (the worker stops after the running call)."""
+        now = time.monotonic()
+        for w in self._workers:
+            running = self._running(w)
+            if len(w.batch) > 1 and running < len(w.batch) and now - w.progress[START] > STRAGGLER_S:
+                w.progress[LIMIT] = w.skip + running + 1
+                self._queue.extendleft(reversed(w.batch[:running] + w.batch[running + 1:]))
+                self._queued_since = 0.0  # these have waited: no batching wait for them
+                w.batch, w.skip = [w.batch[running]], w.skip + running
 
     def _result(self, key: Any, reward: float, info: dict[str, Any], latency: float) -> RewardResult:
         self.stats.completed += 1
         self.stats.outcomes[info.get("outcome", "unknown")] += 1
         return RewardResult(key, reward, info, latency)
 
-    def _replace(self, i: int, outcome: str) -> RewardResult:
+    def _replace(self, i: int, outcome: str) -> list[RewardResult]:
         """The worker's running call fails with `outcome`; the rest of its batch goes back to the
-        head of the queue, in order (the calls it had finished too: their answers are lost)."""
+        head of the queue, in order (the calls it had finished too: their answers are lost). A
+        call taken back fails where it runs again, not here: then the whole batch goes back."""
         w = self._workers[i]
         running = self._running(w)
+        failed = w.batch[running:running + 1]
         self._queue.extendleft(reversed(w.batch[:running] + w.batch[running + 1:]))
         self._queued_since = 0.0  # these have waited: no batching wait for them
         latency = time.monotonic() - w.progress[START]
         self._stop(w)
         self._workers[i] = self._start_worker()
-        return self._result(w.batch[running][1], 0.0, {"outcome": outcome}, latency)
+        if outcome == "timeout":
+            self.stats.timeouts += len(failed)
+        return [self._result(task[1], 0.0, {"outcome": outcome}, latency) for task in failed]
 
     def _restart(self, i: int) -> list[RewardResult]:
         self._stop(self._workers[i])
@@ -341,8 +372,8 @@ class RewardPool:
             k = batch_size(len(self._queue), len(idle) - j, self._mean_call_s)
             if k == 0:
                 return
-            w.batch = [self._queue.popleft() for _ in range(k)]
-            w.progress[INDEX], w.progress[START] = 0, time.monotonic()  # the clock runs from now
+            w.batch, w.skip = [self._queue.popleft() for _ in range(k)], 0
+            w.progress[INDEX], w.progress[START], w.progress[LIMIT] = 0, time.monotonic(), k  # the clock runs from now
             try:
                 w.conn.send([(task_id, response, metadata) for task_id, _, response, metadata in w.batch])
             except (BrokenPipeError, OSError):
@@ -350,7 +381,7 @@ class RewardPool:
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        progress = self._ctx.RawArray("d", 2)
+        progress = self._ctx.RawArray("d", 3)
         proc = self._ctx.Process(target=_worker_main, args=(child, self._factory, progress), daemon=True)
         with _main_hidden():
             proc.start()

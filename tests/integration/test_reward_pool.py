@@ -146,6 +146,20 @@ def test_a_hang_inside_a_batch_times_out_alone_and_the_calls_behind_it_run_on_a_
     assert warm_pool.stats.timeouts == 1 and warm_pool.stats.workers_started == 2
 
 
+@pytest.mark.parametrize("warm_pool", [(2, 60.0)], indirect=True)
+def test_a_hang_inside_a_batch_holds_only_itself_while_another_worker_is_free(warm_pool):
+    """In the loop, the calls behind a hang are other groups' samples: held for the timeout, they
+    kept the run a step short for as long. Two workers, a 60 s timeout: the 4 calls handed out
+    with the hang (2 finished before it, 2 not begun) come back from the other worker at once."""
+    calls = [(f"before{i}", "x", {"reward": 1.0}) for i in range(2)] + [("hang", "x", {"behave": "hang"})]
+    calls += [(f"after{i}", "x", {"reward": 0.5}) for i in range(5)]
+    warm_pool.submit_many(calls)  # shares of 4 and 4: the hang is in the first worker's batch
+    got = collect(warm_pool, 7, limit_s=10)
+    assert sorted(got) == sorted(k for k, *_ in calls if k != "hang")
+    assert all(got[f"before{i}"].reward == 1.0 for i in range(2)) and all(got[f"after{i}"].reward == 0.5 for i in range(5))
+    assert warm_pool.num_pending == 1 and warm_pool.stats.timeouts == 0 and warm_pool.stats.workers_started == 2
+
+
 @pytest.mark.parametrize("warm_pool", [(1, 1.0)], indirect=True)
 def test_each_call_of_a_batch_has_its_own_clock(warm_pool):
     """Two calls of 0.6 s in one batch, timeout 1 s: a batch-wide clock would cut the second."""
