@@ -21,6 +21,12 @@ from asyncrl.rollout.engine import Completion, SamplingSpec
 # Tokens one CPU scheduler step may compute (vLLM's own default for AsyncLLM on CPU).
 CPU_STEP_TOKENS = 2048
 
+# On CPU, vLLM's engine process never exits within the 5 s grace its shutdown gives it after
+# SIGTERM (its worker alone takes ~4 s to leave), so every shutdown waited 5 s and then killed the
+# process tree anyway. Killing after 1 s ends in the same state, 4 s sooner. On GPUs vLLM's own
+# grace stays: there a clean exit releases device memory.
+CPU_SHUTDOWN_GRACE_S = 1.0
+
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 128,
@@ -124,5 +130,7 @@ class VLLMEngine:
 
     async def shutdown(self) -> None:
         if self.llm is not None:
-            self.llm.shutdown()
+            from vllm.platforms import current_platform
+
+            self.llm.shutdown(timeout=CPU_SHUTDOWN_GRACE_S if current_platform.is_cpu() else None)
             self.llm = None
