@@ -207,10 +207,10 @@ class ActorPool:
         learner = self.learner.call("push_weights") if self.weight_meta else None
         all_refs = refs + (learner.refs if learner is not None else [])
         _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=self.cfg.sync.timeout_s)
-        if waiting:
+        if waiting and learner is not None:
             # A member that never joins the collective stalls everyone in it until gloo's own
             # timeout (the same sync.timeout_s); past that the others fail, and only the culprit
-            # is still waiting.
+            # is still waiting. (Fake engines have no collective: who is waiting is the culprit.)
             _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=self.cfg.sync.timeout_s + 10)
         lost = self._remove_lost(ids, refs, waiting)
         if lost:
@@ -265,12 +265,18 @@ class ActorPool:
         return ray.get([self.actors[a].get_stats.remote() for a in self.ids])
 
     def shutdown(self) -> None:
+        """Every actor shuts its engine down at once (each takes seconds), within 30 s in all; then
+        their processes end, so their CPUs are free for another run on the same cluster."""
         handles = [*self.actors.values(), *(h for h, _ in self.starting.values())]
-        for h in handles:
+        refs = [h.shutdown.remote() for h in handles]
+        deadline = time.monotonic() + 30
+        for ref in refs:
             try:
-                ray.get(h.shutdown.remote(), timeout=30)
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except Exception as e:  # shutting down anyway; say what failed
                 log.warning("actor shutdown failed: %r", e)
+        for h in handles:
+            ray.kill(h, no_restart=True)
 
 
 def why_gone(ref: Any) -> str | None:

@@ -113,8 +113,11 @@ class LearnerGroup:
         try:
             self.call("shutdown").result(timeout_s)
         finally:
-            for r in self.ranks:  # their processes end; the placement group goes with the Ray session
+            for r in self.ranks:  # their processes end
                 ray.kill(r)
+            # its CPUs come back now, not when the driver leaves Ray: a driver that runs several
+            # runs on one cluster (tools/fault_matrix.py) needs them for the next run's learner
+            remove_placement_group(self.placement)
 
 
 @ray.remote(num_cpus=0)
