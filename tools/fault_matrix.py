@@ -9,6 +9,9 @@ thread that injects the fault, then checks: the run completed every step, or sto
 resume from its checkpoint completed them; and the sample accounting balances (every sample that
 arrived was kept, rejected, discarded with a lost attempt, or orphaned; buffer tokens in = out +
 stale + held).
+
+All scenarios (and the resumes) run on one local Ray cluster, as runs submitted one after another
+to a cluster would: each run's shutdown hands its actors' and learner's CPUs back.
 """
 
 from __future__ import annotations
@@ -120,9 +123,10 @@ def balanced(orch) -> bool:
             and st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens)
 
 
-def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) -> dict:
-    import ray
+NUM_CPUS = 4
 
+
+def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) -> dict:
     from asyncrl.config import load_config
     from asyncrl.orchestrator.checkpointer import LearnerDied
     from asyncrl.orchestrator.orchestrator import Orchestrator
@@ -131,7 +135,7 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
     base = [f"model.path={model}", f"rollout.engine={engine}", f"total_steps={steps}", f"name={name}",
             "buffer.token_budget=128", "observe.console=off", "observe.tensorboard=false", "save_final=false",
             f"observe.output_dir={out_dir}", "checkpoint.every_steps=0", "reward.num_workers=2",
-            "algo.drop_zero_variance_groups=false", "ray.num_cpus=4"]
+            "algo.drop_zero_variance_groups=false", f"ray.num_cpus={NUM_CPUS}"]
     given = {e.split("=", 1)[0] for e in extra}  # a field may be given once: the scenario's wins
     base = [b for b in base if b.split("=", 1)[0] not in given] + extra
     state: dict = {}
@@ -139,7 +143,6 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
     outcome, resumed = "completed", False
     for attempt in range(2):
         cfg = load_config(None, base + (["resume=auto"] if attempt else []))
-        ray.init(address="local", num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=False)
         orch = Orchestrator(cfg, log_fn=lambda m: None)
         if attempt == 0:
             threading.Thread(target=operator, args=(orch, state), daemon=True).start()
@@ -150,7 +153,6 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
             result, ok_balance = {"stopped": "learner died"}, True
         finally:
             orch.shutdown()
-            ray.shutdown()
         if "stopped" not in result:
             break
         outcome, resumed = f"stopped ({result['stopped']}), resumed", True
@@ -178,13 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     model = str(ensure_tiny_model(TinyModelSpec(), log=lambda m: None))
     names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
     rows = []
-    for name in names:
-        try:
-            rows.append(run_scenario(name, args.engine, args.steps, args.out.resolve(), model))
-        except Exception as e:  # a scenario that crashes is a row that failed, not the end of the matrix
-            traceback.print_exc()
-            rows.append({"scenario": name, "outcome": f"crashed: {e!r}"[:80], "ok": False})
-        print(json.dumps(rows[-1]) if args.json else f"  {name}: {rows[-1]['outcome']}", flush=True)
+    import ray
+
+    ray.init(address="local", num_cpus=NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    try:
+        for name in names:
+            try:
+                rows.append(run_scenario(name, args.engine, args.steps, args.out.resolve(), model))
+            except Exception as e:  # a scenario that crashes is a row that failed, not the end of the matrix
+                traceback.print_exc()
+                rows.append({"scenario": name, "outcome": f"crashed: {e!r}"[:80], "ok": False})
+            print(json.dumps(rows[-1]) if args.json else f"  {name}: {rows[-1]['outcome']}", flush=True)
+    finally:
+        ray.shutdown()
     if not args.json:
         cols = ["scenario", "ok", "outcome", "steps", "accounting_balanced", "actors_lost", "reward_crashes",
                 "frames_dropped", "checkpoints", "seconds"]
