@@ -18,6 +18,16 @@ def tiny_model_path():
     return str(ensure_tiny_model(TinyModelSpec()))
 
 
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory):
+    """A barely warm-started tiny model for fake-engine runs (built once per session, in its own
+    cache directory, so it never touches the user's)."""
+    from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
+
+    spec = TinyModelSpec(warm_start_steps=10, num_eval_prompts=8)
+    return str(ensure_tiny_model(spec, cache_dir=tmp_path_factory.mktemp("cache"), log=lambda _: None))
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu`-marked tests need CUDA: without it they are deselected (reported as such), never
     counted as passed or skipped-as-passed."""

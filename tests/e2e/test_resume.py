@@ -4,6 +4,7 @@ rollout batches, CPU: bit for bit); an incompatible resume exits 2 naming the fi
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,11 +30,13 @@ COMPARED = ("reward/mean", "reward/num_samples", "loss/total", "loss/policy", "l
 
 
 @pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
-
-    spec = TinyModelSpec(warm_start_steps=10, num_eval_prompts=8)
-    return str(ensure_tiny_model(spec, cache_dir=tmp_path_factory.mktemp("cache"), log=lambda _: None))
+def plain_run(tmp_path_factory, small_model):
+    """The uninterrupted run (checkpoints at steps 3 and 6), shared by both tests here."""
+    out = tmp_path_factory.mktemp("runs")
+    plain = launch(out, "plain", small_model)
+    log, _ = plain.communicate(timeout=600)
+    assert plain.returncode == 0, log[-3000:]
+    return out / "plain"
 
 
 def launch(out, name, model, *extra):
@@ -56,11 +59,7 @@ def events(run_dir):
     return out
 
 
-def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model):
-    plain = launch(tmp_path, "plain", small_model)
-    out, _ = plain.communicate(timeout=600)
-    assert plain.returncode == 0, out[-3000:]
-
+def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model, plain_run):
     run_dir = tmp_path / "cut"
     cut = launch(tmp_path, "cut", small_model)
     deadline = time.monotonic() + 300
@@ -80,21 +79,20 @@ def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model)
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out[-3000:]
     assert f"at step {stopped_at}" in out
-    want, got = rows(tmp_path / "plain"), rows(run_dir)
+    want, got = rows(plain_run), rows(run_dir)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for a, b in zip(want, got):
         assert {k: a.get(k) for k in COMPARED} == {k: b.get(k) for k in COMPARED}, a["step"]
     assert any(r["loss/total"] != 0 for r in want) and all(r.get("reward/num_samples") is not None for r in want)
-    a = load_file(tmp_path / "plain" / "final" / "model.safetensors")
+    a = load_file(plain_run / "final" / "model.safetensors")
     b = load_file(run_dir / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [e["event"] for e in events(run_dir)].count("resume") == 1
 
 
-def test_resume_with_another_model_exits_2_naming_the_field(tmp_path, small_model):
-    first = launch(tmp_path, "r", small_model, "total_steps=3")
-    out, _ = first.communicate(timeout=600)
-    assert first.returncode == 0, out[-3000:]
+def test_resume_with_another_model_exits_2_naming_the_field(tmp_path, plain_run):
+    # a copy of the shared run: its checkpoints were written with small_model
+    shutil.copytree(plain_run, tmp_path / "r")
     proc = subprocess.run([sys.executable, "launch/run.py", *ARGS, f"observe.output_dir={tmp_path}", "name=r",
                            "model.path=builtin:tiny", "resume=auto"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)

@@ -12,13 +12,6 @@ import ray
 
 from asyncrl.config import load_config
 from asyncrl.orchestrator.orchestrator import Orchestrator
-from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
-
-
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    spec = TinyModelSpec(warm_start_steps=10, num_eval_prompts=8)
-    return str(ensure_tiny_model(spec, cache_dir=tmp_path_factory.mktemp("cache"), log=lambda _: None))
 
 
 def config(tmp_path, model, *extra):
