@@ -1,7 +1,11 @@
-"""The real entry point, as a user runs it: `python launch/run.py` with a very short config."""
+"""The real entry point, as a user runs it: launch/run.py with the default config, very short,
+on the cluster path (`ray start --head`, then `ray job submit`); then the saved policy in the
+tools. launch/run.py starting a cluster of its own is what tests/e2e/test_recipe_runs.py and
+test_first_hour.py run (the same entry point and run code), so this one run serves both checks."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,47 +16,74 @@ import pytest
 from asyncrl.tiny.task import TinyTaskSpec, all_problems
 
 ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 
 
-def test_launch_run_trains_saves_and_the_policy_generates_in_vllm(tmp_path, tiny_model_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "launch/run.py", "total_steps=3", "buffer.token_budget=64", "name=e2e",
-           f"observe.output_dir={tmp_path}", "observe.console=lines", "sync.probe_every=1"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def ray_cli(*args, timeout=600, env=None):
+    ray = shutil.which("ray", path=str(BIN)) or "ray"
+    return subprocess.run([ray, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def submit_launch_run(*overrides):
+    """`ray job submit` of launch/run.py to a `ray start --head` cluster; the CLI's result."""
+    # Ray >= 2.5x turns on token auth for `ray start`; the job client must be told to use it.
+    # the job's `python` must be this environment's, as it is for a user with the venv active
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    started = ray_cli("start", "--head", "--num-cpus", "4", "--port", "6391", "--dashboard-port", "8271", env=env)
+    assert started.returncode == 0, started.stderr[-2000:]
+    try:
+        return ray_cli("job", "submit", "--address", "http://127.0.0.1:8271", "--working-dir", ".", "--",
+                       "python", "launch/run.py", *overrides, env=env)
+    finally:
+        ray_cli("stop", "--force", env=env)
+
+
+def tool(name, *args):
+    """tools/<name> started (not waited for): its `communicate()` gives stdout and stderr."""
+    return subprocess.Popen([sys.executable, f"tools/{name}", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_launch_run_as_a_ray_job_trains_saves_and_the_policy_generates_in_vllm(tmp_path, tiny_model_path):
+    job = submit_launch_run("total_steps=3", "buffer.token_budget=64", "name=e2e",
+                            f"observe.output_dir={tmp_path}", "observe.console=lines", "sync.probe_every=1")
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert "succeeded" in job.stdout + job.stderr
     run_dir = tmp_path / "e2e"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3
-    assert "reward, first fifth" in proc.stdout
+    assert "reward, first fifth" in job.stdout
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert any((run_dir / "tensorboard").iterdir())
     final = run_dir / "final"
     assert (final / "config.json").exists() and (final / "model.safetensors").exists()
 
-    gen = subprocess.run([sys.executable, "tools/sample_policy.py", "--model", str(final), "--num", "16",
-                          "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert gen.returncode == 0, gen.stdout[-3000:] + gen.stderr[-3000:]
-    result = json.loads(gen.stdout.strip().splitlines()[-1])
+    # The two tools start an engine each; they run side by side (starting an engine is mostly
+    # single-threaded imports, and this machine has two cores).
+    gen = tool("sample_policy.py", "--model", str(final), "--num", "16", "--json")
+    ev = tool("evaluate.py", "--model", str(final), "--n", "2", "--json")
+    gen_out, gen_err = gen.communicate(timeout=300)
+    assert gen.returncode == 0, gen_out[-3000:] + gen_err[-3000:]
+    result = json.loads(gen_out.strip().splitlines()[-1])
     assert result["num_samples"] == 16 and result["mean_response_tokens"] > 0
     assert 0.0 <= result["accuracy"] <= 1.0
 
     # The same held-out evaluation as in training, on the saved policy: the run's config.yaml is
     # found from final/, so the data is the built-in task's held-out split, every problem once.
-    ev = subprocess.run([sys.executable, "tools/evaluate.py", "--model", str(final), "--n", "2", "--json"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
-    metrics = json.loads(ev.stdout.strip().splitlines()[-1])
+    ev_out, ev_err = ev.communicate(timeout=300)
+    assert ev.returncode == 0, ev_out[-3000:] + ev_err[-3000:]
+    metrics = json.loads(ev_out.strip().splitlines()[-1])
     assert metrics["config"] == str(run_dir / "config.yaml")
     assert 0.0 <= metrics["avg@2"] <= metrics["pass@2"] <= 1.0  # 0/1 rewards: avg@2 is pass@1
     assert metrics["num_prompts"] == len(all_problems(TinyTaskSpec(), "eval"))
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "3*4=", "answer": "12"}\n{"prompt": "3*5=", "solution": "15"}\n')
-    ev = subprocess.run([sys.executable, "tools/evaluate.py", "--model", str(final), "--data", str(bad), "--json"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert ev.returncode == 2, ev.stderr[-2000:]
-    assert f"{bad}:2: no 'answer' field" in ev.stderr
+    ev = tool("evaluate.py", "--model", str(final), "--data", str(bad), "--json")
+    _, ev_err = ev.communicate(timeout=120)
+    assert ev.returncode == 2, ev_err[-2000:]
+    assert f"{bad}:2: no 'answer' field" in ev_err
 
 
 @pytest.mark.parametrize("override, named", [
