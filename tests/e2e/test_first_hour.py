@@ -105,10 +105,10 @@ def test_a_reward_function_that_raises_stops_the_run_naming_it(tmp_path):
 
 
 def test_a_run_that_cannot_learn_stops_with_a_diagnosis(tmp_path):
-    proc, _ = _fake_run(tmp_path, "reward.type=import:userrewards:constant", "observe.stall_timeout_s=15")
+    proc, _ = _fake_run(tmp_path, "reward.type=import:userrewards:constant", "observe.stall_timeout_s=10")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     err = proc.stderr.strip().splitlines()[-1]
-    assert err.startswith("error: no optimizer step for 1") and "observe.stall_timeout_s=15" in err
+    assert err.startswith("error: no optimizer step for 1") and "observe.stall_timeout_s=10" in err
     assert "every complete group had equal rewards" in err and "reward outcomes: custom" in err
     events = [json.loads(x) for x in (tmp_path / "runs/r/events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "end" and events[-1]["status"] == "failed"

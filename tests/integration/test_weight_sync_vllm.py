@@ -16,11 +16,12 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from asyncrl.rollout.vllm_engine import CPU_SHUTDOWN_GRACE_S
 from asyncrl.sync.gloo_sender import GlooWeightSender, free_port
 from asyncrl.sync.vllm_receiver import engine_kwargs, init_receiver, receive_weights
 
 PARITY_NATS = 1e-4
-TIMEOUT_S = 10  # group timeout: also how long the failed push below takes to give up
+TIMEOUT_S = 5  # group timeout: also how long the failed push below takes to give up
 BUCKET_BYTES = 64 << 10  # small, so layers span buckets and some tensors exceed the bound
 PROBE = "The quick brown fox jumps over 13 lazy dogs; 2+2=4."
 
@@ -116,7 +117,7 @@ async def run_sync_and_probe(model_dir, model: Qwen2ForCausalLM) -> list[dict]:
                         "weight_version": await llm.get_weight_version()})
     finally:
         sender.close()
-        llm.shutdown()
+        llm.shutdown(timeout=CPU_SHUTDOWN_GRACE_S)
     return results
 
 
