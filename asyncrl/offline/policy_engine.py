@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from multiprocessing import resource_tracker
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from asyncrl.config import Config
+from asyncrl.offline.engine_log import default_log_path, output_to, vllm_logger_to
 from asyncrl.rollout.engine import Completion, SamplingSpec
 
 # config.json keys that say nothing about the weights' layout
@@ -47,10 +49,13 @@ def policy_tensors(policy_dir: str | Path) -> list[tuple[str, torch.Tensor]]:
 
 
 class PolicyEngine:
-    """`await load(dir)` before sampling from a policy; `generate` as a rollout engine's."""
+    """`await load(dir)` before sampling from a policy; `generate` as a rollout engine's. What
+    vLLM prints goes to `log_path` (engine_log.py), which `say` names when the engine starts."""
 
-    def __init__(self, cfg: Config, say: Callable[[str], None] = print):
+    def __init__(self, cfg: Config, say: Callable[[str], None] = print, log_path: str | Path | None = None):
         self.cfg, self.say = cfg, say
+        self.log_path = Path(log_path) if log_path else default_log_path()
+        self._log: IO | None = None
         self.engine = None
         self.loaded: Path | None = None
         self._arch: dict[str, Any] | None = None
@@ -83,7 +88,16 @@ class PolicyEngine:
         # sync.type gloo: the receiver this process pushes into (NCCL would need a GPU learner)
         cfg = self.cfg.model_copy(update={"sync": self.cfg.sync.model_copy(update={"type": "gloo"})})
         self.engine = engine_factory(cfg, str(policy_dir), actor_id=0)()
-        await self.engine.start()
+        if self._log is None:
+            # left open: vLLM's logger and the processes it spawned keep writing to it
+            self._log = open(self.log_path, "a", buffering=1)  # noqa: SIM115
+        self.say(f"starting a vLLM engine for {policy_dir}; its output goes to {self.log_path}")
+        with output_to(self._log):
+            # started here if not yet running, multiprocessing's resource tracker inherits the
+            # file too: it warns at exit about the shared memory of the engine vLLM kills
+            resource_tracker.ensure_running()
+            await self.engine.start()
+        vllm_logger_to(self._log)
         self.num_engines += 1
 
     async def _push(self, policy_dir: Path) -> None:
@@ -109,6 +123,7 @@ class PolicyEngine:
             self._sender.close()
             self._sender = None
         if self.engine is not None:
-            await self.engine.shutdown()
+            with output_to(self._log):
+                await self.engine.shutdown()
             self.engine = None
         self.loaded = self._arch = None

@@ -1,0 +1,56 @@
+"""Where an offline tool's vLLM engine writes: a log file, not the tool's console.
+
+A training run's engines live in Ray actors whose output goes to the run's log files. The offline
+tools (evaluate, sample_policy, choose_checkpoint) start their engine in their own process, and
+on CPU its start alone printed some twenty lines of warnings, deprecation notices and progress
+bars (from the engine core and worker processes vLLM spawns, from C++ and from `print`) among the
+tool's results. Two redirects send all of it to one file:
+
+- while the engine starts or shuts down, this process's stdout and stderr file descriptors point
+  at the file, so the processes it spawns inherit the file for their whole life;
+- between the two, the vLLM logger of this process writes to the file too (its first `generate`
+  and its shutdown log a warning each).
+
+The tool says where the file is; `observe.engine_log_level` still sets how much vLLM logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+
+def default_log_path() -> Path:
+    return Path(tempfile.gettempdir()) / f"asyncrl-vllm-{os.getpid()}.log"
+
+
+@contextmanager
+def output_to(log: IO) -> Iterator[None]:
+    """This process's file descriptors 1 and 2 write to `log` inside the block (children started
+    there keep it); Python's own sys.stdout and sys.stderr are flushed at both ends."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def vllm_logger_to(log: IO) -> None:
+    """vLLM's logger in this process writes to `log` from now on (its handler held sys.stdout)."""
+    for handler in logging.getLogger("vllm").handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setStream(log)
