@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from multiprocessing import resource_tracker
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import IO, Any
 
