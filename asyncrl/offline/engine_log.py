@@ -49,8 +49,10 @@ def output_to(log: IO) -> Iterator[None]:
             os.close(copy)
 
 
-def vllm_logger_to(log: IO) -> None:
-    """vLLM's logger in this process writes to `log` from now on (its handler held sys.stdout)."""
-    for handler in logging.getLogger("vllm").handlers:
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.setStream(log)
+def vllm_logger_to(log: IO) -> dict[logging.StreamHandler, IO]:
+    """The handlers of vLLM's logger in this process that write to the console (its own holds
+    sys.stdout) write to `log` from now on; others (a file, a test's capture) are left alone.
+    Returns each one's former stream."""
+    console = {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
+    return {h: h.setStream(log) for h in logging.getLogger("vllm").handlers
+            if isinstance(h, logging.StreamHandler) and id(h.stream) in console}
