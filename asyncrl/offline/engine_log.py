@@ -11,7 +11,9 @@ tool's results. Two redirects send all of it to one file:
 - between the two, the vLLM logger of this process writes to the file too (its first `generate`
   and its shutdown log a warning each).
 
-The tool says where the file is; `observe.engine_log_level` still sets how much vLLM logs.
+The tool says where the file is. How much vLLM logs is its own VLLM_LOGGING_LEVEL, which the
+tools default to WARNING. One line still reaches the console at exit: multiprocessing's resource
+tracker, started before the engine, warns about the shared memory of the engine vLLM kills.
 """
 
 from __future__ import annotations

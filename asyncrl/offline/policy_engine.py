@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,9 +51,9 @@ class PolicyEngine:
     """`await load(dir)` before sampling from a policy; `generate` as a rollout engine's. What
     vLLM prints goes to `log_path` (engine_log.py), which `say` names when the engine starts."""
 
-    def __init__(self, cfg: Config, say: Callable[[str], None] = print, log_path: str | Path | None = None):
+    def __init__(self, cfg: Config, say: Callable[[str], None] = print):
         self.cfg, self.say = cfg, say
-        self.log_path = Path(log_path) if log_path else default_log_path()
+        self.log_path = default_log_path()
         self._log: IO | None = None
         self.engine = None
         self.loaded: Path | None = None
@@ -93,9 +92,6 @@ class PolicyEngine:
             self._log = open(self.log_path, "a", buffering=1)  # noqa: SIM115
         self.say(f"starting a vLLM engine for {policy_dir}; its output goes to {self.log_path}")
         with output_to(self._log):
-            # started here if not yet running, multiprocessing's resource tracker inherits the
-            # file too: it warns at exit about the shared memory of the engine vLLM kills
-            resource_tracker.ensure_running()
             await self.engine.start()
         vllm_logger_to(self._log)
         self.num_engines += 1
