@@ -9,6 +9,7 @@ encode them as msgpack, and every pure component can be tested with hand-built v
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,11 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     temperature: float = 1.0
     """Sampling temperature the response was drawn at (stages may change it mid-run)."""
+    reward: float | None = None
+    """Set when the actor scored the sample itself (reward.placement: actor), with the verifier's
+    `reward_info` and the call's `reward_latency_s`; None: the driver's reward pool scores it."""
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    reward_latency_s: float = 0.0
 
     def validate(self) -> None:
         """Raise ValueError if the record is inconsistent (used on frames from the wire)."""
@@ -59,6 +65,8 @@ class Sample:
             raise ValueError(f"finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
         if self.sample_index < 0:
             raise ValueError(f"negative sample_index {self.sample_index}")
+        if self.reward is not None and not math.isfinite(self.reward):
+            raise ValueError(f"sample {self.group_id}/{self.sample_index}: reward {self.reward} is not finite")
 
 
 @dataclass

@@ -22,10 +22,13 @@ Stages, each a whole pipeline measured on its own, in alternating rounds:
   BOOKKEEPING_S the admission bookkeeping (`ledger.capacity`, `generating_by_actor`) and every full
   Phi batch cut from the buffer, counted in the step statistics and encoded for a learner rank
   (`encode_batch`). The driver imports the orchestrator's module, so its heap is a run's.
+- driver_actor_rewards: the same loop with `reward.placement: actor`: each actor scored its
+  samples beside its engine (same verifier, its reward in the frame, computed beforehand like the
+  encoding: on a cluster that is the actor node's work), and the driver's pool is idle.
 A stage's rate counts samples that completed it; for the driver, samples of groups the buffer
 took or rejected. The ratio to raw and the driver process's CPU use say where it saturates;
-`--profile FILE` records the driver with py-spy during one driver measurement and prints the
-functions that took its time.
+`--profile FILE` records the driver with py-spy during the first round of both driver stages
+(FILE.driver, FILE.driver_actor_rewards) and prints the functions that took its time.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -57,21 +59,39 @@ def metadata(group: int) -> dict:
     return {"answer": "12", "data_source": "tiny_arith", "record_key": f"tiny_arith/{group}"}
 
 
-def group_frames(actor: int, group: int, args, rng: random.Random) -> list[bytes]:
-    """The n frames of one group, as a RolloutActor sends them (token ids of the tiny model)."""
+def group_samples(actor: int, group: int, args, rng: random.Random) -> list[Sample]:
+    """The n samples of one group, as a RolloutActor sends them (token ids of the tiny model)."""
     gid, prompt, r = f"a{actor}g{group}", [rng.randrange(3, 98) for _ in range(args.prompt_tokens)], args.response_tokens
-    return [encode_sample(Sample(gid, gid, i, prompt, [rng.randrange(3, 98) for _ in range(r)], [-1.0] * r, [0] * r,
-                                 "stop" if i % 2 else "length", actor, metadata(group))) for i in range(args.group_size)]
+    return [Sample(gid, gid, i, prompt, [rng.randrange(3, 98) for _ in range(r)], [-1.0] * r, [0] * r,
+                   "stop" if i % 2 else "length", actor, metadata(group)) for i in range(args.group_size)]
+
+
+def group_frames(actor: int, group: int, args, rng: random.Random) -> list[bytes]:
+    return [encode_sample(s) for s in group_samples(actor, group, args, rng)]
+
+
+def scored_frame(s: Sample, tokenizer) -> bytes:
+    """The frame of an actor that scored the sample itself (reward.placement: actor)."""
+    from asyncrl.reward.fault_injection import by_response_hash
+
+    s.reward, s.reward_info = by_response_hash(tokenizer.decode(s.response_ids, skip_special_tokens=True), s.metadata)
+    s.reward_info.update(verifier=VERIFIER, data_source=s.metadata["data_source"])  # as RewardRouter adds them
+    s.reward_latency_s = 1e-5
+    return encode_sample(s)
 
 
 def actor_host(endpoint: str, grants_endpoint: str, actors: list[int], args) -> None:
     """Many simulated actors in one process: frames leave when their (fake) generation ends."""
-    rng = random.Random(actors[0])
-    frames = {(a, g): group_frames(a, g, args, rng) for a in actors for g in range(args.groups_per_actor)}
+    from asyncrl.tiny.tokenizer import build_tokenizer
+
+    rng, tokenizer = random.Random(actors[0]), build_tokenizer()
+    samples = {(a, g): group_samples(a, g, args, rng) for a in actors for g in range(args.groups_per_actor)}
+    frames = {key: [encode_sample(s) for s in group] for key, group in samples.items()}
+    scored = {key: [scored_frame(s, tokenizer) for s in group] for key, group in samples.items()}
     sockets = {a: FrameSender(endpoint) for a in actors}
     grants = zmq.Context.instance().socket(zmq.PULL)
     grants.connect(grants_endpoint)
-    due: list[tuple[float, int, int, int]] = []  # (when, actor, group, sample index)
+    due: list[tuple[float, int, int, int, bool]] = []  # (when, actor, group, sample index, scored)
     while True:
         wait_ms = max(0.0, due[0][0] - time.monotonic()) * 1000 if due else 100
         while grants.poll(wait_ms):
@@ -79,14 +99,14 @@ def actor_host(endpoint: str, grants_endpoint: str, actors: list[int], args) -> 
             msg = msgpack.unpackb(grants.recv())
             if msg is None:
                 return
-            now = time.monotonic()
-            for a, g in msg:
+            now, (with_rewards, pairs) = time.monotonic(), msg
+            for a, g in pairs:
                 for i in range(args.group_size):
-                    heapq.heappush(due, (now + args.gen_s * (0.5 + rng.random()), a, g, i))
+                    heapq.heappush(due, (now + args.gen_s * (0.5 + rng.random()), a, g, i, with_rewards))
         now = time.monotonic()
         while due and due[0][0] <= now:
-            _, a, g, i = heapq.heappop(due)
-            sockets[a].send(frames[a, g][i])
+            _, a, g, i, with_rewards = heapq.heappop(due)
+            sockets[a].send((scored if with_rewards else frames)[a, g][i])
 
 
 class Actors:
@@ -95,6 +115,7 @@ class Actors:
     def __init__(self, endpoint: str, args):
         ctx, per = zmq.Context.instance(), -(-args.actors // args.hosts)
         self.host_of, self.sockets, self.procs = {}, [], []
+        self.with_rewards = False  # whether the actors send their samples scored
         for h in range(args.hosts):
             actors = list(range(h * per, min((h + 1) * per, args.actors)))
             sock = ctx.socket(zmq.PUSH)
@@ -111,7 +132,7 @@ class Actors:
         for a, g in groups:
             by_host.setdefault(self.host_of[a], []).append((a, g))
         for h, pairs in by_host.items():
-            self.sockets[h].send(msgpack.packb(pairs))
+            self.sockets[h].send(msgpack.packb([self.with_rewards, pairs]))
 
     def stop(self) -> None:
         for sock in self.sockets:
@@ -186,7 +207,7 @@ class Score(Ingest):
     """Stage "score": ingest, detokenize, a round trip through the reward pool."""
 
     def __init__(self, receiver, args, rewards, tokenizer):
-        from asyncrl.orchestrator.intake import batch_decoder
+        from asyncrl.reward.decode import batch_decoder
 
         super().__init__(receiver, args)
         self.rewards, self.decode = rewards, batch_decoder(tokenizer)
@@ -201,7 +222,7 @@ class Score(Ingest):
 class Driver(Ingest):
     """Stage "driver": the orchestrator's per-turn work, on the real ledger, pool and router."""
 
-    def __init__(self, receiver, args, rewards, tokenizer, tmp: Path):
+    def __init__(self, receiver, args, rewards, tokenizer, tmp: Path, run: str = "run"):
         super().__init__(receiver, args)
         from asyncrl.config import load_config
         from asyncrl.observe.metrics import MetricsWriter
@@ -222,7 +243,7 @@ class Driver(Ingest):
         self.stages = StageRunner(cfg, str(tmp))
         self.ledger = components.build_ledger(cfg, self.stages.current)
         self.stats = StepStats(cfg.observe.samples_per_step)
-        metrics = MetricsWriter(tmp / "run", tensorboard=False)
+        metrics = MetricsWriter(tmp / run, tensorboard=False)
         evaluator = Evaluator.build(cfg, tokenizer, metrics, print)
         route = ResultRouter(self.ledger, self.stats, self.stages, evaluator, tokenizer,
                              RewardErrorMonitor(cfg.reward.max_error_frac), metrics, print)
@@ -349,7 +370,8 @@ def main() -> None:
     receiver = FrameReceiver(decode_sample)
     actors = Actors(receiver.endpoint, args)
     stages = {"ingest": Ingest(receiver, args), "score": Score(receiver, args, rewards, tokenizer),
-              "driver": Driver(receiver, args, rewards, tokenizer, tmp)}
+              "driver": Driver(receiver, args, rewards, tokenizer, tmp),
+              "driver_actor_rewards": Driver(receiver, args, rewards, tokenizer, tmp, "run-actor-rewards")}
     freeze_startup_heap()  # as the orchestrator does at the end of its start-up
     offered = args.actors * args.groups_per_actor * args.group_size / args.gen_s
     print(f"{args.actors} simulated actors in {args.hosts} processes, {args.groups_per_actor} groups of "
@@ -362,7 +384,8 @@ def main() -> None:
             rates["raw"].append(raw_rate(args, args.seconds))
             line = f"round {r + 1}: raw {rates['raw'][-1]:,.0f}"
             for name, stage in stages.items():
-                profile = args.profile if (name == "driver" and r == 0) else None
+                actors.with_rewards = name == "driver_actor_rewards"
+                profile = f"{args.profile}.{name}" if (args.profile and name.startswith("driver") and r == 0) else None
                 rate, driver_cores, machine_cores = measure(stage, actors, args, profile)
                 rates[name].append(rate)
                 line += f" | {name} {rate:,.0f} (driver {driver_cores:.2f} cores, machine {machine_cores:.2f})"
@@ -373,11 +396,13 @@ def main() -> None:
     raw = statistics.median(rates["raw"])
     for name, values in rates.items():
         med = statistics.median(values)
-        print(f"{name:<7} {med:10,.0f} samples/s (median of {len(values)}), {med / raw:5.2f} of raw")
-    d = stages["driver"].ledger.accounting()
-    print(f"driver accounting: {d}")
+        print(f"{name:<20} {med:10,.0f} samples/s (median of {len(values)}), {med / raw:5.2f} of raw")
+    for name in ("driver", "driver_actor_rewards"):
+        print(f"{name} accounting: {stages[name].ledger.accounting()}")
     if args.profile:
-        print_profile(args.profile)
+        for name in ("driver", "driver_actor_rewards"):
+            print(f"{name}: ", end="")
+            print_profile(f"{args.profile}.{name}")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,11 @@ class RewardConfig(_Section):
     """data_source (or domain) -> verifier name, e.g. {codecontests: code, gpqa: multiple_choice}."""
     num_workers: int = Field(2, ge=1)
     """Reward worker processes; rewards are computed there while generation goes on."""
+    placement: Literal["driver", "actor"] = "driver"
+    """Where training samples are scored: "driver" (one pool of num_workers beside the
+    orchestrator) or "actor" (each rollout actor runs a pool of num_workers beside its engine and
+    sends its samples scored: verifier capacity grows with the actors and the driver only ingests;
+    evaluation samples are still scored on the driver)."""
     timeout_s: float = Field(30.0, gt=0)
     """Hard limit per sample: a verifier still running is killed, the sample gets reward 0."""
     code: CodeRewardConfig = CodeRewardConfig()

@@ -21,10 +21,11 @@ from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.config import BufferConfig, Config, RewardConfig
 from asyncrl.observe.worker_logs import log_env
 from asyncrl.orchestrator.ledger import GroupLedger, Shaping
-from asyncrl.reward.pool import PRELOAD, RewardPool
-from asyncrl.reward.registry import RewardRouter, check_functions, check_sources
+from asyncrl.reward.pool import RewardPool
+from asyncrl.reward.registry import check_functions, check_sources, reward_pool
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.rollout.local_rewards import LocalRewards
 
 
 def resolve_model_path(cfg: Config, log=print) -> str:
@@ -64,9 +65,8 @@ def build_reward_pool(cfg: RewardConfig, data_sources) -> RewardPool:
     check_functions(cfg)
     if cfg.type is None:
         check_sources(cfg, data_sources())
-    scores_code = "code" in {cfg.type, *cfg.by_source.values()}
-    preload = PRELOAD + (("asyncrl.reward.sandbox.preload",) if scores_code else ())
-    return RewardPool(functools.partial(RewardRouter, cfg), cfg.num_workers, cfg.timeout_s, preload=preload)
+    # under placement "actor" it scores evaluation samples only: the actors score their own
+    return reward_pool(cfg, 1 if cfg.placement == "actor" else cfg.num_workers)
 
 
 def node_ip() -> str:
@@ -102,7 +102,8 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
         num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
         runtime_env={"env_vars": env}).remote(
         actor_id, engine_factory(cfg, model_path, actor_id), spec, cfg.rollout.group_size, sample_endpoint,
-        seed=cfg.seed, sync_mode=cfg.sync.mode)
+        seed=cfg.seed, sync_mode=cfg.sync.mode,
+        scorer=functools.partial(LocalRewards.build, cfg.reward, model_path) if cfg.reward.placement == "actor" else None)
 
 
 def shutdown(run: Any, say=print) -> None:

@@ -4,6 +4,9 @@ back to the ledger (shaping, groups, advantages, the buffer) through the result 
     FrameReceiver ─Sample─► ingest: ledger.on_generated, detokenize ─► RewardPool.submit_many
     RewardPool.poll ─RewardResult─► ResultRouter (scoring.py) ─► ledger.on_scored ─► buffer
 
+A sample that arrives scored (reward.placement: actor: its actor ran the verifier beside the
+engine, rollout/local_rewards.py) skips the pool: its reward goes to the router with the next poll.
+
 The orchestrator's loop calls `ingest` with whatever the stream holds and `poll_rewards` once per
 turn; tools/bench_orchestrator.py drives the same object to measure how many samples a second one
 driver can take. Everything here runs on the driver's one Python thread (the pool's dispatcher
@@ -14,10 +17,11 @@ turn for every sample that arrived, not one per sample.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections import Counter
 from typing import Any
 
 from asyncrl.orchestrator.scoring import ResultRouter
+from asyncrl.reward.decode import batch_decoder
 from asyncrl.reward.pool import RewardPool, RewardResult
 from asyncrl.types import Sample
 
@@ -28,15 +32,23 @@ class SampleIntake:
         self.route, self.evaluator = route, evaluator
         self.decode = batch_decoder(tokenizer)
         self.probe_ids: list[int] | None = None  # the first sample seen: real text for this model
+        self._scored: list[RewardResult] = []  # arrived with their rewards, routed at the next poll
+        self.actor_outcomes: Counter = Counter()  # of those: the actors' pools' timeouts and crashes
 
     def ingest(self, samples: list[Sample]) -> None:
-        """Samples as they arrive: recorded by the ledger, then off to the reward pool."""
+        """Samples as they arrive: recorded by the ledger, then off to the reward pool (unless
+        their actor scored them)."""
         wanted = []
         for s in samples:
             if self.probe_ids is None and s.response_ids:
                 self.probe_ids = s.prompt_ids + s.response_ids
-            if self.ledger.on_generated(s) is not None:
+            if self.ledger.on_generated(s) is None:
+                continue
+            if s.reward is None:
                 wanted.append(s)
+            else:
+                self._scored.append(RewardResult(s, s.reward, s.reward_info, s.reward_latency_s))
+                self.actor_outcomes[s.reward_info.get("outcome")] += 1
         if wanted:
             texts = self.decode([s.response_ids for s in wanted])
             self.rewards.submit_many([(s, text, s.metadata) for s, text in zip(wanted, texts)])
@@ -44,20 +56,16 @@ class SampleIntake:
     def poll_rewards(self, step: int, timeout_s: float = 0.0) -> list[RewardResult]:
         """Rewards as they come back, routed; eval samples handed to the pool. Returns them."""
         self.evaluator.poll(self.rewards, self.tokenizer, step)
-        results = self.rewards.poll(timeout_s)
+        results, self._scored = self._scored, []
+        results += self.rewards.poll(0.0 if results else timeout_s)
         self.route(results, step)
         return results
 
-
-def batch_decoder(tokenizer: Any) -> Callable[[list[list[int]]], list[str]]:
-    """Texts of many responses at once, each what `tokenizer.decode(ids, skip_special_tokens=True)`
-    gives. A fast tokenizer that does not clean up spaces afterwards decodes them in one call to its
-    Rust backend, without transformers' per-call (and per-token) Python work: about a third of the
-    time per sample here; any other tokenizer decodes one at a time."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return lambda batch: backend.decode_batch(batch, skip_special_tokens=True)
-    return lambda batch: [tokenizer.decode(ids, skip_special_tokens=True) for ids in batch]
+    def metrics(self) -> dict[str, float]:
+        """The actors' own reward pools' failures (their samples' outcomes): the driver's pool
+        reports its own in `reward/pool_*`."""
+        return {"reward/actor_pool_timeouts_total": self.actor_outcomes["timeout"],
+                "reward/actor_pool_crashes_total": self.actor_outcomes["worker_crash"]}
 
 
 def freeze_startup_heap() -> None:

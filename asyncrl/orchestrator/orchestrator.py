@@ -245,7 +245,7 @@ class Orchestrator:
                "timing/train_s": train_s, "timing/wait_for_data_s": self._wait_for_data_s,
                "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
                **self.stats.flush(self.ledger.buffer, self.ledger.assembler, self.samples),
-               **self.stages.metrics(), **self.rewards.metrics(), **self.ledger.metrics(),
+               **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
                **self.route_results.errors.metrics(), **self.evaluator.take_metrics(self.step),
                "rollout/actors": len(self.pool.ids)}
         self.history.append(row)

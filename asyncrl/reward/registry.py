@@ -25,6 +25,7 @@ What the router returns, whatever the verifier did:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import numbers
@@ -34,6 +35,7 @@ from typing import Any
 
 from asyncrl.config import BUILTIN_VERIFIERS, ConfigError, RewardConfig
 from asyncrl.reward.base import RewardFn
+from asyncrl.reward.pool import PRELOAD, RewardPool
 from asyncrl.reward.text_rewards import AnswerTagReward, MultipleChoiceReward
 
 IMPORT_PREFIX = "import:"
@@ -184,3 +186,12 @@ class RewardRouter:
         info["verifier"] = name
         info["data_source"] = source
         return reward, info
+
+
+def reward_pool(cfg: RewardConfig, num_workers: int | None = None) -> RewardPool:
+    """A RewardPool that scores with this config's verifiers (`num_workers` of them, default
+    reward.num_workers); its forkserver preloads the code sandbox only if code is scored."""
+    scores_code = "code" in {cfg.type, *cfg.by_source.values()}
+    preload = PRELOAD + (("asyncrl.reward.sandbox.preload",) if scores_code else ())
+    return RewardPool(functools.partial(RewardRouter, cfg), num_workers or cfg.num_workers, cfg.timeout_s,
+                      preload=preload)

@@ -21,6 +21,9 @@ pause mode "keep"): the number of tokens each frozen request had produced before
 not exposed by the engine, so per-token versions would need its internals; and a reset prefix
 cache recomputes the KV of kept requests anyway, which costs the same prefill as a resume.
 
+With `scorer` (reward.placement: actor) a finished training sample goes to the actor's own reward
+pool first and leaves with its reward (rollout/local_rewards.py).
+
 The class is plain asyncio; the orchestrator runs it as a Ray actor (`ray.remote(RolloutActor)`),
 and tests can drive it directly with a fake engine and an in-memory `emit`.
 """
@@ -50,7 +53,8 @@ ABORT_RETRY_S = 0.05
 class RolloutActor:
     def __init__(self, actor_id: int, engine_factory: Callable[[], InferenceEngine],
                  spec: SamplingSpec, group_size: int, emit: Callable[[Sample], None] | str,
-                 seed: int = 0, sync_mode: str = "inflight"):
+                 seed: int = 0, sync_mode: str = "inflight",
+                 scorer: Callable[[Callable[[Sample], None]], Any] | None = None):
         if sync_mode not in ("drain", "inflight"):
             raise ValueError(f"sync_mode must be 'drain' or 'inflight', got {sync_mode!r}")
         self.sync_mode = sync_mode
@@ -62,6 +66,9 @@ class RolloutActor:
         self.seed = seed
         self._emit_target = emit
         self._emit: Callable[[Sample], None] | None = None
+        self._scorer_factory = scorer  # emit -> LocalRewards: samples are scored here before they are sent
+        self._scorer = None
+        self._deliver: asyncio.Task | None = None
         self.version = 0
         self._gate = asyncio.Event()
         self._gate.set()
@@ -89,6 +96,10 @@ class RolloutActor:
             self._emit = lambda s: sender.send(encode_sample(s))
         else:
             self._emit = self._emit_target
+        if self._scorer_factory is not None:
+            self._scorer = self._scorer_factory(self._emit)
+            self._deliver = asyncio.create_task(self._scorer.deliver())
+            self._deliver.add_done_callback(self._task_done)
         return {"actor_id": self.actor_id, "start_s": time.monotonic() - t0}
 
     # -- generation ---------------------------------------------------------------------------
@@ -114,7 +125,10 @@ class RolloutActor:
         sample = await self._sample(p, index, base)
         self.stats["samples"] += 1
         self.stats["tokens"] += len(sample.response_ids)
-        self._emit(sample)
+        if self._scorer is not None:
+            self._scorer.submit(sample)
+        else:
+            self._emit(sample)
 
     async def _sample(self, p: PromptItem, index: int, base: SamplingSpec, abortable: bool = True) -> Sample:
         """One sample of p; after an in-flight update aborted it, resumed from its prefix."""
@@ -171,9 +185,11 @@ class RolloutActor:
                                            for p in prompts for i in range(n)]))
 
     def _task_done(self, task: asyncio.Task) -> None:
+        """A generation task (or the scorer's delivery, which ends only by failing) is done."""
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("generation failed on actor %d: %r", self.actor_id, task.exception())
+            what = "scoring" if task is self._deliver else "generation"
+            log.error("%s failed on actor %d: %r", what, self.actor_id, task.exception())
             self._failures.append(task.exception())
             self._failed.set()
 
@@ -237,10 +253,12 @@ class RolloutActor:
 
     def get_stats(self) -> dict[str, Any]:
         return {**self.stats, "version": self.version, "in_flight_prompts": self.num_in_flight_prompts(),
-                "pid": os.getpid()}
+                "scoring": self._scorer.num_pending if self._scorer else 0, "pid": os.getpid()}
 
     async def shutdown(self) -> None:
-        for t in list(self._tasks):
+        for t in [*self._tasks, *([self._deliver] if self._deliver else [])]:
             t.cancel()
+        if self._scorer is not None:
+            await asyncio.to_thread(self._scorer.close)
         if self.engine is not None:
             await self.engine.shutdown()

@@ -48,8 +48,11 @@ def _unpack(raw: Any, dtype: str, field: str) -> list:
 
 
 def encode_sample(s: Sample) -> bytes:
+    scored = {} if s.reward is None else {  # only an actor that scores its own samples sends these
+        "reward": float(s.reward), "reward_info": s.reward_info, "reward_latency_s": float(s.reward_latency_s)}
     return msgpack.packb(
         {
+            **scored,
             "v": FORMAT_VERSION,
             "kind": "sample",
             "prompt_id": s.prompt_id,
@@ -103,6 +106,10 @@ def decode_sample(frame: bytes) -> Sample:
             metadata=_typed(obj, "metadata", dict),
             temperature=_typed(obj, "temperature", float),
         )
+        if "reward" in obj:
+            sample.reward = _typed(obj, "reward", float)
+            sample.reward_info = _typed(obj, "reward_info", dict)
+            sample.reward_latency_s = _typed(obj, "reward_latency_s", float)
         if not sample.temperature > 0:
             raise ValueError(f"temperature {sample.temperature} is not positive")
         sample.validate()

@@ -137,3 +137,36 @@ def test_decoupled_rollout_batches_on_two_ranks_in_the_loop(tmp_path, small_mode
     assert [r["buffer/rollout_batches_sealed_total"] for r in rows] == [1, 1, 2, 2]
     assert all(r["ratio/mean"] == pytest.approx(1.0, abs=1e-6) for r in rows[0::2])
     assert all(r["learner/grad_norm"] > 0 and abs(r["ratio/mean"] - 1.0) > 1e-4 for r in rows[1::2])
+
+
+class ScoredIntake(Orchestrator):
+    """The real loop, recording each ingested sample's record and the reward it arrived with."""
+
+    def _ingest(self, samples):
+        self.seen.extend((s.metadata["record_key"], s.reward, s.reward_info.get("outcome")) for s in samples)
+        super()._ingest(samples)
+
+
+def test_actors_that_score_their_own_samples_feed_the_loop_without_the_drivers_pool(tmp_path, small_model):
+    cfg = load_config(None, [
+        f"model.path={small_model}", "rollout.engine=fake", "rollout.num_actors=2", "total_steps=4",
+        "buffer.token_budget=48", "buffer.max_staleness=1", "eval.every_steps=0",
+        "algo.drop_zero_variance_groups=false", "reward.placement=actor", "reward.num_workers=1",
+        "reward.type=import:asyncrl.reward.fault_injection:solves_even_records",
+        "observe.console=off", "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "save_final=false",
+    ])
+    ray.init(num_cpus=4, include_dashboard=False)
+    orch = ScoredIntake(cfg)
+    orch.seen = []
+    try:
+        orch.run()
+        actor_stats = orch.pool.stats()
+    finally:
+        orch.shutdown()
+        ray.shutdown()
+    assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 4
+    assert orch.seen and orch.rewards.stats.submitted == 0  # nothing went through the driver's pool
+    for key, reward, outcome in orch.seen:  # each scored by its actor, as the verifier scores its record
+        assert (reward, outcome) == (float(int(key.rsplit("/", 1)[1]) % 2 == 0), "scripted")
+    assert len(actor_stats) == 2 and sum(s["samples"] for s in actor_stats) >= len(orch.seen)
+    assert orch.history[-1]["reward/actor_pool_timeouts_total"] == 0

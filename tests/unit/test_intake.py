@@ -5,7 +5,8 @@ import random
 
 from asyncrl.buffer.group_assembler import GroupAssembler
 from asyncrl.buffer.token_buffer import TokenBuffer
-from asyncrl.orchestrator.intake import SampleIntake, batch_decoder
+from asyncrl.orchestrator.intake import SampleIntake
+from asyncrl.reward.decode import batch_decoder
 from asyncrl.orchestrator.ledger import GroupLedger, Shaping
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.tiny.tokenizer import build_tokenizer
@@ -23,10 +24,19 @@ def test_batch_decoder_gives_exactly_what_decode_gives_special_tokens_included()
 
 class Pool:
     def __init__(self):
-        self.calls = []
+        self.calls, self.waits = [], []
 
     def submit_many(self, calls):
         self.calls += calls
+
+    def poll(self, timeout_s=0.0):
+        self.waits.append(timeout_s)
+        return []
+
+
+class NoEval:
+    def poll(self, *args):
+        pass
 
 
 def test_ingest_submits_each_new_sample_once_with_its_text_and_keeps_the_first_as_probe():
@@ -45,3 +55,25 @@ def test_ingest_submits_each_new_sample_once_with_its_text_and_keeps_the_first_a
     assert [(c[0].sample_index, c[1], c[2]) for c in pool.calls] == [(0, "12+3", {"answer": "1"}),
                                                                      (1, "12+3", {"answer": "1"})]
     assert intake.probe_ids == [5, 6, *ids] and ledger.counts.samples_orphaned == 1
+
+
+def test_samples_their_actor_scored_skip_the_pool_and_reach_the_router_with_their_rewards():
+    ledger = GroupLedger(TokenBuffer(64, 1), GroupAssembler(2), Shaping(), 2)
+    ledger.admit(PromptItem("g", [5, 6], {}), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0)
+    pool, routed = Pool(), []
+    intake = SampleIntake(ledger, pool, build_tokenizer(), route=lambda rs, step: routed.extend(rs), evaluator=NoEval())
+
+    def scored(i, reward, outcome):
+        s = Sample("g", "g", i, [5, 6], [7, 8], [-0.5, -0.5], [0, 0], "stop", 0, {})
+        s.reward, s.reward_info, s.reward_latency_s = reward, {"outcome": outcome}, 0.125
+        return s
+
+    intake.ingest([scored(0, 1.0, "correct"), scored(1, 0.0, "timeout"), scored(1, 0.0, "timeout")])
+    assert pool.calls == [] and routed == []  # routed with the next poll, not by ingest
+    intake.poll_rewards(step=3, timeout_s=0.5)
+    assert [(r.key.sample_index, r.reward, r.info["outcome"], r.latency_s) for r in routed] == [
+        (0, 1.0, "correct", 0.125), (1, 0.0, "timeout", 0.125)]  # the repeated frame is dropped
+    assert pool.waits == [0.0]  # with rewards in hand the driver does not wait on its own pool
+    assert intake.metrics() == {"reward/actor_pool_timeouts_total": 1, "reward/actor_pool_crashes_total": 0}
+    intake.poll_rewards(step=3, timeout_s=0.5)
+    assert len(routed) == 2 and pool.waits == [0.0, 0.5]

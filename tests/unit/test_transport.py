@@ -18,6 +18,26 @@ def test_sample_round_trip_is_exact():
     assert decode_sample(encode_sample(s)) == s
 
 
+def test_a_sample_scored_by_its_actor_round_trips_with_its_reward_and_an_unscored_frame_has_none():
+    s = sample()
+    s.reward, s.reward_info, s.reward_latency_s = 0.5, {"outcome": "correct", "verifier": "math_verify"}, 0.25
+    assert decode_sample(encode_sample(s)) == s
+    plain = msgpack.unpackb(encode_sample(sample()), raw=False)
+    assert "reward" not in plain and decode_sample(encode_sample(sample())).reward is None
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("reward", "1", "reward"), ("reward", float("nan"), "not finite"), ("reward_info", [1], "reward_info"),
+    ("reward_latency_s", None, "reward_latency_s")])
+def test_a_scored_frame_with_a_bad_reward_field_is_rejected(field, value, match):
+    s = sample()
+    s.reward = 1.0
+    obj = msgpack.unpackb(encode_sample(s), raw=False)
+    obj[field] = value
+    with pytest.raises(FrameError, match=match):
+        decode_sample(msgpack.packb(obj, use_bin_type=True))
+
+
 def test_batch_round_trip_is_exact():
     c = SequenceChunk("g", 0, [1, 2], [3, 4, 5], loss_start=1, old_logprobs=[-0.5, -0.75],
                       versions=[0, 1], advantage=-1.25, temperature=0.75)
