@@ -267,15 +267,18 @@ class ActorPool:
     def shutdown(self) -> None:
         """Every actor shuts its engine down at once (each takes seconds), within 30 s in all; then
         their processes end, so their CPUs are free for another run on the same cluster."""
-        handles = [*self.actors.values(), *(h for h, _ in self.starting.values())]
-        refs = [h.shutdown.remote() for h in handles]
+        members = [(i, h, "") for i, h in self.actors.items()]
+        # a replacement still starting runs its shutdown only once its engine is up (vLLM's
+        # start-up holds the actor's event loop): past the 30 s it is killed like the others
+        starting = [(i, h, ", still starting") for i, (h, _) in self.starting.items()]
+        calls = [(i, h, state, h.shutdown.remote()) for i, h, state in members + starting]
         deadline = time.monotonic() + 30
-        for ref in refs:
+        for i, _, state, ref in calls:
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except Exception as e:  # shutting down anyway; say what failed
-                log.warning("actor shutdown failed: %r", e)
-        for h in handles:
+                log.warning("rollout actor %d%s: shutdown failed: %r; killed", i, state, e)
+        for _, h, _, _ in calls:
             ray.kill(h, no_restart=True)
 
 
