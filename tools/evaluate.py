@@ -31,6 +31,10 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the tool starts without torch
+    from asyncrl.rollout.engine import SamplingSpec
 
 NUM_EXAMPLES = 5
 
@@ -59,7 +63,7 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def setup(cfg, args: argparse.Namespace) -> tuple[list[dict], int, list[int], "SamplingSpec", dict]:
+def setup(cfg, args: argparse.Namespace) -> tuple[list[dict], int, list[int], SamplingSpec, dict]:
     """Records, n, the k values, the sampling spec and the settings (what makes two evaluations
     comparable) of an evaluation under the run's config and the arguments."""
     from asyncrl.config import ConfigError

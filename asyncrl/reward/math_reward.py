@@ -38,7 +38,6 @@ verify_timeout) and `answer`, the extracted answer cut to INFO_ANSWER_CHARS.
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import threading
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from typing import Any, TypeVar
 from math_verify import LatexExtractionConfig, parse, verify
 
 from asyncrl.reward.answers import BOX as _BOX
-from asyncrl.reward.answers import MAX_ANSWER_CHARS, Unanswered, answer_region, gold_answers, last_boxed
+from asyncrl.reward.answers import Unanswered, answer_region, gold_answers, last_boxed
 from asyncrl.reward.math_checks import (bare_number, equal_as_constants, number_in_words, too_deep,
                                         with_degrees_as_radians)
 

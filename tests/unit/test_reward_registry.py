@@ -3,8 +3,6 @@
 
 import math
 import sys
-import textwrap
-import types
 
 import pytest
 
