@@ -31,10 +31,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # imported where used: the tool starts without torch
-    from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.rollout.engine import SamplingSpec
 
 NUM_EXAMPLES = 5
 
@@ -69,7 +67,6 @@ def setup(cfg, args: argparse.Namespace) -> tuple[list[dict], int, list[int], Sa
     from asyncrl.config import ConfigError
     from asyncrl.data.stages import resolve_stages
     from asyncrl.eval_policy import held_out_records
-    from asyncrl.rollout.engine import SamplingSpec
 
     n = cfg.eval.n if args.n is None else args.n
     ks = args.k or cfg.eval.pass_k or sorted({1, n})
