@@ -32,7 +32,7 @@ def small_model(tmp_path_factory):
 def ray_cluster():
     """One local Ray cluster for a module's runs, one after another, as runs submitted to a cluster
     share it (each run's shutdown hands its actors' and learner's CPUs back); a cluster per run
-    cost ~4 s more each to start and stop."""
+    cost 5-7 s more each on 2 cores (start, stop, and the run's first workers on a cold cluster)."""
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False)
