@@ -28,6 +28,18 @@ def small_model(tmp_path_factory):
     return str(ensure_tiny_model(spec, cache_dir=tmp_path_factory.mktemp("cache"), log=lambda _: None))
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster for a module's runs, one after another, as runs submitted to a cluster
+    share it (each run's shutdown hands its actors' and learner's CPUs back); a cluster per run
+    cost 5-7 s more each on 2 cores (start, stop, and the run's first workers on a cold cluster)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu`-marked tests need CUDA: without it they are deselected (reported as such), never
     counted as passed or skipped-as-passed."""

@@ -23,7 +23,6 @@ def config(tmp_path, model, *extra):
 
 
 def run_with_operator(cfg, operator):
-    ray.init(num_cpus=4, include_dashboard=False)
     orch = Orchestrator(cfg)
     thread = threading.Thread(target=operator, args=(orch,), daemon=True)
     thread.start()
@@ -32,7 +31,6 @@ def run_with_operator(cfg, operator):
         stats = orch.pool.stats()
     finally:
         orch.shutdown()
-        ray.shutdown()
     thread.join(timeout=5)
     events = [json.loads(x) for x in (cfg.run_dir / "events.jsonl").read_text().splitlines()]
     return orch, stats, events
@@ -50,7 +48,7 @@ def assert_accounting(orch):
     assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens
 
 
-def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path, small_model):
+def test_a_killed_actor_is_replaced_and_the_run_completes(ray_cluster, tmp_path, small_model):
     cfg = config(tmp_path, small_model, "rollout.num_actors=2", "total_steps=120")
     killed = []
 
@@ -74,7 +72,7 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(tmp_path, small_model)
 
 
 @pytest.mark.parametrize("fault", ["kill -9", "engine failure"])
-def test_the_only_actor_lost_is_replaced_and_the_run_completes(tmp_path, small_model, fault):
+def test_the_only_actor_lost_is_replaced_and_the_run_completes(ray_cluster, tmp_path, small_model, fault):
     # With one actor nothing else feeds the steps or gets a call that would fail: the loss must be
     # noticed by itself and the replacement must join without waiting for a step boundary.
     cfg = config(tmp_path, small_model, "rollout.num_actors=1", "total_steps=30", "observe.stall_timeout_s=60")
@@ -105,7 +103,7 @@ def test_the_only_actor_lost_is_replaced_and_the_run_completes(tmp_path, small_m
     assert_accounting(orch)
 
 
-def test_the_pool_grows_and_shrinks_on_request_without_touching_the_learner(tmp_path, small_model):
+def test_the_pool_grows_and_shrinks_on_request_without_touching_the_learner(ray_cluster, tmp_path, small_model):
     cfg = config(tmp_path, small_model, "rollout.num_actors=1", "total_steps=200")
 
     def operator(orch):

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
@@ -22,11 +22,40 @@ MAX_TOKENS = 96
 NATS = 1e-3  # decode-path logprobs against transformers' full forward, float32
 
 
-async def generate_across_a_push(path, model, prompts: list[list[int]]) -> tuple[list, dict, RolloutActor]:
+class Lent:
+    """The module's started engine lent to an actor: the actor's start and shutdown leave it be."""
+
+    def __init__(self, engine: VLLMEngine):
+        self.engine = engine
+
+    async def start(self) -> None:
+        pass
+
+    async def shutdown(self) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One event loop and one started engine (of build_tiny_model's weights) for both tests here:
+    an engine start is ~25 s on 2 cores, and both tests use the same engine settings."""
+    path = tmp_path_factory.mktemp("model")
+    build_tiny_model(path)
+    loop = asyncio.new_event_loop()
+    engine = VLLMEngine(str(path), max_model_len=128, max_num_seqs=256)
+    loop.run_until_complete(engine.start())
+    yield loop, engine, path
+    loop.run_until_complete(engine.shutdown())
+    loop.close()
+
+
+async def generate_across_a_push(engine, model, prompts: list[list[int]]) -> tuple[list, dict, RolloutActor]:
     samples = []
-    actor = RolloutActor(0, lambda: VLLMEngine(str(path), max_model_len=128, max_num_seqs=256),
-                         SamplingSpec(1.0, 1.0, MAX_TOKENS), group_size=4, emit=samples.append,
-                         sync_mode="inflight")
+    actor = RolloutActor(0, lambda: Lent(engine), SamplingSpec(1.0, 1.0, MAX_TOKENS), group_size=4,
+                         emit=samples.append, sync_mode="inflight")
     await actor.start()
     port = free_port()
     sender = GlooWeightSender("127.0.0.1", port, world_size=2, timeout_s=60)
@@ -49,17 +78,13 @@ async def generate_across_a_push(path, model, prompts: list[list[int]]) -> tuple
     return samples, stats, actor
 
 
-@pytest.fixture(autouse=True)
-def vllm_cpu_env(monkeypatch):
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-
-
-def test_resumed_tokens_carry_the_logprobs_of_the_weights_that_sampled_them(tmp_path):
-    model = build_tiny_model(tmp_path).double()
+def test_resumed_tokens_carry_the_logprobs_of_the_weights_that_sampled_them(shared):
+    loop, engine, path = shared
+    model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32).eval().double()  # the engine's weights
     before = copy.deepcopy(model)
-    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
     prompts = [tok(f"{a} plus {b} is")["input_ids"] for a in range(8) for b in range(4)]
-    samples, stats, actor = asyncio.run(generate_across_a_push(tmp_path, model.float(), prompts))
+    samples, stats, actor = loop.run_until_complete(generate_across_a_push(engine, model.float(), prompts))
     model.double()
 
     assert stats["sync/aborted_requests"] > 0 and actor.stats["resumed"] > 0
@@ -80,26 +105,21 @@ def test_resumed_tokens_carry_the_logprobs_of_the_weights_that_sampled_them(tmp_
         assert (v0[k:] - v1[k:]).abs().mean() > 20 * NATS
 
 
-async def resume_burst(path, num_requests: int, prefix_len: int) -> list:
+async def resume_burst(engine, num_requests: int, prefix_len: int) -> list:
     """What an in-flight update does to the engine: every aborted request comes back at once as
     a seeded request whose prompt is the original prompt plus its prefix."""
-    engine = VLLMEngine(str(path), max_model_len=128, max_num_seqs=256)
-    await engine.start()
-    try:
-        prompts = [[3 + (i + j) % 90 for j in range(prefix_len)] for i in range(num_requests)]
-        return await asyncio.wait_for(asyncio.gather(*[
-            engine.generate(ids, SamplingSpec(1.0, 1.0, 8, seed=i), f"p{i}-r1") for i, ids in enumerate(prompts)]), 120)
-    finally:
-        await engine.shutdown()
+    prompts = [[3 + (i + j) % 90 for j in range(prefix_len)] for i in range(num_requests)]
+    return await asyncio.wait_for(asyncio.gather(*[
+        engine.generate(ids, SamplingSpec(1.0, 1.0, 8, seed=i), f"p{i}-r1") for i, ids in enumerate(prompts)]), 120)
 
 
-def test_resumed_requests_with_more_prefix_tokens_than_one_engine_step_all_finish(tmp_path):
+def test_resumed_requests_with_more_prefix_tokens_than_one_engine_step_all_finish(shared):
     """200 resumed requests of 40 prompt tokens (8,000 tokens, four times vLLM-CPU's default
     step budget): with chunked prefill a prompt split across steps made the engine rewind its
     request's seeded CPU generator, which CPU generators cannot do, and the engine died
     mid-run (the actor was then lost on the next push)."""
-    build_tiny_model(tmp_path)
-    outs = asyncio.run(resume_burst(tmp_path, num_requests=200, prefix_len=40))
+    loop, engine, _ = shared
+    outs = loop.run_until_complete(resume_burst(engine, num_requests=200, prefix_len=40))
     assert len(outs) == 200
     assert all(o.finish_reason in ("stop", "length") and 1 <= len(o.token_ids) <= 8 for o in outs)
     assert all(len(o.logprobs) == len(o.token_ids) for o in outs)

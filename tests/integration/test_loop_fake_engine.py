@@ -2,14 +2,13 @@
 trains only on tokens of the current version, and every batch still holds exactly Phi."""
 
 import pytest
-import ray
 
 from asyncrl.config import load_config
 from asyncrl.orchestrator.orchestrator import Orchestrator
 
 
 @pytest.mark.parametrize("staleness", [0, 2])
-def test_loop_respects_the_staleness_bound_with_exact_budget(tmp_path, small_model, staleness):
+def test_loop_respects_the_staleness_bound_with_exact_budget(ray_cluster, tmp_path, small_model, staleness):
     cfg = load_config(None, [
         f"model.path={small_model}", "rollout.engine=fake", "rollout.num_actors=2", "total_steps=8",
         "buffer.token_budget=48", f"buffer.max_staleness={staleness}", "algo.drop_zero_variance_groups=false",
@@ -17,14 +16,12 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(tmp_path, small_mod
         # shaping on: fake responses often run to max_tokens without EOS
         "algo.no_eos_penalty=0.5", "algo.overlong_buffer=4", "algo.truncation_mask=after",
     ])
-    ray.init(num_cpus=4, include_dashboard=False)
     orch = Orchestrator(cfg)
     try:
         orch.run()
         actor_versions = [s["version"] for s in orch.pool.stats()]
     finally:
         orch.shutdown()
-        ray.shutdown()
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 8
     assert [h["learner/version"] for h in orch.history] == list(range(1, 9))
     assert max(h["staleness/max"] for h in orch.history) <= staleness
@@ -49,7 +46,7 @@ class RecordingOrchestrator(Orchestrator):
         super()._ingest(samples)
 
 
-def test_stages_switch_sampling_budget_and_filter_solved_prompts(tmp_path, small_model):
+def test_stages_switch_sampling_budget_and_filter_solved_prompts(ray_cluster, tmp_path, small_model):
     stages = ("[{steps: 3, max_tokens: 6, group_size: 4, token_budget: 32},"
               " {max_tokens: 8, group_size: 6, temperature: 0.5, token_budget: 40, online_filter: true}]")
     cfg = load_config(None, [
@@ -59,14 +56,12 @@ def test_stages_switch_sampling_budget_and_filter_solved_prompts(tmp_path, small
         "reward.type=import:asyncrl.reward.fault_injection:solves_even_records",
         "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "save_final=false",
     ])
-    ray.init(num_cpus=4, include_dashboard=False)
     orch = RecordingOrchestrator(cfg)
     orch.seen = []
     try:
         orch.run()
     finally:
         orch.shutdown()
-        ray.shutdown()
     assert [h["stage/index"] for h in orch.history] == [0, 0, 0, 1, 1, 1]
     assert [h["learner/loss_tokens"] for h in orch.history] == [32] * 3 + [40] * 3
     first = [x for x in orch.seen if not x[0].startswith("s1-")]
@@ -91,7 +86,7 @@ class HangFirstGroup(Orchestrator):
         super()._ingest(samples)
 
 
-def test_a_group_stuck_in_a_hung_verifier_does_not_hold_up_the_steps(tmp_path, small_model):
+def test_a_group_stuck_in_a_hung_verifier_does_not_hold_up_the_steps(ray_cluster, tmp_path, small_model):
     # Synchronous mode, the tightest bound: a step takes about B prompts of the current version, and
     # one of the first B hangs for the whole run. Counted against the bound it would starve the
     # buffer until the 120 s timeout; held by the verifiers it is replaced, and the steps go on.
@@ -102,19 +97,17 @@ def test_a_group_stuck_in_a_hung_verifier_does_not_hold_up_the_steps(tmp_path, s
         "reward.timeout_s=120", "observe.console=off", "observe.tensorboard=false",
         f"observe.output_dir={tmp_path}", "save_final=false",
     ])
-    ray.init(num_cpus=4, include_dashboard=False)
     orch = HangFirstGroup(cfg)
     try:
         orch.run()
         hung_pending = orch.rewards.num_pending
     finally:
         orch.shutdown()
-        ray.shutdown()
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 6
     assert orch.rewards.stats.timeouts == 0 and hung_pending >= 2  # still hanging when the run ended
 
 
-def test_decoupled_rollout_batches_on_two_ranks_in_the_loop(tmp_path, small_model):
+def test_decoupled_rollout_batches_on_two_ranks_in_the_loop(ray_cluster, tmp_path, small_model):
     """Rollout batches of N_SGD = 2 (D_R 4, D_T 2) with decoupled PPO on two learner ranks: the
     orchestrator marks each batch's first step and hands the ranks their shares of the batch;
     the first step's ratio is 1 (pi_prox is the policy it starts from), the second's is not."""
@@ -125,13 +118,11 @@ def test_decoupled_rollout_batches_on_two_ranks_in_the_loop(tmp_path, small_mode
         "algo.no_eos_penalty=0.5", "algo.overlong_buffer=4",  # rewards that vary: fake answers are all wrong
         "observe.console=off", "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "save_final=false",
     ])
-    ray.init(num_cpus=4, include_dashboard=False)
     orch = Orchestrator(cfg)
     try:
         orch.run()
     finally:
         orch.shutdown()
-        ray.shutdown()
     rows = orch.history
     assert [r["learner/opens_rollout_batch"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
     assert [r["buffer/rollout_batches_sealed_total"] for r in rows] == [1, 1, 2, 2]
