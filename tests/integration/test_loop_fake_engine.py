@@ -138,7 +138,7 @@ class ScoredIntake(Orchestrator):
         super()._ingest(samples)
 
 
-def test_actors_that_score_their_own_samples_feed_the_loop_without_the_drivers_pool(tmp_path, small_model):
+def test_actors_that_score_their_own_samples_feed_the_loop_without_the_drivers_pool(ray_cluster, tmp_path, small_model):
     cfg = load_config(None, [
         f"model.path={small_model}", "rollout.engine=fake", "rollout.num_actors=2", "total_steps=4",
         "buffer.token_budget=48", "buffer.max_staleness=1", "eval.every_steps=0",
@@ -146,7 +146,6 @@ def test_actors_that_score_their_own_samples_feed_the_loop_without_the_drivers_p
         "reward.type=import:asyncrl.reward.fault_injection:solves_even_records",
         "observe.console=off", "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "save_final=false",
     ])
-    ray.init(num_cpus=4, include_dashboard=False)
     orch = ScoredIntake(cfg)
     orch.seen = []
     try:
@@ -154,7 +153,6 @@ def test_actors_that_score_their_own_samples_feed_the_loop_without_the_drivers_p
         actor_stats = orch.pool.stats()
     finally:
         orch.shutdown()
-        ray.shutdown()
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 4
     assert orch.seen and orch.rewards.stats.submitted == 0  # nothing went through the driver's pool
     for key, reward, outcome in orch.seen:  # each scored by its actor, as the verifier scores its record
