@@ -98,12 +98,12 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
            **log_env(cfg.run_dir, f"actor-{actor_id}", cfg.observe.worker_logs)}
     if rpc_dir:
         env["VLLM_RPC_BASE_PATH"] = rpc_dir
+    scorer = functools.partial(LocalRewards.build, cfg.reward, model_path) if cfg.reward.placement == "actor" else None
     return ray.remote(RolloutActor).options(
         num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
         runtime_env={"env_vars": env}).remote(
         actor_id, engine_factory(cfg, model_path, actor_id), spec, cfg.rollout.group_size, sample_endpoint,
-        seed=cfg.seed, sync_mode=cfg.sync.mode,
-        scorer=functools.partial(LocalRewards.build, cfg.reward, model_path) if cfg.reward.placement == "actor" else None)
+        seed=cfg.seed, sync_mode=cfg.sync.mode, scorer=scorer)
 
 
 def shutdown(run: Any, say=print) -> None:
