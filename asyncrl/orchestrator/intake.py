@@ -33,7 +33,7 @@ class SampleIntake:
         self.decode = batch_decoder(tokenizer)
         self.probe_ids: list[int] | None = None  # the first sample seen: real text for this model
         self._scored: list[RewardResult] = []  # arrived with their rewards, routed at the next poll
-        self.actor_outcomes: Counter = Counter()  # of those: the actors' pools' timeouts and crashes
+        self.actor_outcomes: Counter = Counter()  # of those, by outcome (the actors' pools' timeouts, crashes)
 
     def ingest(self, samples: list[Sample]) -> None:
         """Samples as they arrive: recorded by the ledger, then off to the reward pool (unless
@@ -62,9 +62,10 @@ class SampleIntake:
         return results
 
     def metrics(self) -> dict[str, float]:
-        """The actors' own reward pools' failures (their samples' outcomes): the driver's pool
-        reports its own in `reward/pool_*`."""
-        return {"reward/actor_pool_timeouts_total": self.actor_outcomes["timeout"],
+        """Samples that arrived scored by their actors, and the actors' pools' failures among them
+        (their outcomes): the driver's pool reports its own in `reward/pool_*`."""
+        return {"reward/actor_scored_total": self.actor_outcomes.total(),
+                "reward/actor_pool_timeouts_total": self.actor_outcomes["timeout"],
                 "reward/actor_pool_crashes_total": self.actor_outcomes["worker_crash"]}
 
 

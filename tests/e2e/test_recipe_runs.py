@@ -5,7 +5,7 @@ Overrides only shorten the run (steps, stage lengths, rollout-batch size) so eac
 its interesting boundaries (stages, online filtering, reference resets, rollout batches) in three
 steps; the algorithm settings are the recipe's own. Two recipes run on two learner ranks, as a
 user who outgrew one process would run them: C3PO's exact Φ on DeepSpeed ZeRO-2, ProRL's
-reference resets on FSDP2."""
+reference resets on FSDP2. GRPO's actor scores its own samples (reward.placement: actor)."""
 
 import json
 import os
@@ -27,6 +27,8 @@ SHORTEN = {
 }
 RANKS = {"ring_lite_c3po": ["learner.num_ranks=2", "learner.backend=deepspeed"],
          "prorl": ["learner.num_ranks=2", "sync.probe_every=1"]}  # FSDP2 pushes of the tied tiny model, probed
+# as a user with slow verifiers or many actors runs it: each vLLM actor scores its own samples
+PLACEMENT = {"grpo": ["reward.placement=actor"]}
 
 
 def test_every_recipe_is_covered():
@@ -36,7 +38,7 @@ def test_every_recipe_is_covered():
 def run_recipe(name, tmp_path):
     cmd = [sys.executable, "launch/run.py", "--config", f"configs/{name}.yaml", f"total_steps={STEPS}",
            f"observe.output_dir={tmp_path}", "observe.console=lines", "observe.tensorboard=false",
-           "save_final=false", "eval.every_steps=0", *SHORTEN[name], *RANKS.get(name, [])]
+           "save_final=false", "eval.every_steps=0", *SHORTEN[name], *RANKS.get(name, []), *PLACEMENT.get(name, [])]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -56,6 +58,11 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
     if name in RANKS:  # the ranks' parts add up to the step
         assert all(r["learner/loss_tokens_rank0"] + r["learner/loss_tokens_rank1"] == r["learner/loss_tokens"]
                    for r in rows)
+    scored_by_actors = rows[-1]["reward/actor_scored_total"]
+    if name in PLACEMENT:  # every sample of the steps came scored from the actor
+        assert scored_by_actors >= sum(r["reward/num_samples"] for r in rows) > 0
+    else:
+        assert scored_by_actors == 0
     if name == "ring_lite_c3po":
         assert tokens == [512] * STEPS  # C3PO: exactly Phi loss tokens every step
     if name in ("grpo", "ring_lite_c3po", "prorl"):

@@ -74,6 +74,7 @@ def test_samples_their_actor_scored_skip_the_pool_and_reach_the_router_with_thei
     assert [(r.key.sample_index, r.reward, r.info["outcome"], r.latency_s) for r in routed] == [
         (0, 1.0, "correct", 0.125), (1, 0.0, "timeout", 0.125)]  # the repeated frame is dropped
     assert pool.waits == [0.0]  # with rewards in hand the driver does not wait on its own pool
-    assert intake.metrics() == {"reward/actor_pool_timeouts_total": 1, "reward/actor_pool_crashes_total": 0}
+    assert intake.metrics() == {"reward/actor_scored_total": 2, "reward/actor_pool_timeouts_total": 1,
+                                "reward/actor_pool_crashes_total": 0}
     intake.poll_rewards(step=3, timeout_s=0.5)
     assert len(routed) == 2 and pool.waits == [0.0, 0.5]
