@@ -60,14 +60,14 @@ class Sides:
 
     def __init__(self, cfg, model_path: str, engine_kwargs: dict, items: list):
         from asyncrl.orchestrator.components import start_rollout_actor
-        from asyncrl.transport.codec import decode_sample
+        from asyncrl.transport.codec import decode_samples
         from asyncrl.transport.zmq_stream import FrameReceiver
 
         self.cfg, self.items = cfg, items
         self.bare = ray.remote(BareVLLM).options(
             num_cpus=cfg.rollout.num_cpus_per_actor, runtime_env={"env_vars": child_env()},
         ).remote(engine_kwargs, cfg.rollout.kv_cache_gib)
-        self.receiver = FrameReceiver(decode_sample)
+        self.receiver = FrameReceiver(decode_samples)
         self.actor = start_rollout_actor(cfg, model_path, self.receiver.endpoint, actor_id=0)
         ray.get(self.actor.start.remote())
 

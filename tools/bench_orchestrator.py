@@ -5,16 +5,20 @@ fed by 64 simulated rollout actors, against the raw zmq+msgpack rate of the same
 
 The simulated actors are fake engines that wait as a GPU would and use no CPU: a process hosts
 many of them (`--hosts`, 4 by default), each with a zmq PUSH socket of its own, as every
-RolloutActor has; 64 Ray actor processes would not fit beside the driver on 2 cores. An actor
-that is granted a group waits `--gen-s` (x 0.5-1.5 per sample) and sends the group's frames,
-encoded beforehand with the real codec (`encode_sample`): on a cluster each actor encodes on its
-own node, here that would take the driver's cores. The driver grants a group again as soon as it
-is done with it (the stand-in for admission and `RolloutActor.submit`: a zmq message, not a Ray
-call), so the actors never run ahead of it and the offered load only depends on its speed.
+RolloutActor has; 64 Ray actor processes would not fit beside the driver on 2 cores. A sample of
+a granted group finishes `--gen-s` (x 0.5-1.5) later, at the end of its actor's engine step
+(`--step-s`, by default one decode step per response token: an engine hands out together the
+requests that finished in one step), and the actor sends the samples that finished together in
+one frame with the real codec (`encode_samples`), as RolloutActor's RecordBatcher does. Samples
+(and, for actor-scored runs, their rewards) are built beforehand: on a cluster that is the actor
+node's work, here it would take the driver's cores. The driver grants a group again as soon as
+it is done with it (the stand-in for admission and `RolloutActor.submit`: a zmq message, not a
+Ray call), so the actors never run ahead of it and the offered load only depends on its speed.
 
 Stages, each a whole pipeline measured on its own, in alternating rounds:
-- raw: one producer process sends the same frames to one PULL socket; recv + msgpack.unpackb;
-- ingest: 64 actors -> FrameReceiver + decode_sample (Samples, nothing else);
+- raw (after the others, each round): one producer process sends frames of as many samples as
+  the stages' frames carried on average to one PULL socket; recv + msgpack.unpackb;
+- ingest: 64 actors -> FrameReceiver + decode_samples (Samples, nothing else);
 - score: ingest + detokenize + the real reward pool (2 workers, a verifier that costs ~1 us) and
   back: what scoring itself costs the driver;
 - driver: the orchestrator's loop (orchestrator.py, `_run`): `SampleIntake` (ledger, reward pool,
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import math
 import multiprocessing as mp
 import os
 import random
@@ -43,12 +48,13 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
 import zmq
 
-from asyncrl.transport.codec import decode_sample, encode_sample
+from asyncrl.transport.codec import decode_samples, encode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
 from asyncrl.types import PromptItem, Sample
 
@@ -66,32 +72,36 @@ def group_samples(actor: int, group: int, args, rng: random.Random) -> list[Samp
                    "stop" if i % 2 else "length", actor, metadata(group)) for i in range(args.group_size)]
 
 
-def group_frames(actor: int, group: int, args, rng: random.Random) -> list[bytes]:
-    return [encode_sample(s) for s in group_samples(actor, group, args, rng)]
-
-
-def scored_frame(s: Sample, tokenizer) -> bytes:
-    """The frame of an actor that scored the sample itself (reward.placement: actor)."""
+def scored(s: Sample, tokenizer) -> Sample:
+    """The sample as an actor that scored it itself sends it (reward.placement: actor)."""
     from asyncrl.reward.fault_injection import by_response_hash
 
+    s = replace(s)
     s.reward, s.reward_info = by_response_hash(tokenizer.decode(s.response_ids, skip_special_tokens=True), s.metadata)
     s.reward_info.update(verifier=VERIFIER, data_source=s.metadata["data_source"])  # as RewardRouter adds them
     s.reward_latency_s = 1e-5
-    return encode_sample(s)
+    return s
 
 
 def actor_host(endpoint: str, grants_endpoint: str, actors: list[int], args) -> None:
-    """Many simulated actors in one process: frames leave when their (fake) generation ends."""
+    """Many simulated actors in one process. A sample finishes `--gen-s` (x 0.5-1.5) after its
+    group is granted, at the end of its actor's engine step (every `--step-s`: an engine hands out
+    the requests that finished in a step together, and the actor's RecordBatcher sends those in
+    one frame, as RolloutActor does)."""
     from asyncrl.tiny.tokenizer import build_tokenizer
 
     rng, tokenizer = random.Random(actors[0]), build_tokenizer()
-    samples = {(a, g): group_samples(a, g, args, rng) for a in actors for g in range(args.groups_per_actor)}
-    frames = {key: [encode_sample(s) for s in group] for key, group in samples.items()}
-    scored = {key: [scored_frame(s, tokenizer) for s in group] for key, group in samples.items()}
+    plain = {(a, g): group_samples(a, g, args, rng) for a in actors for g in range(args.groups_per_actor)}
+    with_rewards = {key: [scored(s, tokenizer) for s in group] for key, group in plain.items()}
+    phase = {a: rng.random() * args.step_s for a in actors}  # the actors' steps are not in lockstep
     sockets = {a: FrameSender(endpoint) for a in actors}
     grants = zmq.Context.instance().socket(zmq.PULL)
     grants.connect(grants_endpoint)
     due: list[tuple[float, int, int, int, bool]] = []  # (when, actor, group, sample index, scored)
+
+    def step_end(a: int, t: float) -> float:
+        return t if not args.step_s else phase[a] + math.ceil((t - phase[a]) / args.step_s) * args.step_s
+
     while True:
         wait_ms = max(0.0, due[0][0] - time.monotonic()) * 1000 if due else 100
         while grants.poll(wait_ms):
@@ -99,14 +109,16 @@ def actor_host(endpoint: str, grants_endpoint: str, actors: list[int], args) -> 
             msg = msgpack.unpackb(grants.recv())
             if msg is None:
                 return
-            now, (with_rewards, pairs) = time.monotonic(), msg
+            now, (scored_by_actor, pairs) = time.monotonic(), msg
             for a, g in pairs:
                 for i in range(args.group_size):
-                    heapq.heappush(due, (now + args.gen_s * (0.5 + rng.random()), a, g, i, with_rewards))
-        now = time.monotonic()
+                    heapq.heappush(due, (step_end(a, now + args.gen_s * (0.5 + rng.random())), a, g, i, scored_by_actor))
+        now, finished = time.monotonic(), {}
         while due and due[0][0] <= now:
-            _, a, g, i, with_rewards = heapq.heappop(due)
-            sockets[a].send((scored if with_rewards else frames)[a, g][i])
+            _, a, g, i, scored_by_actor = heapq.heappop(due)
+            finished.setdefault(a, []).append((with_rewards if scored_by_actor else plain)[a, g][i])
+        for a, samples in finished.items():
+            sockets[a].send(encode_samples(samples))
 
 
 class Actors:
@@ -149,9 +161,12 @@ def producer(endpoint: str, frames: list[bytes]) -> None:
             sock.send(f)
 
 
-def raw_rate(args, seconds: float) -> float:
-    """One producer, one consumer, no decode into Sample: the ceiling of the transport."""
-    frames = [f for g in range(args.groups_per_actor) for f in group_frames(0, g, args, random.Random(0))]
+def raw_rate(args, seconds: float, per_frame: int) -> float:
+    """One producer, one consumer, frames of `per_frame` samples (as many as the stages' frames
+    carried), msgpack.unpackb and no more: the ceiling of the transport, in samples/s."""
+    rng = random.Random(0)
+    samples = [s for g in range(args.groups_per_actor) for s in group_samples(0, g, args, rng)]
+    frames = [encode_samples(samples[i:i + per_frame]) for i in range(0, len(samples) - per_frame + 1, per_frame)]
     sock = zmq.Context.instance().socket(zmq.PULL)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     proc = mp.get_context("spawn").Process(target=producer, args=(f"tcp://127.0.0.1:{port}", frames), daemon=True)
@@ -162,7 +177,7 @@ def raw_rate(args, seconds: float) -> float:
     count, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
         msgpack.unpackb(sock.recv(), raw=False)
-        count += 1
+        count += per_frame
     rate = count / (time.monotonic() - t0)
     proc.kill()
     sock.close(linger=0)
@@ -351,12 +366,16 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--response-tokens", type=int, default=16)
     parser.add_argument("--gen-s", type=float, default=0.05, help="simulated generation time per sample (s)")
+    parser.add_argument("--step-s", type=float, default=None,
+                        help="simulated engine step (s): samples finish at step ends (default gen-s / response-tokens)")
     parser.add_argument("--token-budget", type=int, default=8192, help="Phi: loss tokens per batch")
     parser.add_argument("--reward-workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=4.0, help="measured time per stage and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", help="py-spy the driver during the first driver measurement into this file")
     args = parser.parse_args()
+    if args.step_s is None:
+        args.step_s = args.gen_s / args.response_tokens  # one decode step per token
 
     from asyncrl.orchestrator.components import build_reward_pool
     from asyncrl.orchestrator.intake import freeze_startup_heap
@@ -367,7 +386,7 @@ def main() -> None:
     tokenizer = save_tokenizer(tmp)
     rewards = build_reward_pool(RewardConfig(type=VERIFIER, num_workers=args.reward_workers), set)
     rewards.wait_ready()
-    receiver = FrameReceiver(decode_sample)
+    receiver = FrameReceiver(decode_samples)
     actors = Actors(receiver.endpoint, args)
     stages = {"ingest": Ingest(receiver, args), "score": Score(receiver, args, rewards, tokenizer),
               "driver": Driver(receiver, args, rewards, tokenizer, tmp),
@@ -381,15 +400,17 @@ def main() -> None:
     rates: dict[str, list[float]] = {name: [] for name in ["raw", *stages]}
     try:
         for r in range(args.rounds):
-            rates["raw"].append(raw_rate(args, args.seconds))
-            line = f"round {r + 1}: raw {rates['raw'][-1]:,.0f}"
+            line, frames_before, records_before = "", receiver.num_frames, receiver.num_received
             for name, stage in stages.items():
                 actors.with_rewards = name == "driver_actor_rewards"
                 profile = f"{args.profile}.{name}" if (args.profile and name.startswith("driver") and r == 0) else None
                 rate, driver_cores, machine_cores = measure(stage, actors, args, profile)
                 rates[name].append(rate)
                 line += f" | {name} {rate:,.0f} (driver {driver_cores:.2f} cores, machine {machine_cores:.2f})"
-            print(line + " samples/s", flush=True)
+            per_frame = (receiver.num_received - records_before) / (receiver.num_frames - frames_before)
+            rates["raw"].append(raw_rate(args, args.seconds, max(1, round(per_frame))))
+            print(f"round {r + 1}: {per_frame:.2f} samples a frame, raw {rates['raw'][-1]:,.0f}{line} samples/s",
+                  flush=True)
     finally:
         actors.stop()
         rewards.close()

@@ -88,7 +88,7 @@ class LearnerRank:
         self.model = self.backend.module
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.version = 0
-        self.batches = FrameReceiver(decode_batch, host=host)
+        self.batches = FrameReceiver(lambda frame: [decode_batch(frame)], host=host)
         self.batch_timeout_s = batch_timeout_s
         self.sender = None
         self.entropy = EntropySchedule(algo)

@@ -59,7 +59,7 @@ from asyncrl.orchestrator.stage_runner import StageRunner
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.reward.errors import RewardErrorMonitor
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.transport.codec import decode_sample
+from asyncrl.transport.codec import decode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import Sample, StepResult
 
@@ -94,7 +94,7 @@ class Orchestrator:
         self.rewards = components.build_reward_pool(cfg.reward, self.stages.data_sources)
         self.ledger = components.build_ledger(cfg, self.stages.current)
         self.host = components.node_ip()
-        self.samples = FrameReceiver(decode_sample, host=self.host)
+        self.samples = FrameReceiver(decode_samples, host=self.host)
         self.rpc_dir = tempfile.mkdtemp(prefix="asyncrl-vllm-rpc-")
         t0 = time.monotonic()
         self.say(f"starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend}) and "

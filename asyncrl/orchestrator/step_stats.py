@@ -96,9 +96,10 @@ class StepStats:
         """A step's chunks, trained by `learner_version`; `batch_start_version`: the version their
         rollout batch was first trained at (the buffer's `batch_start_version`; None: this step)."""
         start = learner_version if batch_start_version is None else batch_start_version
+        lag, async_lag = learner_version.__sub__, start.__sub__  # map() over them: a C loop per chunk
         for c in chunks:
-            self.lags.extend(learner_version - v for v in c.versions)
-            self.async_lags.extend(start - v for v in c.versions)
+            self.lags.extend(map(lag, c.versions))
+            self.async_lags.extend(map(async_lag, c.versions))
         self.reuse_lags.append(learner_version - start)
 
     def take_examples(self) -> list[dict[str, Any]]:

@@ -89,11 +89,10 @@ class RolloutActor:
         self.engine = self._engine_factory()
         await self.engine.start()
         if isinstance(self._emit_target, str):
-            from asyncrl.transport.codec import encode_sample
-            from asyncrl.transport.zmq_stream import FrameSender
+            from asyncrl.transport.codec import encode_samples
+            from asyncrl.transport.zmq_stream import FrameSender, RecordBatcher
 
-            sender = FrameSender(self._emit_target)
-            self._emit = lambda s: sender.send(encode_sample(s))
+            self._emit = RecordBatcher(FrameSender(self._emit_target), encode_samples)
         else:
             self._emit = self._emit_target
         if self._scorer_factory is not None:

@@ -1,74 +1,76 @@
 """msgpack encoding of the records that cross process boundaries on the hot path.
 
-No pickle: a frame is a msgpack map of scalars, strings and packed little-endian arrays
-(token ids as int32, logprobs as float32, versions as int32). Decoding validates the frame and
-raises `FrameError` for anything that is not a well-formed record, so a receiver can drop and
-count it instead of crashing the run.
+No pickle: a frame is a msgpack map of a few scalars and columns. A frame carries a list of
+records (the samples an actor finished at once, or a learner rank's chunks of one step) column by
+column: each field of the records is one entry, a msgpack list with a value per record (token ids
+and versions as a list of int lists), except logprobs: float32 (as the engine computes them),
+packed little-endian and concatenated over the frame's records, cut by the records' token
+counts. msgpack builds those lists in C, so decoding a frame costs a few calls per column and a
+constructor call per record, not a map and four array conversions per record: the driver's one
+thread decodes every sample of every actor (tools/bench_orchestrator.py measures it).
+
+Decoding validates the whole frame and raises `FrameError` for anything that is not a well-formed
+list of records, so a receiver can drop and count it instead of crashing the run.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from array import array
+from itertools import accumulate, chain
 from typing import Any
 
 import msgpack
 
-from asyncrl.types import BATCH_ROLES, Batch, ResponseSpan, Sample, SequenceChunk
+from asyncrl.types import BATCH_ROLES, FINISH_REASONS, Batch, ResponseSpan, Sample, SequenceChunk
 
-FORMAT_VERSION = 1
-# Packed arrays go through the stdlib's `array` (a C loop, a quarter to half of numpy's
-# per-call cost on arrays this short), as little-endian 4-byte values.
-_TYPECODES = {"<i4": "i", "<f4": "f"}
-assert all(array(code).itemsize == 4 for code in _TYPECODES.values())
+FORMAT_VERSION = 2
 _SWAP = sys.byteorder != "little"
 
 
 class FrameError(ValueError):
-    """A frame that does not decode to a valid record."""
+    """A frame that does not decode to a valid list of records."""
 
 
-def _pack(values: list, dtype: str) -> bytes:
-    packed = array(_TYPECODES[dtype], values)
+# -- columns -----------------------------------------------------------------------------------
+
+def _pack_floats(seqs: list[list[float]]) -> bytes:
+    """Sequences of float32 values, concatenated (their lengths are known from other columns)."""
+    packed = array("f", chain.from_iterable(seqs))
     if _SWAP:
         packed.byteswap()
     return packed.tobytes()
 
 
-def _unpack(raw: Any, dtype: str, field: str) -> list:
-    if not isinstance(raw, bytes):
-        raise FrameError(f"field {field!r} must be packed bytes, got {type(raw).__name__}")
-    if len(raw) % 4:
-        raise FrameError(f"field {field!r}: {len(raw)} bytes is not a whole number of {dtype}")
-    values = array(_TYPECODES[dtype])
+def _unpack_floats(obj: dict, name: str, lengths: list[int]) -> list[list[float]]:
+    raw = obj.get(name)
+    if not isinstance(raw, bytes) or len(raw) != 4 * sum(lengths):
+        raise FrameError(f"field {name!r} must be {sum(lengths)} packed float32")
+    values = array("f")
     values.frombytes(raw)
     if _SWAP:
         values.byteswap()
-    return values.tolist()
+    flat, ends = values.tolist(), list(accumulate(lengths))
+    return [flat[a:b] for a, b in zip([0, *ends], ends)]
 
 
-def encode_sample(s: Sample) -> bytes:
-    scored = {} if s.reward is None else {  # only an actor that scores its own samples sends these
-        "reward": float(s.reward), "reward_info": s.reward_info, "reward_latency_s": float(s.reward_latency_s)}
-    return msgpack.packb(
-        {
-            **scored,
-            "v": FORMAT_VERSION,
-            "kind": "sample",
-            "prompt_id": s.prompt_id,
-            "group_id": s.group_id,
-            "sample_index": s.sample_index,
-            "prompt_ids": _pack(s.prompt_ids, "<i4"),
-            "response_ids": _pack(s.response_ids, "<i4"),
-            "logprobs": _pack(s.logprobs, "<f4"),
-            "versions": _pack(s.versions, "<i4"),
-            "finish_reason": s.finish_reason,
-            "actor_id": s.actor_id,
-            "metadata": s.metadata,
-            "temperature": float(s.temperature),
-        },
-        use_bin_type=True,
-    )
+def _column(obj: dict, name: str, typ: type, count: int | None) -> list:
+    """A msgpack list of `count` values (None: any number) of type `typ` (exactly: no bools as ints)."""
+    values = obj.get(name)
+    if not isinstance(values, list) or count is not None and len(values) != count:
+        raise FrameError(f"field {name!r} must be a list of {'' if count is None else count} values")
+    if not set(map(type, values)) <= {typ}:
+        raise FrameError(f"field {name!r}: every value must be {typ.__name__}")
+    return values
+
+
+def _int_seqs(obj: dict, name: str, count: int) -> list[list[int]]:
+    """A list of `count` lists of ints (token ids, versions)."""
+    seqs = _column(obj, name, list, count)
+    if not set(map(type, chain.from_iterable(seqs))) <= {int}:
+        raise FrameError(f"field {name!r}: every value must be an int")
+    return seqs
 
 
 def _load_map(frame: bytes, kind: str) -> dict:
@@ -90,32 +92,123 @@ def _typed(obj: dict, name: str, typ: type | tuple[type, ...]) -> Any:
     return value
 
 
-def decode_sample(frame: bytes) -> Sample:
-    obj = _load_map(frame, "sample")
-    try:
-        sample = Sample(
-            prompt_id=_typed(obj, "prompt_id", str),
-            group_id=_typed(obj, "group_id", str),
-            sample_index=_typed(obj, "sample_index", int),
-            prompt_ids=_unpack(obj.get("prompt_ids"), "<i4", "prompt_ids"),
-            response_ids=_unpack(obj.get("response_ids"), "<i4", "response_ids"),
-            logprobs=_unpack(obj.get("logprobs"), "<f4", "logprobs"),
-            versions=_unpack(obj.get("versions"), "<i4", "versions"),
-            finish_reason=_typed(obj, "finish_reason", str),
-            actor_id=_typed(obj, "actor_id", int),
-            metadata=_typed(obj, "metadata", dict),
-            temperature=_typed(obj, "temperature", float),
-        )
-        if "reward" in obj:
-            sample.reward = _typed(obj, "reward", float)
-            sample.reward_info = _typed(obj, "reward_info", dict)
-            sample.reward_latency_s = _typed(obj, "reward_latency_s", float)
-        if not sample.temperature > 0:
-            raise ValueError(f"temperature {sample.temperature} is not positive")
-        sample.validate()
-    except ValueError as e:
-        raise FrameError(str(e)) from e
-    return sample
+def _count(obj: dict) -> int:
+    count = _typed(obj, "count", int)
+    if count < 0:
+        raise FrameError(f"negative record count {count}")
+    return count
+
+
+# -- samples: rollout actor -> orchestrator ----------------------------------------------------
+
+def encode_samples(samples: list[Sample]) -> bytes:
+    """One frame of samples (an actor sends what finished together). Samples scored by their
+    actor (reward.placement: actor) carry their reward; a frame's samples are all scored or none."""
+    for s in samples:  # a bad record is the sender's bug: it raises there, not at the driver
+        s.validate()
+    scored = {s.reward is not None for s in samples}
+    if len(scored) > 1:
+        raise ValueError("a frame's samples must be all scored by their actor or none")
+    frame = {
+        "v": FORMAT_VERSION, "kind": "samples", "count": len(samples),
+        "prompt_id": [s.prompt_id for s in samples],
+        "group_id": [s.group_id for s in samples],
+        "sample_index": [s.sample_index for s in samples],
+        "prompt_ids": [s.prompt_ids for s in samples],
+        "response_ids": [s.response_ids for s in samples],
+        "logprobs": _pack_floats([s.logprobs for s in samples]),
+        "versions": [s.versions for s in samples],
+        "finish_reason": [s.finish_reason for s in samples],
+        "actor_id": [s.actor_id for s in samples],
+        "metadata": [s.metadata for s in samples],
+        "temperature": [float(s.temperature) for s in samples],
+    }
+    if scored == {True}:
+        frame.update(reward=[float(s.reward) for s in samples], reward_info=[s.reward_info for s in samples],
+                     reward_latency_s=[float(s.reward_latency_s) for s in samples])
+    return msgpack.packb(frame, use_bin_type=True)
+
+
+def decode_samples(frame: bytes) -> list[Sample]:
+    """The samples of one frame, validated as a whole: any bad record rejects the frame."""
+    obj = _load_map(frame, "samples")
+    k = _count(obj)
+    response_ids = _int_seqs(obj, "response_ids", k)
+    lengths = list(map(len, response_ids))
+    columns = [
+        _column(obj, "prompt_id", str, k),
+        _column(obj, "group_id", str, k),
+        _column(obj, "sample_index", int, k),
+        _int_seqs(obj, "prompt_ids", k),
+        response_ids,
+        _unpack_floats(obj, "logprobs", lengths),
+        _int_seqs(obj, "versions", k),
+        _column(obj, "finish_reason", str, k),
+        _column(obj, "actor_id", int, k),
+        _column(obj, "metadata", dict, k),
+        _column(obj, "temperature", float, k),
+    ]
+    if list(map(len, columns[6])) != lengths:
+        raise FrameError("a sample's versions and response tokens disagree in length")
+    if not all(columns[3]):
+        raise FrameError("a sample has an empty prompt")
+    if k and min(columns[2]) < 0:
+        raise FrameError("a sample has a negative sample_index")
+    if not set(columns[7]) <= set(FINISH_REASONS):
+        raise FrameError(f"finish_reason {sorted(set(columns[7]) - set(FINISH_REASONS))} not in {FINISH_REASONS}")
+    if not all(t > 0 for t in columns[10]):
+        raise FrameError("a sample's temperature is not positive")
+    samples = [Sample(*fields) for fields in zip(*columns)]
+    if "reward" in obj:
+        rewards = _column(obj, "reward", float, k)
+        if not all(map(math.isfinite, rewards)):
+            raise FrameError("a sample's reward is not finite")
+        infos = _column(obj, "reward_info", dict, k)
+        for s, reward, info, latency in zip(samples, rewards, infos, _column(obj, "reward_latency_s", float, k)):
+            s.reward, s.reward_info, s.reward_latency_s = reward, info, latency
+    return samples
+
+
+# -- batches: orchestrator -> learner rank -----------------------------------------------------
+
+def _chunk_columns(chunks: list[SequenceChunk]) -> dict[str, Any]:
+    return {
+        "count": len(chunks),
+        "group_id": [c.group_id for c in chunks],
+        "sample_index": [c.sample_index for c in chunks],
+        "prompt_ids": [c.prompt_ids for c in chunks],
+        "response_ids": [c.response_ids for c in chunks],
+        "loss_start": [c.loss_start for c in chunks],
+        "old_logprobs": _pack_floats([c.old_logprobs for c in chunks]),
+        "versions": [c.versions for c in chunks],
+        "advantage": [float(c.advantage) for c in chunks],
+        "temperature": [float(c.temperature) for c in chunks],
+    }
+
+
+def _decode_chunks(obj: Any, name: str) -> list[SequenceChunk]:
+    if not isinstance(obj, dict):
+        raise FrameError(f"{name} must be a map of columns")
+    k = _count(obj)
+    response_ids = _int_seqs(obj, "response_ids", k)
+    loss_start = _column(obj, "loss_start", int, k)
+    loss_lens = [len(r) - s for r, s in zip(response_ids, loss_start)]
+    if k and (min(loss_start) < 0 or min(loss_lens) < 0):
+        raise FrameError(f"{name}: a chunk's loss_start lies outside its response")
+    columns = [
+        _column(obj, "group_id", str, k),
+        _column(obj, "sample_index", int, k),
+        _int_seqs(obj, "prompt_ids", k),
+        response_ids,
+        loss_start,
+        _unpack_floats(obj, "old_logprobs", loss_lens),
+        _int_seqs(obj, "versions", k),
+        _column(obj, "advantage", float, k),
+        _column(obj, "temperature", float, k),
+    ]
+    if list(map(len, columns[6])) != loss_lens:
+        raise FrameError(f"{name}: a chunk's versions and loss tokens disagree in length")
+    return [SequenceChunk(*fields) for fields in zip(*columns)]
 
 
 def encode_batch(b: Batch) -> bytes:
@@ -129,51 +222,15 @@ def encode_batch(b: Batch) -> bytes:
             "num_loss_tokens_global": b.num_loss_tokens_global,
             "num_sequences_global": b.num_sequences_global,
             "token_budget": b.token_budget,
-            "chunks": [_encode_chunk(c) for c in b.chunks],
+            "chunks": _chunk_columns(b.chunks),
             "role": b.role,
-            "opened": [_encode_chunk(c) for c in b.opened],
+            "opened": _chunk_columns(b.opened),
             "layout_groups": [s.group_id for s in layout],
-            "layout_spans": _pack([v for s in layout for v in (s.sample_index, s.loss_start, s.num_tokens)], "<i4"),
+            "layout_spans": [[s.sample_index, s.loss_start, s.num_tokens] for s in layout],
             "opened_offset": b.opened_offset,
         },
         use_bin_type=True,
     )
-
-
-def _encode_chunk(c: SequenceChunk) -> dict:
-    return {
-        "group_id": c.group_id,
-        "sample_index": c.sample_index,
-        "prompt_ids": _pack(c.prompt_ids, "<i4"),
-        "response_ids": _pack(c.response_ids, "<i4"),
-        "loss_start": c.loss_start,
-        "old_logprobs": _pack(c.old_logprobs, "<f4"),
-        "versions": _pack(c.versions, "<i4"),
-        "advantage": float(c.advantage),
-        "temperature": float(c.temperature),
-    }
-
-
-def _decode_chunks(obj: dict, name: str) -> list[SequenceChunk]:
-    chunks = []
-    for i, c in enumerate(_typed(obj, name, list)):
-        if not isinstance(c, dict):
-            raise FrameError(f"{name} {i} is not a map")
-        chunk = SequenceChunk(
-            group_id=_typed(c, "group_id", str),
-            sample_index=_typed(c, "sample_index", int),
-            prompt_ids=_unpack(c.get("prompt_ids"), "<i4", "prompt_ids"),
-            response_ids=_unpack(c.get("response_ids"), "<i4", "response_ids"),
-            loss_start=_typed(c, "loss_start", int),
-            old_logprobs=_unpack(c.get("old_logprobs"), "<f4", "old_logprobs"),
-            versions=_unpack(c.get("versions"), "<i4", "versions"),
-            advantage=_typed(c, "advantage", float),
-            temperature=_typed(c, "temperature", float),
-        )
-        if len(chunk.old_logprobs) != chunk.num_loss_tokens or len(chunk.versions) != chunk.num_loss_tokens:
-            raise FrameError(f"{name} {i}: loss token fields disagree in length")
-        chunks.append(chunk)
-    return chunks
 
 
 def decode_batch(frame: bytes) -> Batch:
@@ -181,19 +238,19 @@ def decode_batch(frame: bytes) -> Batch:
     role = _typed(obj, "role", str)
     if role not in BATCH_ROLES:
         raise FrameError(f"role {role!r} not in {BATCH_ROLES}")
-    groups = _typed(obj, "layout_groups", list)
-    spans = _unpack(obj.get("layout_spans"), "<i4", "layout_spans")
-    if len(spans) != 3 * len(groups) or not all(isinstance(g, str) for g in groups):
-        raise FrameError("layout_groups and layout_spans disagree")
+    groups = _column(obj, "layout_groups", str, None)
+    spans = _int_seqs(obj, "layout_spans", len(groups))
+    if any(len(span) != 3 for span in spans):
+        raise FrameError("a layout span is not (sample_index, loss_start, num_tokens)")
     return Batch(
         step=_typed(obj, "step", int),
         rank=_typed(obj, "rank", int),
-        chunks=_decode_chunks(obj, "chunks"),
+        chunks=_decode_chunks(obj.get("chunks"), "chunks"),
         num_loss_tokens_global=_typed(obj, "num_loss_tokens_global", int),
         num_sequences_global=_typed(obj, "num_sequences_global", int),
         token_budget=_typed(obj, "token_budget", int),
         role=role,
-        opened=_decode_chunks(obj, "opened"),
-        opened_layout=[ResponseSpan(g, *spans[3 * i:3 * i + 3]) for i, g in enumerate(groups)],
+        opened=_decode_chunks(obj.get("opened"), "opened"),
+        opened_layout=[ResponseSpan(g, *span) for g, span in zip(groups, spans)],
         opened_offset=_typed(obj, "opened_offset", int),
     )

@@ -1,15 +1,17 @@
 """zmq PUSH/PULL streams of msgpack frames: the bulk-data edges between processes.
 
 A `FrameReceiver` binds (on the cluster's own address, on a free port) and decodes each frame
-with the codec it was given; a frame the codec rejects is dropped and counted, and the stream
-goes on. A `FrameSender` connects to a receiver's endpoint. Rollout actors stream samples to the
+into its records with the codec it was given; a frame the codec rejects is dropped and counted,
+and the stream goes on. A `FrameSender` connects to a receiver's endpoint. Rollout actors stream samples to the
 orchestrator this way, and the orchestrator streams batches to learner ranks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -26,9 +28,12 @@ HIGH_WATER_MARK = 10_000
 
 
 class FrameReceiver(Generic[T]):
-    """PULL socket bound to `tcp://host:<free port>`; `endpoint` is what senders connect to."""
+    """PULL socket bound to `tcp://host:<free port>`; `endpoint` is what senders connect to.
 
-    def __init__(self, decode: Callable[[bytes], T], host: str = "127.0.0.1"):
+    `decode` turns one frame into the records it carries (a rollout actor sends the samples
+    that finished together in one frame); `recv` and `drain` hand out records, not frames."""
+
+    def __init__(self, decode: Callable[[bytes], list[T]], host: str = "127.0.0.1"):
         self._decode = decode
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PULL)
@@ -36,43 +41,44 @@ class FrameReceiver(Generic[T]):
         self._sock.setsockopt(zmq.LINGER, 0)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
-        self.num_received = 0
-        self.num_dropped = 0
+        self._ready: deque[T] = deque()  # decoded, not handed out yet
+        self.num_frames = 0
+        self.num_received = 0  # records in valid frames
+        self.num_dropped = 0  # frames
 
     def recv(self, timeout_s: float) -> T | None:
         """The next valid record, or None if none arrives within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while True:
+        while not self._ready:
             remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
             if not self._sock.poll(remaining_ms):
                 return None
-            record = self._decode_one(self._sock.recv(copy=True))
-            if record is not None:
-                return record
-            if time.monotonic() >= deadline:
+            self._ready.extend(self._decode_one(self._sock.recv(copy=True)))
+            if not self._ready and time.monotonic() >= deadline:
                 return None
+        return self._ready.popleft()
 
-    def drain(self, max_items: int = 100_000) -> list[T]:
+    def drain(self, max_frames: int = 100_000) -> list[T]:
         """Every valid record already waiting, without blocking."""
-        out: list[T] = []
-        while len(out) < max_items:
+        out, self._ready = list(self._ready), deque()
+        for _ in range(max_frames):
             try:
                 frame = self._sock.recv(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
-            record = self._decode_one(frame)
-            if record is not None:
-                out.append(record)
+            out += self._decode_one(frame)
         return out
 
-    def _decode_one(self, frame: bytes) -> T | None:
-        self.num_received += 1
+    def _decode_one(self, frame: bytes) -> list[T]:
+        self.num_frames += 1
         try:
-            return self._decode(frame)
+            records = self._decode(frame)
         except FrameError as e:
             self.num_dropped += 1
             log.warning("dropped a malformed frame on %s: %s", self.endpoint, e)
-            return None
+            return []
+        self.num_received += len(records)
+        return records
 
     def close(self) -> None:
         self._sock.close(linger=0)
@@ -97,3 +103,29 @@ class FrameSender:
 
     def close(self) -> None:
         self._sock.close()
+
+
+class RecordBatcher(Generic[T]):
+    """Sends records as they come, in one frame for all those that come in the same turn of the
+    asyncio event loop: the samples of one engine step finish together, and a frame per sample
+    costs the receiver (the driver's one thread, decoding every actor's stream) a socket read and
+    a decode each. Nothing waits for a batch to fill: the frame leaves at the end of the turn.
+    Call it from the event loop's thread only (a zmq socket is not thread-safe)."""
+
+    MAX_RECORDS = 1024  # a frame's records at most: a burst goes out in several frames
+
+    def __init__(self, sender: FrameSender, encode: Callable[[list[T]], bytes]):
+        self._sender, self._encode = sender, encode
+        self._pending: list[T] = []
+
+    def __call__(self, record: T) -> None:
+        self._pending.append(record)
+        if len(self._pending) >= self.MAX_RECORDS:
+            self.flush()
+        elif len(self._pending) == 1:
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        records, self._pending = self._pending, []
+        if records:
+            self._sender.send(self._encode(records))

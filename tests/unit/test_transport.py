@@ -1,7 +1,9 @@
+import time
+
 import msgpack
 import pytest
 
-from asyncrl.transport.codec import FrameError, decode_batch, decode_sample, encode_batch, encode_sample
+from asyncrl.transport.codec import FrameError, decode_batch, decode_samples, encode_batch, encode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
 from asyncrl.types import Batch, ResponseSpan, Sample, SequenceChunk
 
@@ -13,29 +15,53 @@ def sample(i=0):
                   temperature=1.25)
 
 
+def one(frame):
+    """The one sample a frame carries."""
+    (s,) = decode_samples(frame)
+    return s
+
+
 def test_sample_round_trip_is_exact():
     s = sample()
-    assert decode_sample(encode_sample(s)) == s
+    assert decode_samples(encode_samples([s])) == [s]
+
+
+def test_a_frame_of_several_samples_round_trips_in_order_with_their_own_lengths():
+    a, b, c = sample(0), sample(1), sample(2)
+    b.prompt_ids, b.response_ids, b.logprobs, b.versions = [4], [], [], []  # nothing generated: length 0
+    c.response_ids, c.logprobs, c.versions = [8, 9, 10, 11, 2], [-0.125, -2.0, -0.5, -0.75, -1.5], [4, 4, 5, 5, 6]
+    c.metadata, c.finish_reason, c.actor_id, c.temperature = {"answer": "7"}, "length", 3, 0.5
+    assert decode_samples(encode_samples([a, b, c])) == [a, b, c]
+    assert decode_samples(encode_samples([])) == []
 
 
 def test_a_sample_scored_by_its_actor_round_trips_with_its_reward_and_an_unscored_frame_has_none():
     s = sample()
     s.reward, s.reward_info, s.reward_latency_s = 0.5, {"outcome": "correct", "verifier": "math_verify"}, 0.25
-    assert decode_sample(encode_sample(s)) == s
-    plain = msgpack.unpackb(encode_sample(sample()), raw=False)
-    assert "reward" not in plain and decode_sample(encode_sample(sample())).reward is None
+    assert one(encode_samples([s])) == s
+    plain = msgpack.unpackb(encode_samples([sample()]), raw=False)
+    assert "reward" not in plain and one(encode_samples([sample()])).reward is None
+    with pytest.raises(ValueError, match="all scored"):
+        encode_samples([s, sample(1)])
+
+
+def test_a_sample_whose_fields_disagree_is_refused_by_its_sender():
+    s = sample()
+    s.logprobs = s.logprobs[:2]
+    with pytest.raises(ValueError, match="logprobs"):
+        encode_samples([s])
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("reward", "1", "reward"), ("reward", float("nan"), "not finite"), ("reward_info", [1], "reward_info"),
-    ("reward_latency_s", None, "reward_latency_s")])
+    ("reward", ["1"], "reward"), ("reward", [float("nan")], "not finite"), ("reward", [], "reward"),
+    ("reward_info", [[1]], "reward_info"), ("reward_latency_s", None, "reward_latency_s")])
 def test_a_scored_frame_with_a_bad_reward_field_is_rejected(field, value, match):
     s = sample()
     s.reward = 1.0
-    obj = msgpack.unpackb(encode_sample(s), raw=False)
+    obj = msgpack.unpackb(encode_samples([s]), raw=False)
     obj[field] = value
     with pytest.raises(FrameError, match=match):
-        decode_sample(msgpack.packb(obj, use_bin_type=True))
+        decode_samples(msgpack.packb(obj, use_bin_type=True))
 
 
 def test_batch_round_trip_is_exact():
@@ -53,48 +79,77 @@ def test_batch_round_trip_is_exact():
         decode_batch(encode_batch(Batch(4, 0, [c], 2, 1, 2, role="first")))
 
 
+def test_a_batch_of_chunks_of_different_lengths_round_trips_and_a_loss_range_outside_its_response_is_rejected():
+    chunks = [SequenceChunk("g", 0, [1, 2], [3, 4, 5], 1, [-0.5, -0.75], [0, 1], -1.25, 0.75),
+              SequenceChunk("g", 1, [1, 2], [6], 0, [-2.0], [1], 0.5),
+              SequenceChunk("h", 0, [9], [7, 8, 2, 2], 4, [], [], 0.0)]  # its loss tokens in an earlier batch
+    b = Batch(step=1, rank=0, chunks=chunks, num_loss_tokens_global=3, num_sequences_global=3, token_budget=3)
+    assert decode_batch(encode_batch(b)) == b
+    obj = msgpack.unpackb(encode_batch(b), raw=False)
+    obj["chunks"]["loss_start"] = [1, 0, 5]  # 5 > 4 response tokens
+    with pytest.raises(FrameError, match="outside"):
+        decode_batch(msgpack.packb(obj, use_bin_type=True))
+
+
 @pytest.mark.parametrize("frame", [
     b"",
     b"\xff\xfe garbage",
     msgpack.packb([1, 2, 3]),
-    msgpack.packb({"v": 1, "kind": "batch"}),
-    msgpack.packb({"v": 99, "kind": "sample"}),
+    msgpack.packb({"v": 2, "kind": "batch"}),
+    msgpack.packb({"v": 99, "kind": "samples"}),
+    msgpack.packb({"v": 2, "kind": "samples", "count": 1}),
+    msgpack.packb({"v": 2, "kind": "samples", "count": -1}),
 ])
 def test_malformed_frames_raise_frame_error(frame):
     with pytest.raises(FrameError):
-        decode_sample(frame)
+        decode_samples(frame)
 
 
-def test_inconsistent_sample_is_rejected():
-    obj = msgpack.unpackb(encode_sample(sample()), raw=False)
-    obj["logprobs"] = obj["logprobs"][:4]  # one float32 for three tokens
-    with pytest.raises(FrameError, match="logprobs"):
-        decode_sample(msgpack.packb(obj, use_bin_type=True))
-    obj = msgpack.unpackb(encode_sample(sample()), raw=False)
-    obj["finish_reason"] = "exploded"
-    with pytest.raises(FrameError):
-        decode_sample(msgpack.packb(obj, use_bin_type=True))
-    obj = msgpack.unpackb(encode_sample(sample()), raw=False)
-    obj["response_ids"] = obj["response_ids"][:-1]  # not a whole number of int32
-    with pytest.raises(FrameError):
-        decode_sample(msgpack.packb(obj, use_bin_type=True))
+def two_samples_with(field, value):
+    """A frame of two valid samples whose column `field` is replaced by `value`."""
+    obj = msgpack.unpackb(encode_samples([sample(0), sample(1)]), raw=False)
+    obj[field] = value(obj[field]) if callable(value) else value
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("logprobs", lambda raw: raw[:-4], "logprobs"),  # five float32 for six tokens
+    ("versions", lambda v: [v[0], v[1][:2]], "versions"),  # two versions for three tokens
+    ("response_ids", lambda r: [r[0], [*r[1], 5]], "logprobs"),  # a token with no logprob
+    ("response_ids", lambda r: [r[0], [8, "9", 2]], "int"),
+    ("prompt_ids", lambda p: p[:1], "prompt_ids"),  # one prompt for two samples
+    ("prompt_ids", lambda p: [p[0], []], "empty prompt"),
+    ("finish_reason", ["stop", "exploded"], "exploded"),
+    ("group_id", ["p1", 7], "group_id"),
+    ("metadata", [{}], "metadata"),
+    ("sample_index", [0, -1], "negative"),
+    ("sample_index", [0, True], "sample_index"),
+    ("temperature", [1.25, 0.0], "temperature"),
+])
+def test_a_frame_with_one_bad_record_is_rejected_whole(field, value, match):
+    with pytest.raises(FrameError, match=match):
+        decode_samples(two_samples_with(field, value))
 
 
 def test_zmq_stream_delivers_valid_frames_and_counts_malformed_ones():
-    rx = FrameReceiver(decode_sample)
+    rx = FrameReceiver(decode_samples)
     tx = FrameSender(rx.endpoint)
     try:
-        tx.send(encode_sample(sample(0)))
+        tx.send(encode_samples([sample(0)]))
         tx.send(b"not msgpack at all")
-        tx.send(encode_sample(sample(1)))
+        tx.send(encode_samples([sample(1), sample(2)]))
+        tx.send(encode_samples([sample(3)]))
         got = []
         while len(got) < 2:
             item = rx.recv(timeout_s=5)
             assert item is not None, "stream stalled"
             got.append(item)
-        assert [s.sample_index for s in got] == [0, 1]
-        assert rx.num_dropped == 1 and rx.num_received == 3
-        assert rx.recv(timeout_s=0.05) is None
+        deadline = time.monotonic() + 5
+        while len(got) < 4 and time.monotonic() < deadline:
+            got += rx.drain()  # what recv decoded and did not hand out yet comes first
+        assert [s.sample_index for s in got] == [0, 1, 2, 3]
+        assert rx.num_dropped == 1 and rx.num_frames == 4 and rx.num_received == 4
+        assert rx.recv(timeout_s=0.05) is None and rx.drain() == []
     finally:
         tx.close()
         rx.close()
