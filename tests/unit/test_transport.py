@@ -4,7 +4,7 @@ import msgpack
 import pytest
 
 from asyncrl.transport.codec import FrameError, decode_batch, decode_samples, encode_batch, encode_samples
-from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender
+from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender, RecordBatcher
 from asyncrl.types import Batch, ResponseSpan, Sample, SequenceChunk
 
 
@@ -150,6 +150,36 @@ def test_zmq_stream_delivers_valid_frames_and_counts_malformed_ones():
         assert [s.sample_index for s in got] == [0, 1, 2, 3]
         assert rx.num_dropped == 1 and rx.num_frames == 4 and rx.num_received == 4
         assert rx.recv(timeout_s=0.05) is None and rx.drain() == []
+    finally:
+        tx.close()
+        rx.close()
+
+
+def test_records_emitted_in_one_event_loop_turn_leave_in_one_frame_and_later_ones_in_their_own():
+    import asyncio
+
+    rx = FrameReceiver(decode_samples)
+    tx = FrameSender(rx.endpoint)
+
+    async def emit_in_turns():
+        batcher = RecordBatcher(tx, encode_samples)
+        for i in range(3):  # one turn: three samples finish together
+            batcher(sample(i))
+        await asyncio.sleep(0)  # the turn ends: the frame leaves
+        batcher(sample(3))
+        await asyncio.sleep(0)
+        batcher.MAX_RECORDS = 2  # a burst larger than a frame's bound leaves in several frames
+        for i in range(4, 9):
+            batcher(sample(i))
+        await asyncio.sleep(0)
+
+    try:
+        asyncio.run(emit_in_turns())
+        got, deadline = [], time.monotonic() + 5
+        while len(got) < 9 and time.monotonic() < deadline:
+            got += rx.drain()
+        assert [s.sample_index for s in got] == list(range(9))
+        assert rx.num_frames == 1 + 1 + 3  # [0 1 2] [3] [4 5] [6 7] [8]
     finally:
         tx.close()
         rx.close()
