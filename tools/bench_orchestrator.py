@@ -25,7 +25,8 @@ Stages, each a whole pipeline measured on its own, in alternating rounds:
   result router: shaping, groups, advantages, the token buffer) every turn, and every
   BOOKKEEPING_S the admission bookkeeping (`ledger.capacity`, `generating_by_actor`) and every full
   Phi batch cut from the buffer, counted in the step statistics and encoded for a learner rank
-  (`encode_batch`). The driver imports the orchestrator's module, so its heap is a run's.
+  (`encode_batch`). The driver imports the orchestrator's module, so its heap is a run's, and its
+  garbage collector runs as the orchestrator's does (orchestrator/collector.py: every stage here).
 - driver_actor_rewards: the same loop with `reward.placement: actor`: each actor scored its
   samples beside its engine (same verifier, its reward in the frame, computed beforehand like the
   encoding: on a cluster that is the actor node's work), and the driver's pool is idle.
@@ -305,7 +306,7 @@ class Driver(Ingest):
         return [self.key[gid] for gid in done]
 
 
-def measure(stage: Ingest, actors: Actors, args, profile: str | None = None) -> tuple[float, float, float]:
+def measure(stage: Ingest, actors: Actors, collector, args, profile: str | None = None) -> tuple[float, float, float]:
     """Samples/s through `stage` over `args.seconds` after a second of warm-up, the driver
     process's CPU use in cores, and the whole machine's busy cores; then lets every granted group
     finish so the next stage starts with nothing in flight."""
@@ -318,6 +319,7 @@ def measure(stage: Ingest, actors: Actors, args, profile: str | None = None) -> 
     t_start, mark, spy = time.monotonic(), None, None
     while True:
         done = stage.turn()
+        collector.maybe_collect()  # the orchestrator's loop does, every BOOKKEEPING_S
         now = time.monotonic()
         if mark is None and now - t_start >= 1.0:
             mark = (now, stage.completed, sum(me.cpu_times()[:2]))
@@ -378,7 +380,7 @@ def main() -> None:
         args.step_s = args.gen_s / args.response_tokens  # one decode step per token
 
     from asyncrl.orchestrator.components import build_reward_pool
-    from asyncrl.orchestrator.intake import freeze_startup_heap
+    from asyncrl.orchestrator.collector import ScheduledCollector
     from asyncrl.config import RewardConfig
     from asyncrl.tiny.tokenizer import save_tokenizer
 
@@ -391,7 +393,8 @@ def main() -> None:
     stages = {"ingest": Ingest(receiver, args), "score": Score(receiver, args, rewards, tokenizer),
               "driver": Driver(receiver, args, rewards, tokenizer, tmp),
               "driver_actor_rewards": Driver(receiver, args, rewards, tokenizer, tmp, "run-actor-rewards")}
-    freeze_startup_heap()  # as the orchestrator does at the end of its start-up
+    collector = ScheduledCollector()  # as the orchestrator does at the end of its start-up
+    collector.start()
     offered = args.actors * args.groups_per_actor * args.group_size / args.gen_s
     print(f"{args.actors} simulated actors in {args.hosts} processes, {args.groups_per_actor} groups of "
           f"{args.group_size} each at a time, {args.prompt_tokens}+{args.response_tokens} tokens a sample, "
@@ -404,7 +407,7 @@ def main() -> None:
             for name, stage in stages.items():
                 actors.with_rewards = name == "driver_actor_rewards"
                 profile = f"{args.profile}.{name}" if (args.profile and name.startswith("driver") and r == 0) else None
-                rate, driver_cores, machine_cores = measure(stage, actors, args, profile)
+                rate, driver_cores, machine_cores = measure(stage, actors, collector, args, profile)
                 rates[name].append(rate)
                 line += f" | {name} {rate:,.0f} (driver {driver_cores:.2f} cores, machine {machine_cores:.2f})"
             per_frame = (receiver.num_received - records_before) / (receiver.num_frames - frames_before)
@@ -414,12 +417,15 @@ def main() -> None:
     finally:
         actors.stop()
         rewards.close()
+        collector.release()
     raw = statistics.median(rates["raw"])
     for name, values in rates.items():
         med = statistics.median(values)
         print(f"{name:<20} {med:10,.0f} samples/s (median of {len(values)}), {med / raw:5.2f} of raw")
     for name in ("driver", "driver_actor_rewards"):
         print(f"{name} accounting: {stages[name].ledger.accounting()}")
+    print(f"garbage collector (scheduled, as the orchestrator's): {collector.num_collections} full collections, "
+          f"{collector.total_s:.2f} s in all")
     if args.profile:
         for name in ("driver", "driver_actor_rewards"):
             print(f"{name}: ", end="")

@@ -16,7 +16,6 @@ turn for every sample that arrived, not one per sample.
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 from typing import Any
 
@@ -68,20 +67,3 @@ class SampleIntake:
                 "reward/actor_pool_timeouts_total": self.actor_outcomes["timeout"],
                 "reward/actor_pool_crashes_total": self.actor_outcomes["worker_crash"]}
 
-
-def freeze_startup_heap() -> None:
-    """Take every object alive now out of the cyclic garbage collector's view (`gc.freeze`).
-
-    The driver imports torch, transformers and Ray: a few hundred thousand long-lived objects
-    that every full collection walks again, while the per-sample path allocates enough (lists
-    of token ids, dicts) to start one every few thousand samples. Frozen once after start-up,
-    they are skipped; what the run allocates later is collected as before."""
-    gc.collect()
-    gc.freeze()
-
-
-def unfreeze_heap() -> None:
-    """Undo freeze_startup_heap at shutdown: the interpreter's exit never collects frozen objects,
-    and extension types that count their live instances (nanobind's, in vLLM's dependencies)
-    then print leak reports after the run's last line."""
-    gc.unfreeze()

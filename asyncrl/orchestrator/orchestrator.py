@@ -51,7 +51,8 @@ from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
 from asyncrl.orchestrator.checkpointer import Checkpointer
 from asyncrl.orchestrator.evaluation import Evaluator, eval_summary, format_eval_summary
-from asyncrl.orchestrator.intake import SampleIntake, freeze_startup_heap, unfreeze_heap
+from asyncrl.orchestrator.collector import ScheduledCollector
+from asyncrl.orchestrator.intake import SampleIntake
 from asyncrl.orchestrator.learner_group import LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
 from asyncrl.orchestrator.scoring import ResultRouter
@@ -77,6 +78,7 @@ class Orchestrator:
         self.version = self.step = 0
         self.history: list[dict[str, Any]] = []
         self.stop_reason, self._train_ref, self._wait_for_data_s = None, None, 0.0
+        self.collector = ScheduledCollector()
         self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn,
                                         on_commit=lambda step, **info: self.metrics.event(step, "checkpoint", **info))
 
@@ -123,7 +125,7 @@ class Orchestrator:
                            actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}))
         self._last_step_t = self._last_health_t = time.monotonic()
         self.evaluator.maybe_start(self.version, self.pool, self.stages.current)
-        freeze_startup_heap()
+        self.collector.start()  # the garbage collector runs from the loop from now on (collector.py)
 
     def run(self) -> dict[str, Any]:
         try:
@@ -153,6 +155,7 @@ class Orchestrator:
                         display.update(self._finish_step(self._train_ref.result()))
                         continue
                     self.checkpoints.poll()
+                    self.collector.maybe_collect()
                 sample = self.samples.recv(timeout_s=0.01)
                 if sample is not None:
                     self._ingest([sample])
@@ -246,7 +249,7 @@ class Orchestrator:
                "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
                **self.stats.flush(self.ledger.buffer, self.ledger.assembler, self.samples),
                **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
-               **self.route_results.errors.metrics(), **self.evaluator.take_metrics(self.step),
+               **self.route_results.errors.metrics(), **self.evaluator.take_metrics(self.step), **self.collector.metrics(),
                "rollout/actors": len(self.pool.ids)}
         self.history.append(row)
         self.metrics.log(self.step, row)
@@ -320,4 +323,4 @@ class Orchestrator:
 
     def shutdown(self) -> None:
         components.shutdown(self, self.say)
-        unfreeze_heap()
+        self.collector.release()
