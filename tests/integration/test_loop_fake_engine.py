@@ -1,6 +1,8 @@
 """The loop's scheduling under Ray with fake engines (fast): synchronous mode (max_staleness 0)
 trains only on tokens of the current version, and every batch still holds exactly Phi."""
 
+import gc
+
 import pytest
 
 from asyncrl.config import load_config
@@ -20,8 +22,12 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(ray_cluster, tmp_pa
     try:
         orch.run()
         actor_versions = [s["version"] for s in orch.pool.stats()]
+        collected_automatically = gc.isenabled()
     finally:
         orch.shutdown()
+    # the driver ran its garbage collector on its own schedule (collector.py) and gave it back
+    assert not collected_automatically and gc.isenabled() and gc.get_freeze_count() == 0
+    assert all(h["timing/gc_s"] >= 0 for h in orch.history) and orch.history[-1]["timing/gc_total_s"] >= 0
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 8
     assert [h["learner/version"] for h in orch.history] == list(range(1, 9))
     assert max(h["staleness/max"] for h in orch.history) <= staleness
