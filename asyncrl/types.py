@@ -52,7 +52,7 @@ class Sample:
     reward_latency_s: float = 0.0
 
     def validate(self) -> None:
-        """Raise ValueError if the record is inconsistent (used on frames from the wire)."""
+        """Raise ValueError if the record is inconsistent (the sender checks each sample it encodes)."""
         n = len(self.response_ids)
         if len(self.logprobs) != n or len(self.versions) != n:
             raise ValueError(
