@@ -123,3 +123,23 @@ def test_resumed_requests_with_more_prefix_tokens_than_one_engine_step_all_finis
     assert len(outs) == 200
     assert all(o.finish_reason in ("stop", "length") and 1 <= len(o.token_ids) <= 8 for o in outs)
     assert all(len(o.logprobs) == len(o.token_ids) for o in outs)
+
+
+async def seeded_requests(engine, seeds: list[int | None]) -> list:
+    """Concurrent requests of one prompt and one sampling setting, each with its own seed."""
+    prompt = [5, 9, 14, 3, 7]
+    return await asyncio.gather(*[engine.generate(prompt, SamplingSpec(1.0, 1.0, 24, seed=s), f"seed-{i}")
+                                  for i, s in enumerate(seeds)])
+
+
+def test_concurrent_requests_sharing_one_sampling_template_each_keep_their_own_seed(shared):
+    """The engine hands vLLM a shallow copy of one SamplingParams per setting (a deep copy per
+    request was a tenth of the actor's process): each request's seed must still be its own, and
+    the shared template must be left as built."""
+    loop, engine, _ = shared
+    outs = loop.run_until_complete(seeded_requests(engine, [11, 12, 11, 12, 13] * 4))
+    tokens = [tuple(o.token_ids) for o in outs]
+    assert all(t == tokens[i % 5] for i, t in enumerate(tokens))  # same seed, same sample
+    assert len({tokens[0], tokens[1], tokens[4]}) == 3  # 24 tokens at T=1: distinct seeds differ
+    assert all(o.logprobs == outs[i % 5].logprobs for i, o in enumerate(outs))
+    assert engine._templates and all(t.seed is None for t in engine._templates.values())
