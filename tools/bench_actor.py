@@ -7,7 +7,9 @@ model), the same engine arguments (`VLLMEngine.engine_kwargs`), prompts, group s
 temperature, max_tokens and one logprob per token, in alternating rounds (never at once: they
 would share the cores):
 - bare: `LLM.generate(prompts, SamplingParams(n=group_size, ...))`, vLLM's offline batch API,
-  which is how a vLLM user generates a batch as fast as the engine can;
+  which is how a vLLM user generates a batch as fast as the engine can, in vLLM's own process
+  layout (on CPU the actor's engine runs its model worker inside the engine-core process instead,
+  `one_engine_process_on_cpu` in rollout/vllm_engine.py: it starts faster at the same tokens/s);
 - actor: `RolloutActor.submit` of the same prompts, every sample streamed over zmq+msgpack to
   this process as it finishes and decoded here, timed until the last one arrives.
 
