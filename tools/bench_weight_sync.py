@@ -152,7 +152,10 @@ async def bench_vllm(config: dict, named, bucket_bytes: int, reps: int) -> list[
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from asyncrl.rollout.vllm_engine import one_engine_process_on_cpu
     from asyncrl.sync.vllm_receiver import engine_kwargs, init_receiver, receive_weights
+
+    one_engine_process_on_cpu()  # the actor's engine layout
 
     with tempfile.TemporaryDirectory() as tmp:
         write_checkpoint(Path(tmp), config, named)
@@ -177,6 +180,7 @@ async def bench_vllm(config: dict, named, bucket_bytes: int, reps: int) -> list[
     finally:
         sender.close()
         llm.shutdown()
+        del llm  # now, not at interpreter exit, where vLLM's __del__ shutdown finds its modules gone
 
 
 def summary(label: str, num_bytes: int, seconds: list[float]) -> float:
