@@ -4,10 +4,13 @@ the learner's (transformers) log-softmax within 1e-4 nats, and differ from befor
 The model ties its input and output embeddings (Qwen2, tie_word_embeddings=True): on CPU
 vLLM's LM head keeps a prepacked copy of the tied weight, so a sync that forgets to refresh
 it leaves logits stale without any error (PLATFORM.md). The probe catches exactly that.
-The engine runs in processes vLLM spawns; this process is the learner.
+The engine runs in processes vLLM spawns; this process is the learner. Both engine layouts are
+checked: the model worker inside the engine-core process (the actors' default on CPU) and vLLM's
+own layout with a worker process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1).
 """
 
 import asyncio
+import os
 import string
 
 import pytest
@@ -127,7 +130,9 @@ def vllm_cpu_env(monkeypatch):
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # engine core is a child process
 
 
-def test_gloo_push_gives_logprob_parity_with_tied_embeddings(tmp_path):
+@pytest.mark.parametrize("multiprocessing", ["0", "1"], ids=["worker_in_engine_core", "worker_process"])
+def test_gloo_push_gives_logprob_parity_with_tied_embeddings(tmp_path, monkeypatch, multiprocessing):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiprocessing)
     model = build_tiny_model(tmp_path)
     assert model.config.tie_word_embeddings
     results = asyncio.run(run_sync_and_probe(tmp_path, model))
@@ -140,3 +145,14 @@ def test_gloo_push_gives_logprob_parity_with_tied_embeddings(tmp_path):
         assert step["weight_version"] == str(step["version"])
         assert step["vs_hf"] < PARITY_NATS, step
         assert step["vs_before"] > 1000 * PARITY_NATS, step  # a no-op push fails here
+
+
+def test_cpu_engines_put_the_worker_in_the_engine_core_unless_told_otherwise(monkeypatch):
+    from asyncrl.rollout.vllm_engine import one_engine_process_on_cpu
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    one_engine_process_on_cpu()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # a user's choice of vLLM's own layout stands
+    one_engine_process_on_cpu()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
