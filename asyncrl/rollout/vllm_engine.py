@@ -36,10 +36,11 @@ def one_engine_process_on_cpu() -> None:
     more (~10 s of every engine start on 2 cores), and the engine core then spins on a shared-memory
     queue while the worker computes (over half of a core here, taken from the learner). Measured on
     the tiny model, alternating: start 30-32 s -> 18-20 s, tokens/s the same (medians 3,128 and
-    3,191 over 15 rounds each). vLLM keeps the three-process layout only because its OpenMP thread
-    binding is set up in the worker's fresh process; with one engine per actor and 1-2 cores an
-    actor, there is nothing to bind. The switch is vLLM's own environment variable; AsyncLLM keeps
-    its engine core in a separate process either way. Set it to 1 to get vLLM's layout back."""
+    3,191 over 15 rounds each; both layouts compute with one torch thread here). vLLM wants its
+    own layout on CPU so that it can bind the worker's OpenMP threads to cores in a fresh process:
+    an engine given many cores may be faster that way, and setting the variable to 1 brings it
+    back. The switch is vLLM's own environment variable; AsyncLLM keeps its engine core in a
+    separate process either way."""
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
