@@ -90,7 +90,8 @@ async def run_sync_and_probe(model_dir, model: Qwen2ForCausalLM) -> list[dict]:
     try:
         before = await vllm_logprobs(llm, ids, "probe-0")
         vs_hf = (before - hf_logprobs(model, ids)).abs().max().item()
-        results.append({"version": 0, "vs_hf": vs_hf})
+        results.append({"version": 0, "vs_hf": vs_hf,
+                        "executor": llm.vllm_config.parallel_config.distributed_executor_backend})
         await asyncio.gather(asyncio.to_thread(sender.connect),
                              init_receiver(llm, "127.0.0.1", port, rank=1, world_size=2,
                                            timeout_s=TIMEOUT_S))
@@ -138,6 +139,7 @@ def test_gloo_push_gives_logprob_parity_with_tied_embeddings(tmp_path, monkeypat
     results = asyncio.run(run_sync_and_probe(tmp_path, model))
     print(results)
     assert results[0]["vs_hf"] < PARITY_NATS  # the engine loaded the same weights
+    assert results[0]["executor"] == {"0": "uni", "1": "mp"}[multiprocessing]  # the layout asked for
     failed = results.pop()
     assert failed["weight_version"] == "2" and failed["vs_hf"] < PARITY_NATS, failed
     for step in results[1:]:
