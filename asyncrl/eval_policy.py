@@ -167,7 +167,7 @@ async def sample_and_score(cfg: Config, records: list[dict[str, Any]], n: int, s
 
 def reward_pool(cfg: Config, records: list[dict[str, Any]]) -> Any:
     """A reward pool of the run's verifiers for these records (close it when done)."""
-    from asyncrl.orchestrator.components import build_reward_pool
+    from asyncrl.reward.registry import build_reward_pool
 
     return build_reward_pool(cfg.reward, lambda: {data_source_of(r) for r in records})
 

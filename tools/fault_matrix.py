@@ -51,16 +51,14 @@ def kill_actor_in_push(orch, state):
     """The actor dies as the push starts: the learner's broadcast and the survivors' receives fail."""
     _wait_rows(orch, 3)
     victim = _pid(orch.pool.actors[max(orch.pool.ids)])
-    push = orch.pool._push_once
 
-    def dying_push(version, step):
+    def kill_at_push(version):
         if not state.get("killed"):
             state["killed"] = True
             os.kill(victim, signal.SIGKILL)
             time.sleep(0.2)
-        return push(version, step)
 
-    orch.pool._push_once = dying_push
+    orch.weight_sync.before_push.append(kill_at_push)
 
 
 def sigterm(orch, state):
@@ -117,10 +115,9 @@ SCENARIOS = {
 
 
 def balanced(orch) -> bool:
-    a = orch.ledger.accounting()
-    st = orch.ledger.buffer.stats
+    a, t = orch.driver.ledger.accounting(), orch.driver.ledger.token_accounting()
     return (a["received"] == a["kept"] + a["rejected"] + a["discarded"] + a["orphaned"] + a["live"]
-            and st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens)
+            and t["in"] == t["out"] + t["dropped_stale"] + t["buffered"])
 
 
 NUM_CPUS = 4
@@ -161,7 +158,7 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
         len(orch.history) == steps and ok_balance and (resumed or name not in ("sigterm_then_resume",
                                                                                "kill_learner_then_resume"))),
             "accounting_balanced": ok_balance, "actors_lost": events.count("actor_lost"),
-            "reward_crashes": orch.rewards.stats.crashes, "frames_dropped": orch.samples.num_dropped,
+            "reward_crashes": orch.driver.rewards.stats.crashes, "frames_dropped": orch.samples.num_dropped,
             "checkpoints": events.count("checkpoint"), "seconds": round(time.monotonic() - t0, 1)}
 
 

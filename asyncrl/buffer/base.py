@@ -125,6 +125,21 @@ def stats_from_state(cls, d: dict[str, Any]):
     return cls(**{k: v for k, v in d.items() if k in known})
 
 
+@dataclass(frozen=True)
+class StepBatch:
+    """One optimizer step's data as the buffer cut it."""
+
+    chunks: list[SequenceChunk]
+    role: str
+    """Where the step stands in the rollout-batch schedule: "own", "open" or "continue" (types.Batch.role)."""
+    opened: list[SequenceChunk]
+    """With role "open": the new rollout batch's responses, each once (for the learner's pass over it)."""
+    start_version: int | None
+    """The learner version this step's rollout batch was first trained at; None: this step's."""
+    token_budget: int
+    """Phi of the buffer that cut it."""
+
+
 class Buffer(Protocol):
     """A token buffer as the group ledger and the train loop see it."""
 

@@ -1,16 +1,17 @@
-"""Collects each prompt's n scored samples; when the group is complete, computes advantages.
+"""Turns a complete group's n scored samples into advantages, or rejects it.
 
+The samples wait on their group's ledger record (orchestrator/ledger.py) until all n are scored;
+then `assemble` returns `Kept` (the group with its advantages, for the buffer) or `Rejected`.
 Truncated responses (finish reason `length`) can be masked out of the advantages (Skywork-OR1
 section 3.2.3: "before" / "after"). Groups left with no non-zero advantage after that mask carry
-no signal and are dropped here, counted as `groups_zero_variance` (Skywork-OR1 section 3.1
-rejection sampling; without a mask this is DAPO's dynamic sampling, rewards all equal). A group
-whose rewards differ only in masked responses is dropped too. A repeated (group_id,
-sample_index) is ignored and counted, so a resent frame can never be trained twice.
+no signal and are rejected, counted as `groups_zero_variance` (Skywork-OR1 section 3.1 rejection
+sampling; without a mask this is DAPO's dynamic sampling, rewards all equal). A group whose
+rewards differ only in masked responses is rejected too.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from asyncrl.algo.advantages import has_signal, masked_group_advantages
@@ -19,65 +20,52 @@ from asyncrl.types import Group, ScoredSample
 
 @dataclass
 class AssemblerStats:
-    samples_in: int = 0
-    duplicates: int = 0
     groups_complete: int = 0
     groups_zero_variance: int = 0
-    """Groups dropped with every advantage 0 after the truncation mask (rewards all equal, without one)."""
+    """Groups rejected with every advantage 0 after the truncation mask (rewards all equal, without one)."""
     samples_zero_variance: int = 0
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A group with a learning signal: it goes to the buffer."""
+
+    group: Group
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A group with no non-zero advantage after the truncation mask: dropped, counted."""
+
+    group_id: str
+    num_samples: int
+
+
 class GroupAssembler:
-    def __init__(self, group_size: int, advantage: str = "grpo", eps: float = 1e-6,
-                 drop_zero_variance: bool = True, truncation_mask: str = "none", std: str = "population"):
-        self.group_size = group_size
+    def __init__(self, advantage: str = "grpo", eps: float = 1e-6, drop_zero_variance: bool = True,
+                 truncation_mask: str = "none", std: str = "population"):
         self.advantage = advantage
         self.truncation_mask = truncation_mask
         self.eps = eps
         self.std = std
         self.drop_zero_variance = drop_zero_variance
         self.stats = AssemblerStats()
-        self._open: dict[str, dict[int, ScoredSample]] = {}
-
-    @property
-    def num_open_groups(self) -> int:
-        return len(self._open)
-
-    def discard(self, group_id: str) -> int:
-        """Forget a group's samples so far (its prompt is being regenerated); returns how many."""
-        return len(self._open.pop(group_id, {}))
 
     def state_dict(self) -> dict[str, Any]:
-        """Only the counters: open groups are not saved, their prompts are regenerated."""
         return {"stats": asdict(self.stats)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.stats = AssemblerStats(**state["stats"])
-        self._open.clear()
+        known = {f.name for f in fields(AssemblerStats)}
+        self.stats = AssemblerStats(**{k: v for k, v in state["stats"].items() if k in known})
 
-    def add(self, scored: ScoredSample, group_size: int | None = None) -> Group | None:
-        """Add one sample; return its group once all n samples are in and it is kept.
-
-        `group_size` is n for this sample's group when it differs from the default (a training
-        stage may change n while groups of the previous stage are still arriving)."""
-        s = scored.sample
-        n = group_size or self.group_size
-        members = self._open.setdefault(s.group_id, {})
-        if s.sample_index in members or s.sample_index >= n:
-            self.stats.duplicates += 1
-            return None
-        self.stats.samples_in += 1
-        members[s.sample_index] = scored
-        if len(members) < n:
-            return None
-        del self._open[s.group_id]
+    def assemble(self, group_id: str, samples: list[ScoredSample]) -> Kept | Rejected:
+        """The group's samples in sample-index order, all n of them."""
         self.stats.groups_complete += 1
-        samples = [members[i] for i in range(n)]
         truncated = [m.sample.finish_reason == "length" for m in samples]
         advantages = masked_group_advantages([m.reward for m in samples], truncated, self.truncation_mask,
                                              self.advantage, self.eps, self.std)
         if self.drop_zero_variance and not has_signal(advantages):
             self.stats.groups_zero_variance += 1
             self.stats.samples_zero_variance += len(samples)
-            return None
-        return Group(s.group_id, samples, advantages)
+            return Rejected(group_id, len(samples))
+        return Kept(Group(group_id, samples, advantages))

@@ -48,6 +48,7 @@ from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.sync.gloo_sender import free_port
+from asyncrl.sync.protocol import WeightSyncError
 from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import StepResult
@@ -269,15 +270,18 @@ class LearnerRank:
         """Rank 0 only: planned from names, shapes and dtypes, nothing gathered."""
         return self.sender.metadata(meta_params(self.backend.param_specs()))
 
-    def push_weights(self) -> dict[str, float]:
-        """Broadcast the current weights (the engines receive concurrently); on a sharded
-        learner every rank gathers one parameter at a time and rank 0 sends it on."""
+    def push_weights(self, version: int) -> dict[str, float]:
+        """Broadcast the current weights, `version` (the engines receive concurrently and are told
+        the same number; this rank's own must agree); on a sharded learner every rank gathers one
+        parameter at a time and rank 0 sends it on."""
+        if version != self.version:
+            raise WeightSyncError(f"asked to push version {version}, but the learner holds version {self.version}")
         params = self.backend.named_full_params()
         if self.rank != 0:
             for _ in params:
                 pass
             return {}
-        return self.sender.push(params, self.version)
+        return self.sender.push(params, version)
 
     # -- inspection ---------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
 from asyncrl.config import Config, ConfigError
 from asyncrl.orchestrator import checkpoint
+from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.types import RunFailed
 
 
@@ -25,7 +25,7 @@ class Checkpointer:
     def __init__(self, cfg: Config, run_dir: Path, say=print, on_commit=None):
         self.cfg, self.run_dir, self.say = cfg, run_dir, say
         self.on_commit = on_commit  # on_commit(step, path=..., learner_save_s=...): the run's event
-        self._pending: tuple[Path, int, Any] | None = None
+        self._pending: tuple[Path, int, GroupCall] | None = None
 
     def find_resume(self) -> tuple[Path, dict[str, Any]] | None:
         """The checkpoint `resume` names (None: start fresh); ConfigError if it cannot be used."""
@@ -46,10 +46,10 @@ class Checkpointer:
         checkpoint.check_compatible(found[0], self.cfg)
         return found
 
-    def save(self, step: int, state: dict[str, Any], learner: Any) -> None:
+    def save(self, step: int, state: dict[str, Any], learner: LearnerGroup) -> None:
         self.poll(block=True)  # one at a time
         tmp = checkpoint.begin(self.run_dir, step, state, self.cfg)
-        self._pending = (tmp, step, learner.call("save_checkpoint", str(tmp / checkpoint.LEARNER_DIR)))
+        self._pending = (tmp, step, learner.save_checkpoint(str(tmp / checkpoint.LEARNER_DIR)))
 
     def poll(self, block: bool = False) -> Path | None:
         """Commit the pending checkpoint if the learner has written its part (or wait for it)."""

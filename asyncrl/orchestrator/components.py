@@ -1,5 +1,5 @@
-"""Builds the run's parts: the rollout actors under Ray, the ledger and its buffer (the learner
-ranks are started by learner_group.py).
+"""Builds the run's processes: the rollout actors under Ray (the learner ranks are started by
+learner_group.py; the driver's parts by driver.py).
 
 Each gets only its own sub-config. Engines are created inside their actor's process (a factory
 travels, not an engine); on CPU the vLLM KV cache is sized through the actor's environment.
@@ -8,21 +8,13 @@ travels, not an engine); on CPU the vLLM KV cache is sized through the actor's e
 from __future__ import annotations
 
 import functools
-import shutil
 from typing import Any
 
 import ray
 
 from asyncrl.compat import child_env
-from asyncrl.buffer.base import Buffer
-from asyncrl.buffer.group_assembler import GroupAssembler
-from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
-from asyncrl.buffer.token_buffer import TokenBuffer
-from asyncrl.config import BufferConfig, Config, RewardConfig
+from asyncrl.config import Config
 from asyncrl.observe.worker_logs import log_env
-from asyncrl.orchestrator.ledger import GroupLedger, Shaping
-from asyncrl.reward.pool import RewardPool
-from asyncrl.reward.registry import check_functions, check_sources, reward_pool
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.local_rewards import LocalRewards
@@ -39,34 +31,6 @@ def resolve_model_path(cfg: Config, log=print) -> str:
 
         return str(ensure_tiny_model(spec_for(cfg.model.tiny), log=log))
     return cfg.model.path
-
-
-def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> Buffer:
-    """Streaming Phi-token buffer, or the D_R / D_T / N_reuse rollout-batch schedule."""
-    if cfg.rollout_batch_prompts is None:
-        return TokenBuffer(token_budget, cfg.max_staleness)
-    return RolloutBatchBuffer(token_budget, cfg.max_staleness, cfg.rollout_batch_prompts,
-                              cfg.minibatch_prompts, cfg.num_reuse, seed=seed)
-
-
-def build_ledger(cfg: Config, stage) -> GroupLedger:
-    """The group ledger with the buffer, assembler and shaping of the run's config and first stage."""
-    a = cfg.algo
-    return GroupLedger(
-        build_buffer(cfg.buffer, stage.token_budget, cfg.seed),
-        GroupAssembler(stage.group_size, a.advantage, a.advantage_eps, a.drop_zero_variance_groups,
-                       a.truncation_mask, a.advantage_std),
-        Shaping(a.no_eos_penalty, a.overlong_buffer, a.overlong_penalty_factor), cfg.reward.num_workers)
-
-
-def build_reward_pool(cfg: RewardConfig, data_sources) -> RewardPool:
-    """The reward pool, after the checks that need the data: user functions import, and without a
-    default verifier every data source (`data_sources()`) is routed (ConfigError otherwise)."""
-    check_functions(cfg)
-    if cfg.type is None:
-        check_sources(cfg, data_sources())
-    # under placement "actor" it scores evaluation samples only: the actors score their own
-    return reward_pool(cfg, 1 if cfg.placement == "actor" else cfg.num_workers)
 
 
 def node_ip() -> str:
@@ -104,17 +68,3 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
         runtime_env={"env_vars": env}).remote(
         actor_id, engine_factory(cfg, model_path, actor_id), spec, cfg.rollout.group_size, sample_endpoint,
         seed=cfg.seed, sync_mode=cfg.sync.mode, scorer=scorer)
-
-
-def shutdown(run: Any, say=print) -> None:
-    """Whatever a run started, in reverse (each part only if it got that far); the temporary
-    directory holds vLLM's sockets, killed engines' too."""
-    if hasattr(run, "learner"):
-        try:
-            run.learner.shutdown()
-        except Exception as e:  # shutting down anyway; say what failed
-            say(f"warning: learner shutdown failed: {e!r}")
-    for part, close in (("pool", "shutdown"), ("rewards", "close"), ("metrics", "close")):
-        if hasattr(run, part):
-            getattr(getattr(run, part), close)()
-    shutil.rmtree(getattr(run, "rpc_dir", ""), ignore_errors=True)

@@ -5,11 +5,12 @@ a bundle per rank of `learner.num_cpus` CPUs and `learner.num_gpus` GPUs, so one
 GPU cluster) and join one torch.distributed group at start (gloo on CPU, NCCL on GPU), whose
 rendezvous is hosted on rank 0's node.
 
-Most calls go to every rank, because most are collective on a sharded learner (a step, a
-push, a checkpoint and the parity probe all gather parameters); the orchestrator gets rank 0's
-answer. A `GroupCall` is ready when every rank has answered, and raises as soon as one rank
-fails, rather than waiting for the others to time out in a collective the failed rank left.
-Only the weight-sync rendezvous and its metadata are rank 0's alone.
+Each of the ranks' methods the run uses is a method here, typed. Most go to every rank, because
+most are collective on a sharded learner (a step, a push, a checkpoint and the parity probe all
+gather parameters); the caller gets rank 0's answer. A `GroupCall` is ready when every rank has
+answered, and raises as soon as one rank fails, rather than waiting for the others to time out in
+a collective the failed rank left. Only the weight-sync rendezvous and its metadata are rank 0's
+alone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from asyncrl.buffer.base import StepBatch
 from asyncrl.buffer.packing import rank_batches
 from asyncrl.compat import child_env
 from asyncrl.config import Config
@@ -28,7 +30,7 @@ from asyncrl.observe.worker_logs import log_env
 from asyncrl.sync.gloo_sender import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
-from asyncrl.types import RunFailed, SequenceChunk
+from asyncrl.types import RunFailed
 
 
 class GroupCall:
@@ -84,24 +86,65 @@ class LearnerGroup:
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)
 
-    def call(self, method: str, *args, **kwargs) -> GroupCall:
+    def _all(self, method: str, *args, **kwargs) -> GroupCall:
         return GroupCall([getattr(r, method).remote(*args, **kwargs) for r in self.ranks])
 
-    def rank0(self, method: str, *args, **kwargs) -> Any:
-        """An ObjectRef of rank 0's answer (calls no other rank has a part in)."""
-        return getattr(self.ranks[0], method).remote(*args, **kwargs)
+    # -- training -------------------------------------------------------------------------------
 
-    def train_step(self, step: int, chunks: list[SequenceChunk], token_budget: int, reset_reference: bool,
-                   role: str = "own", opened: list[SequenceChunk] | None = None) -> GroupCall:
+    def train_step(self, step: int, batch: StepBatch, reset_reference: bool) -> GroupCall:
         """Stream each rank its part of the step (split by tokens), with the step's global counts
-        and its `role` in the rollout-batch schedule (with "open", each rank's share of the
-        `opened` batch when the learner makes a pass over it), and start the step on every rank."""
+        and its role in the rollout-batch schedule (with "open", each rank's share of the opened
+        batch when the learner makes a pass over it), and start the step on every rank. Its
+        result is rank 0's `StepResult`."""
         if self._senders is None:
             self._senders = [FrameSender(e) for e in ray.get([r.batch_endpoint.remote() for r in self.ranks])]
-        opened = opened if self._pass_over_opened else None
-        for rank, batch in enumerate(rank_batches(step, chunks, len(self.ranks), token_budget, role, opened)):
-            self._senders[rank].send(encode_batch(batch))
-        return self.call("train_step", step, reset_reference=reset_reference)
+        opened = batch.opened if self._pass_over_opened else None
+        parts = rank_batches(step, batch.chunks, len(self.ranks), batch.token_budget, batch.role, opened)
+        for rank, part in enumerate(parts):
+            self._senders[rank].send(encode_batch(part))
+        return self._all("train_step", step, reset_reference=reset_reference)
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def weight_sync_address(self) -> tuple[str, int]:
+        """Where the next weight-sync group meets: rank 0 hosts it, so an address and a free port
+        of rank 0's node."""
+        host, port = ray.get(_rendezvous.options(scheduling_strategy=self._bundle(0)).remote()).rsplit(":", 1)
+        return host, int(port)
+
+    def init_weight_sync(self, kind: str, host: str, port: int, world_size: int, timeout_s: float,
+                         bucket_bytes: int) -> ray.ObjectRef:
+        """Rank 0 joins the weight-sync group as its rank 0 (returns once every member joined)."""
+        return self.ranks[0].init_weight_sync.remote(kind, host, port, world_size, timeout_s, bucket_bytes)
+
+    def weight_metadata(self) -> dict[str, Any]:
+        """The plan of the pushes (names, shapes, dtypes, buckets) the actors receive by."""
+        return ray.get(self.ranks[0].weight_metadata.remote())
+
+    def push_weights(self, version: int) -> GroupCall:
+        """Broadcast the weights of `version` (every rank helps gather; rank 0 sends)."""
+        return self._all("push_weights", version)
+
+    def prompt_logprobs(self, token_ids: list[int]) -> GroupCall:
+        """The parity probe: log p(token_i | tokens_<i) under the learner's weights."""
+        return self._all("prompt_logprobs", token_ids)
+
+    def param_fingerprint(self) -> GroupCall:
+        return self._all("param_fingerprint")
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def save(self, path: str) -> GroupCall:
+        """The policy in Hugging Face format at `path`; its result is the path."""
+        return self._all("save", path)
+
+    def save_checkpoint(self, path: str) -> GroupCall:
+        """The learner's part of a checkpoint; its result holds `save_s`."""
+        return self._all("save_checkpoint", path)
+
+    def load_checkpoint(self, path: str) -> GroupCall:
+        """Resume from the learner's part of a checkpoint; its result is the version."""
+        return self._all("load_checkpoint", path)
 
     def owns(self, actor_id: str | None) -> bool:
         """Whether a dead actor's id (hex) is one of the ranks."""
@@ -111,7 +154,7 @@ class LearnerGroup:
         for sender in self._senders or []:
             sender.close()
         try:
-            self.call("shutdown").result(timeout_s)
+            self._all("shutdown").result(timeout_s)
         finally:
             for r in self.ranks:  # their processes end
                 ray.kill(r)

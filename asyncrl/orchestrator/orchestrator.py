@@ -34,6 +34,7 @@ weight-sync group (actor_pool.py), requests from the run directory and the stall
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -48,18 +49,13 @@ from asyncrl.observe.metrics import MetricsWriter
 from asyncrl.observe.summary import format_summary, summarize
 from asyncrl.orchestrator import checkpoint, components
 from asyncrl.orchestrator.actor_pool import ActorPool
-from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
 from asyncrl.orchestrator.checkpointer import Checkpointer
-from asyncrl.orchestrator.evaluation import Evaluator, eval_summary, format_eval_summary
 from asyncrl.orchestrator.collector import ScheduledCollector
-from asyncrl.orchestrator.intake import SampleIntake
-from asyncrl.orchestrator.learner_group import LearnerGroup
+from asyncrl.orchestrator.driver import Driver, build_driver
+from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
+from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
-from asyncrl.orchestrator.scoring import ResultRouter
-from asyncrl.orchestrator.stage_runner import StageRunner
-from asyncrl.orchestrator.step_stats import StepStats
-from asyncrl.reward.errors import RewardErrorMonitor
-from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.transport.codec import decode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import Sample, StepResult
@@ -72,59 +68,79 @@ BOOKKEEPING_S = 0.002
 
 
 class Orchestrator:
+    cfg: Config
+    # the loop's decisions (ledger, intake, rewards, statistics, stages), no Ray in it
+    driver: Driver | None
+    # processes and sockets, started by `start` (None until then: `shutdown` stops what started)
+    samples: FrameReceiver | None
+    learner: LearnerGroup | None
+    pool: ActorPool | None
+    weight_sync: WeightSync | None
+    rpc_dir: str | None
+    # the run's files and the person running it
+    metrics: MetricsWriter | None
+    checkpoints: Checkpointer
+    requests: RunRequests | None
+    collector: ScheduledCollector
+
     def __init__(self, cfg: Config, log_fn=print):
         self.cfg, self.say = preflight.resolve(cfg), log_fn  # max_model_len from the model when unset
         self.run_dir = self.cfg.run_dir.resolve()
         self.version = self.step = 0
         self.history: list[dict[str, Any]] = []
-        self.stop_reason, self._train_ref, self._wait_for_data_s = None, None, 0.0
+        self.stop_reason: str | None = None
+        self._stop_deadline = 0.0
+        self._train_ref: GroupCall | None = None
+        self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
+        self.model_path = ""
+        self.driver = self.samples = self.learner = self.pool = self.weight_sync = None
+        self.rpc_dir = self.metrics = self.requests = None
         self.collector = ScheduledCollector()
-        self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn,
-                                        on_commit=lambda step, **info: self.metrics.event(step, "checkpoint", **info))
+        self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn, on_commit=self._on_checkpoint)
+
+    def _on_checkpoint(self, step: int, **info: Any) -> None:
+        self.metrics.event(step, "checkpoint", **info)
 
     def start(self) -> None:
         cfg = self.cfg
         resume = self.checkpoints.find_resume()
         write_resolved(cfg, self.run_dir)
         hide_broken_torch_extras()
+        if resume:
+            MetricsWriter.truncate(self.run_dir, resume[1]["step"])  # rows after the checkpoint are rewritten
+        self.metrics = MetricsWriter(self.run_dir, cfg.observe.tensorboard, cfg.observe.wandb_project,
+                                     cfg.name, json.loads(cfg.model_dump_json()))
         # actors always start from the base model and get the current weights pushed (a resumed
         # run's checkpoint may be pruned before a replacement actor starts); the learner loads it
         base_model = components.resolve_model_path(cfg, log=self.say)
         self.model_path = str(resume[0] / checkpoint.LEARNER_DIR / "policy") if resume else base_model
-        self.stages = StageRunner(cfg, self.model_path)
-        self.tokenizer = self.stages.tokenizer
-        self.rewards = components.build_reward_pool(cfg.reward, self.stages.data_sources)
-        self.ledger = components.build_ledger(cfg, self.stages.current)
-        self.host = components.node_ip()
-        self.samples = FrameReceiver(decode_samples, host=self.host)
+        self.driver = build_driver(cfg, self.model_path, self.metrics, self.say)
+        host = components.node_ip()
+        self.samples = FrameReceiver(decode_samples, host=host)
         self.rpc_dir = tempfile.mkdtemp(prefix="asyncrl-vllm-rpc-")
         t0 = time.monotonic()
         self.say(f"starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend}) and "
                  f"{cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
-        self.learner = LearnerGroup(cfg, self.model_path, self.host)
+        self.learner = LearnerGroup(cfg, self.model_path, host)
         if resume:
-            self.version = self.learner.call("load_checkpoint", str(resume[0] / checkpoint.LEARNER_DIR)).result()
-        self.pool = ActorPool(cfg, base_model, self.samples.endpoint, self.learner, self.host, self.rpc_dir)
-        self.pool.start(cfg.rollout.num_actors, self.version)
+            self.version = self.learner.load_checkpoint(str(resume[0] / checkpoint.LEARNER_DIR)).result()
+        self.pool = ActorPool(cfg, base_model, self.samples.endpoint, self.rpc_dir)
+        self.weight_sync = WeightSync(cfg.sync, self.learner, self.pool, fake_engines=cfg.rollout.engine == "fake")
+        self.pool.start(cfg.rollout.num_actors)
+        self.weight_sync.rebuild_group()
+        if self.version > 0:  # a resumed run: the actors get the checkpoint's weights
+            self.weight_sync.push(self.version, step=None)
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
-        self.stats = StepStats(cfg.observe.samples_per_step)
+        self.driver.stats.restart_clock()  # the first row's rates count from here, not from start-up
         if resume:
             self.load_state_dict(resume[1])
             self.say(f"resumed from {resume[0]} at step {self.step} (version {self.version}); "
-                     f"{len(self.ledger.requeued)} groups in flight then are regenerated")
-        self.metrics = MetricsWriter(self.run_dir, cfg.observe.tensorboard, cfg.observe.wandb_project,
-                                     cfg.name, json.loads(cfg.model_dump_json()))
+                     f"{len(self.driver.ledger.requeued)} groups in flight then are regenerated")
         self.requests = RunRequests(self.run_dir, self.metrics, self.say)
-        self.evaluator = Evaluator.build(cfg, self.tokenizer, self.metrics, self.say)
-        self.route_results = ResultRouter(self.ledger, self.stats, self.stages, self.evaluator, self.tokenizer,
-                                          RewardErrorMonitor(cfg.reward.max_error_frac), self.metrics, self.say)
-        self.intake = SampleIntake(self.ledger, self.rewards, self.tokenizer, self.route_results, self.evaluator)
-        if resume:
-            self.intake.probe_ids = resume[1]["probe_ids"]
         self.metrics.event(self.step, "resume" if resume else "start", model=self.model_path,
                            actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}))
         self._last_step_t = self._last_health_t = time.monotonic()
-        self.evaluator.maybe_start(self.version, self.pool, self.stages.current)
+        self.driver.evaluator.maybe_start(self.version, self.pool, self.driver.stages.current)
         self.collector.start()  # the garbage collector runs from the loop from now on (collector.py)
 
     def run(self) -> dict[str, Any]:
@@ -178,7 +194,7 @@ class Orchestrator:
             return {"steps": self.step, "stopped": self.stop_reason}
         summary = summarize(self.history, time.monotonic() - t_start)
         if self.cfg.save_final:
-            summary["final_policy"] = self.learner.call("save", str(self.run_dir / "final")).result()
+            summary["final_policy"] = self.learner.save(str(self.run_dir / "final")).result()
         summary.update(eval_summary(self.history))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self._end("finished")
@@ -186,49 +202,32 @@ class Orchestrator:
         return summary
 
     def _end(self, status: str, reason: str | None = None) -> None:  # the last line of events.jsonl
-        if hasattr(self, "metrics"):
+        if self.metrics is not None:
             self.metrics.event(self.step, "end", status=status, **({"reason": reason} if reason else {}))
 
     @property
     def probe_ids(self) -> list[int] | None:
         """The first sample seen (prompt and response): real text for this model's parity probe."""
-        return self.intake.probe_ids
+        return self.driver.probe_ids
 
     def _ingest(self, samples: list[Sample]) -> None:
-        """Samples as they arrive: recorded by the ledger, then off to the reward pool (intake.py)."""
-        self.intake.ingest(samples)
+        self.driver.ingest(samples)
 
     def _poll_rewards(self, timeout_s: float = 0.0) -> None:
         """Rewards as they come back (scoring.py routes them), and eval samples to be scored."""
-        self.intake.poll_rewards(self.step, timeout_s)
+        self.driver.poll_rewards(self.step, timeout_s)
 
     def _admit(self) -> None:
-        stage, cfg = self.stages.current, self.cfg
-        capacity = self.ledger.capacity(self.version, stage.token_budget, stage.group_size, stage.max_tokens,
-                                        step_running=self._train_ref is not None,
-                                        verifiers_behind=self.rewards.num_queued > 0)
-        if capacity == 0:
-            return
-        load = self.ledger.generating_by_actor(self.pool.ids)
-        spec = SamplingSpec(stage.temperature, cfg.rollout.top_p, stage.max_tokens)
-        for actor, k in assign_prompts(capacity, load, cfg.rollout.max_in_flight_prompts).items():
-            records = [self.ledger.readmit(r, actor) for r in self.ledger.take_requeued(k)]
-            records += [self.ledger.admit(p, stage.index, spec, stage.group_size, actor)
-                        for p in self.stages.take(k - len(records))]
-            for spec_, n, prompts in group_by_settings(records):
-                self.pool.submit(actor, prompts, spec_, n)
+        for grant in self.driver.admit(self.version, self.pool.ids, step_running=self._train_ref is not None):
+            self.pool.submit(grant.actor, grant.prompts, grant.spec, grant.group_size)
 
     def _try_start_step(self) -> None:
-        chunks = self.ledger.buffer.next_batch(self.version)
-        if chunks is None:
+        batch = self.driver.next_batch(self.version)
+        if batch is None:
             return
-        step = self.step + 1
-        role, opened = self.ledger.buffer.take_opening()
-        self.stats.add_batch(chunks, self.version, self.ledger.buffer.batch_start_version)
         self._wait_for_data_s = time.monotonic() - self._last_step_t
         self._step_started = time.monotonic()
-        self._train_ref = self.learner.train_step(step, chunks, self.stages.current.token_budget,
-                                                  self.requests.take_reset(self.cfg), role, opened)
+        self._train_ref = self.learner.train_step(self.step + 1, batch, self.requests.take_reset(self.cfg))
 
     def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None
@@ -241,28 +240,26 @@ class Orchestrator:
         train_s = time.monotonic() - self._step_started
         joined = self.pool.admit_started()
         sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}
+        evaluator = self.driver.evaluator
         if sync:  # the actors now hold this version: its evaluation, if due
-            self.evaluator.after_push(self.version, self.pool, self.stages.current,
-                                      last=self.step >= self.cfg.total_steps, poll=self._poll_rewards)
+            evaluator.after_push(self.version, self.pool, self.driver.stages.current,
+                                 last=self.step >= self.cfg.total_steps, poll=self._poll_rewards)
         row = {"step": self.step, "learner/version": self.version, **result.metrics, **sync,
                "timing/train_s": train_s, "timing/wait_for_data_s": self._wait_for_data_s,
                "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
-               **self.stats.flush(self.ledger.buffer, self.ledger.assembler, self.samples),
-               **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
-               **self.route_results.errors.metrics(), **self.evaluator.take_metrics(self.step), **self.collector.metrics(),
+               **self.driver.step_metrics(self.step, self.samples.num_dropped), **self.collector.metrics(),
                "rollout/actors": len(self.pool.ids)}
         self.history.append(row)
         self.metrics.log(self.step, row)
-        self.metrics.log_samples(self.step, self.stats.take_examples())
+        self.metrics.log_samples(self.step, self.driver.stats.take_examples())
         for e in result.events:
             self.metrics.event(self.step, e["event"], **{k: v for k, v in e.items() if k != "event"})
             self.say(f"step {self.step}: {e['event']} ({e.get('reason')}); KL was {e.get('kl', 0.0):.4g}")
-        change = self.stages.on_step(self.step, row["reward/mean"])
+        change = self.driver.end_step(self.step, row["reward/mean"])
         if change is not None:
-            self.ledger.buffer.token_budget = change.stage.token_budget
             self.metrics.event(self.step, "stage", **change.describe())
             self.say(f"step {self.step}: {change}")
-        self.requests.apply_scale(self.pool, self.ledger, self.step)
+        self.requests.apply_scale(self.pool, self.driver.ledger, self.step)
         if self.cfg.checkpoint.every_steps and self.step % self.cfg.checkpoint.every_steps == 0:
             self.checkpoints.save(self.step, self.state_dict(), self.learner)
         return row
@@ -276,7 +273,7 @@ class Orchestrator:
 
     def _push(self) -> dict[str, float]:
         """Drain push (and parity probe); lost actors are replaced, the push retried around the rest."""
-        return self.pool.push_and_probe(
+        return self.weight_sync.push_and_probe(
             self.version, self.step, self.probe_ids, self._actors_lost,
             lambda error: self.metrics.event(self.step, "parity_failure", version=self.version, error=error))
 
@@ -289,7 +286,7 @@ class Orchestrator:
 
     def _actors_lost(self, dead: list[int], why: str) -> None:
         for actor in dead:  # its groups are regenerated elsewhere; a fresh actor starts meanwhile
-            requeued = self.ledger.requeue_actor(actor)
+            requeued = self.driver.ledger.requeue_actor(actor)
             self.pool.replace(actor)
             self.metrics.event(self.step, "actor_lost", actor=actor, groups_requeued=requeued, reason=why)
             self.say(f"step {self.step}: rollout actor {actor} lost ({why}); {requeued} groups requeued")
@@ -302,25 +299,34 @@ class Orchestrator:
 
     def _stopped(self) -> bool:
         return (self.stop_reason is not None and self._train_ref is None
-                and (not self.ledger.records or time.monotonic() > self._stop_deadline))
+                and (not self.driver.ledger.records or time.monotonic() > self._stop_deadline))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "version": self.version, "history": self.history, "pushes": self.pool.pushes,
-                "probe_ids": self.probe_ids, "ledger": self.ledger.state_dict(),
-                "stages": self.stages.state_dict(), "stats": self.stats.state_dict()}
+        return {"step": self.step, "version": self.version, "history": self.history,
+                "pushes": self.weight_sync.pushes, **self.driver.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the learner loaded its part (the versions must agree)."""
         if state["version"] != self.version:
             raise RuntimeError(f"run state at version {state['version']}, learner at {self.version}")
         self.step, self.history = state["step"], state["history"]
-        self.pool.pushes = state["pushes"]
-        self.ledger.load_state_dict(state["ledger"])
-        self.stages.load_state_dict(state["stages"])
-        self.ledger.buffer.token_budget = self.stages.current.token_budget
-        self.stats.load_state_dict(state["stats"])
-        MetricsWriter.truncate(self.run_dir, self.step)  # rows after the checkpoint are rewritten
+        self.weight_sync.pushes = state["pushes"]
+        self.driver.load_state_dict(state)
 
     def shutdown(self) -> None:
-        components.shutdown(self, self.say)
+        """Whatever the run started, in reverse (each part only if it got that far); the temporary
+        directory holds vLLM's sockets, killed engines' too."""
+        if self.learner is not None:
+            try:
+                self.learner.shutdown()
+            except Exception as e:  # shutting down anyway; say what failed
+                self.say(f"warning: learner shutdown failed: {e!r}")
+        if self.pool is not None:
+            self.pool.shutdown()
+        if self.driver is not None:
+            self.driver.rewards.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.rpc_dir is not None:
+            shutil.rmtree(self.rpc_dir, ignore_errors=True)
         self.collector.release()

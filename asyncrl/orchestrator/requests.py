@@ -79,11 +79,12 @@ class RunStalled(RunFailed):
 def stall_diagnosis(orch) -> str:
     """What the run has seen, and the likely cause: usually every group dropped because all its
     rewards are equal (the task too hard or too easy, or a verifier that scores everything alike)."""
-    a, led, pool = orch.ledger.assembler.stats, orch.ledger, orch.rewards
+    driver = orch.driver
+    a, led, pool = driver.ledger.assembler.stats, driver.ledger, driver.rewards
     outcomes = ", ".join(f"{k} {v}" for k, v in pool.stats.outcomes.most_common(6)) or "none yet"
     facts = (f"{orch.samples.num_received} samples received, {a.groups_complete} groups complete, "
              f"{a.groups_zero_variance} dropped with no advantage signal, "
-             f"{led.buffer.num_loss_tokens}/{orch.stages.current.token_budget} loss tokens buffered, "
+             f"{led.token_accounting()['buffered']}/{driver.stages.current.token_budget} loss tokens buffered, "
              f"{len(led.records)} groups in flight on {len(orch.pool.ids)} actor(s), "
              f"{pool.num_pending} samples awaiting rewards ({pool.stats.timeouts} reward timeouts); "
              f"reward outcomes: {outcomes}")

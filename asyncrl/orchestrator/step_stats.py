@@ -16,7 +16,6 @@ The streaming TokenBuffer trains each token once, so its reuse lag is 0.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from collections import Counter
 from typing import Any
 
@@ -65,6 +64,10 @@ class StepStats:
         for k, v in state["window"].items():
             setattr(self, k, Counter(v) if isinstance(getattr(self, k), Counter) else v)
 
+    def restart_clock(self) -> None:
+        """The next row's window (its rates) starts now."""
+        self._t_last = time.monotonic()
+
     def wants_example(self) -> bool:
         """Whether the next sample's completion would be kept (decode its text only then)."""
         return len(self._examples) < self.examples_per_step
@@ -107,7 +110,9 @@ class StepStats:
         out, self._examples = self._examples, []
         return out
 
-    def flush(self, buffer, assembler, receiver) -> dict[str, Any]:
+    def flush(self, pipeline: dict[str, Any]) -> dict[str, Any]:
+        """The step's row of what accumulated since the last one; `pipeline`: the current gauges
+        and counters of the buffer and the stream (the ledger's `buffer_metrics` and the like)."""
         now = time.monotonic()
         dt = max(now - self._t_last, 1e-9)
         n = len(self.rewards)
@@ -124,12 +129,7 @@ class StepStats:
             "staleness/async_mean": sum(self.async_lags) / len(self.async_lags) if self.async_lags else 0.0,
             "staleness/async_max": max(self.async_lags) if self.async_lags else 0,
             "staleness/reuse_max": max(self.reuse_lags) if self.reuse_lags else 0,
-            "buffer/loss_tokens": buffer.num_loss_tokens,
-            **{f"buffer/{k}_total": v for k, v in asdict(buffer.stats).items()},  # the buffer's counters
-            "buffer/groups_zero_variance_total": assembler.stats.groups_zero_variance,
-            "buffer/groups_complete_total": assembler.stats.groups_complete,
-            "buffer/duplicate_samples_total": assembler.stats.duplicates,
-            "rollout/frames_dropped_total": receiver.num_dropped,
+            **pipeline,
             "timing/step_wall_s": dt,
         }
         for key, total in self.shaping.items():

@@ -195,3 +195,13 @@ def reward_pool(cfg: RewardConfig, num_workers: int | None = None) -> RewardPool
     preload = PRELOAD + (("asyncrl.reward.sandbox.preload",) if scores_code else ())
     return RewardPool(functools.partial(RewardRouter, cfg), num_workers or cfg.num_workers, cfg.timeout_s,
                       preload=preload)
+
+
+def build_reward_pool(cfg: RewardConfig, data_sources) -> RewardPool:
+    """The reward pool, after the checks that need the data: user functions import, and without a
+    default verifier every data source (`data_sources()`) is routed (ConfigError otherwise)."""
+    check_functions(cfg)
+    if cfg.type is None:
+        check_sources(cfg, data_sources())
+    # under placement "actor" it scores evaluation samples only: the actors score their own
+    return reward_pool(cfg, 1 if cfg.placement == "actor" else cfg.num_workers)

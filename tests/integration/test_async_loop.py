@@ -30,10 +30,10 @@ def finished_run(tmp_path_factory, tiny_model_path):
     try:
         summary = orch.run()
         after = {
-            "learner_fp": orch.learner.call("param_fingerprint").result(),
-            "probe_gap": orch.pool.check_parity(orch.probe_ids, orch.cfg.sync.probe_tolerance, orch.version),
+            "learner_fp": orch.learner.param_fingerprint().result(),
+            "probe_gap": orch.weight_sync.check_parity(orch.probe_ids, orch.cfg.sync.probe_tolerance, orch.version),
             "probe": [ray.get(orch.pool.actors[a].prompt_logprobs.remote(orch.probe_ids)) for a in orch.pool.ids],
-            "learner_probe": orch.learner.call("prompt_logprobs", orch.probe_ids).result(),
+            "learner_probe": orch.learner.prompt_logprobs(orch.probe_ids).result(),
             "actor_stats": orch.pool.stats(),
         }
         yield orch, summary, after
@@ -67,8 +67,8 @@ def test_inflight_pushes_abort_and_resume_requests(finished_run):
 def test_every_batch_holds_exactly_the_budget(finished_run):
     orch, _, _ = finished_run
     assert [h["learner/loss_tokens"] for h in orch.history] == [BUDGET] * STEPS
-    st = orch.ledger.buffer.stats
-    assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens
+    t = orch.driver.ledger.token_accounting()
+    assert t["in"] == t["out"] + t["dropped_stale"] + t["buffered"]
     assert st.tokens_out == BUDGET * STEPS
 
 

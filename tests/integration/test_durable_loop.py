@@ -42,10 +42,10 @@ def wait_rows(orch, n):
 
 
 def assert_accounting(orch):
-    a = orch.ledger.accounting()
+    a = orch.driver.ledger.accounting()
     assert a["received"] == a["kept"] + a["rejected"] + a["discarded"] + a["orphaned"] + a["live"], a
-    st = orch.ledger.buffer.stats
-    assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens
+    t = orch.driver.ledger.token_accounting()
+    assert t["in"] == t["out"] + t["dropped_stale"] + t["buffered"]
 
 
 def test_a_killed_actor_is_replaced_and_the_run_completes(ray_cluster, tmp_path, small_model):

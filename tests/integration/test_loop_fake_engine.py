@@ -37,8 +37,8 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(ray_cluster, tmp_pa
     assert scored and all(-0.5 <= h["reward/no_eos_penalty"] <= 0 for h in scored)
     assert any(h["reward/no_eos_penalty"] < 0 for h in scored)
     assert any(h["reward/overlong_penalty"] < 0 for h in scored)
-    st = orch.ledger.buffer.stats
-    assert st.tokens_in == st.tokens_out + st.tokens_dropped_stale + orch.ledger.buffer.num_loss_tokens
+    t = orch.driver.ledger.token_accounting()
+    assert t["in"] == t["out"] + t["dropped_stale"] + t["buffered"]
 
 
 class RecordingOrchestrator(Orchestrator):
@@ -76,9 +76,9 @@ def test_stages_switch_sampling_budget_and_filter_solved_prompts(ray_cluster, tm
     assert all(t == 1.0 and i < 4 and n <= 6 for _, _, t, i, n in first)
     assert all(t == 0.5 and i < 6 and n <= 8 for _, _, t, i, n in second)
     solved_in_first = {key for _, key, *_ in first if int(key.rsplit("/", 1)[1]) % 2 == 0}
-    assert orch.stages.excluded and orch.stages.excluded <= solved_in_first
-    assert not {key for _, key, *_ in second} & orch.stages.excluded  # filtered prompts never come back
-    assert orch.history[-1]["data/prompts_filtered_total"] == len(orch.stages.excluded)
+    assert orch.driver.stages.excluded and orch.driver.stages.excluded <= solved_in_first
+    assert not {key for _, key, *_ in second} & orch.driver.stages.excluded  # filtered prompts never come back
+    assert orch.history[-1]["data/prompts_filtered_total"] == len(orch.driver.stages.excluded)
 
 
 class HangFirstGroup(Orchestrator):
@@ -106,11 +106,11 @@ def test_a_group_stuck_in_a_hung_verifier_does_not_hold_up_the_steps(ray_cluster
     orch = HangFirstGroup(cfg)
     try:
         orch.run()
-        hung_pending = orch.rewards.num_pending
+        hung_pending = orch.driver.rewards.num_pending
     finally:
         orch.shutdown()
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 6
-    assert orch.rewards.stats.timeouts == 0 and hung_pending >= 2  # still hanging when the run ended
+    assert orch.driver.rewards.stats.timeouts == 0 and hung_pending >= 2  # still hanging when the run ended
 
 
 def test_decoupled_rollout_batches_on_two_ranks_in_the_loop(ray_cluster, tmp_path, small_model):
@@ -160,7 +160,7 @@ def test_actors_that_score_their_own_samples_feed_the_loop_without_the_drivers_p
     finally:
         orch.shutdown()
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 4
-    assert orch.seen and orch.rewards.stats.submitted == 0  # nothing went through the driver's pool
+    assert orch.seen and orch.driver.rewards.stats.submitted == 0  # nothing went through the driver's pool
     for key, reward, outcome in orch.seen:  # each scored by its actor, as the verifier scores its record
         assert (reward, outcome) == (float(int(key.rsplit("/", 1)[1]) % 2 == 0), "scripted")
     assert len(actor_stats) == 2 and sum(s["samples"] for s in actor_stats) >= len(orch.seen)

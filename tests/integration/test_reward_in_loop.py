@@ -29,7 +29,7 @@ def run(tmp_path, model, name, reward_type):
     orch = Orchestrator(cfg)
     try:
         orch.run()
-        return orch.history, orch.rewards.stats
+        return orch.history, orch.driver.rewards.stats
     finally:
         orch.shutdown()
 

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from asyncrl.buffer.group_assembler import GroupAssembler
+from asyncrl.buffer.group_assembler import GroupAssembler, Rejected
 from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.types import Group, Sample, ScoredSample
 
@@ -123,49 +123,37 @@ def test_empty_responses_are_counted_not_queued():
     assert buf.num_responses == 1 and buf.stats.responses_empty == 1
 
 
+def assemble(asm, gid, rewards, truncated=None):
+    """The group of `rewards` (response i truncated where `truncated[i]`): its advantages if kept,
+    None if rejected."""
+    samples = []
+    for i, r in enumerate(rewards):
+        s = make_sample(gid, i, 3)
+        s.finish_reason = "length" if truncated and truncated[i] else "stop"
+        samples.append(ScoredSample(s, reward=r))
+    out = asm.assemble(gid, samples)
+    if isinstance(out, Rejected):
+        assert out.group_id == gid and out.num_samples == len(rewards)
+        return None
+    assert out.group.group_id == gid and [m.reward for m in out.group.samples] == rewards
+    return out.group.advantages
+
+
 def test_assembler_drops_zero_variance_groups_and_counts_them():
-    asm = GroupAssembler(group_size=3)
-    for i in range(3):
-        out = asm.add(ScoredSample(make_sample("same", i, 2), reward=1.0))
-    assert out is None
+    asm = GroupAssembler()
+    assert assemble(asm, "same", [1.0, 1.0, 1.0]) is None
     assert asm.stats.groups_zero_variance == 1 and asm.stats.samples_zero_variance == 3
-    rewards = [1.0, 0.0, 0.0]
-    for i in range(3):
-        out = asm.add(ScoredSample(make_sample("mixed", i, 2), reward=rewards[i]))
-    assert out is not None and out.group_id == "mixed"
+    out = assemble(asm, "mixed", [1.0, 0.0, 0.0])
     # population std of (1,0,0) = sqrt(2)/3; mean 1/3
     std = (2 ** 0.5) / 3
-    assert out.advantages == pytest.approx([(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6)])
-    assert asm.num_open_groups == 0
-
-
-def test_assembler_ignores_duplicate_samples():
-    asm = GroupAssembler(group_size=2)
-    asm.add(ScoredSample(make_sample("g", 0, 2), 1.0))
-    assert asm.add(ScoredSample(make_sample("g", 0, 2), 1.0)) is None
-    assert asm.stats.duplicates == 1
-    assert asm.add(ScoredSample(make_sample("g", 1, 2), 0.0)) is not None
+    assert out == pytest.approx([(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6)])
+    assert asm.stats.groups_complete == 2
 
 
 def test_assembler_masks_truncated_responses_after_the_group_statistics():
     # rewards (1, 0, 0, 1), response 3 truncated; "after": GRPO over all four, then 0 for it
-    asm = GroupAssembler(group_size=4, eps=0.0, truncation_mask="after")
-    rewards = [1.0, 0.0, 0.0, 1.0]
-    out = None
-    for i, r in enumerate(rewards):
-        s = make_sample("g", i, 3)
-        s.finish_reason = "length" if i == 3 else "stop"
-        out = asm.add(ScoredSample(s, reward=r))
-    assert out.advantages == pytest.approx([1.0, -1.0, -1.0, 0.0])
-
-
-def _assemble(asm, gid, rewards, truncated):
-    out = None
-    for i, (r, cut) in enumerate(zip(rewards, truncated)):
-        s = make_sample(gid, i, 3)
-        s.finish_reason = "length" if cut else "stop"
-        out = asm.add(ScoredSample(s, reward=r))
-    return out
+    asm = GroupAssembler(eps=0.0, truncation_mask="after")
+    assert assemble(asm, "g", [1.0, 0.0, 0.0, 1.0], [False, False, False, True]) == pytest.approx([1.0, -1.0, -1.0, 0.0])
 
 
 def test_rejection_sampling_keeps_a_group_only_if_an_advantage_survives_the_truncation_mask():
@@ -174,26 +162,23 @@ def test_rejection_sampling_keeps_a_group_only_if_an_advantage_survives_the_trun
     the three kept rewards (all 1, so 0) and zeroes response 0: no signal, dropped. "after" with
     every response truncated: all zero, dropped. (0, 0, 1, 1) with 0 and 1 truncated, "after":
     mean 1/2, population std 1/2, so the kept responses get +1: kept."""
-    before = GroupAssembler(group_size=4, truncation_mask="before")
-    assert _assemble(before, "b", [0.0, 1.0, 1.0, 1.0], [True, False, False, False]) is None
+    before = GroupAssembler(truncation_mask="before")
+    assert assemble(before, "b", [0.0, 1.0, 1.0, 1.0], [True, False, False, False]) is None
     assert before.stats.groups_zero_variance == 1 and before.stats.samples_zero_variance == 4
-    after = GroupAssembler(group_size=4, eps=0.0, truncation_mask="after")
-    assert _assemble(after, "a", [1.0, 0.0, 0.0, 0.0], [True] * 4) is None
-    kept = _assemble(after, "k", [0.0, 0.0, 1.0, 1.0], [True, True, False, False])
-    assert kept is not None and kept.advantages == [0.0, 0.0, 1.0, 1.0]
+    after = GroupAssembler(eps=0.0, truncation_mask="after")
+    assert assemble(after, "a", [1.0, 0.0, 0.0, 0.0], [True] * 4) is None
+    kept = assemble(after, "k", [0.0, 0.0, 1.0, 1.0], [True, True, False, False])
+    assert kept == [0.0, 0.0, 1.0, 1.0]
     assert after.stats.groups_zero_variance == 1 and after.stats.groups_complete == 2
     # the switch off keeps the signal-less group (its advantages are all 0)
-    keep_all = GroupAssembler(group_size=4, truncation_mask="before", drop_zero_variance=False)
-    assert _assemble(keep_all, "z", [0.0, 1.0, 1.0, 1.0], [True, False, False, False]).advantages == [0.0] * 4
+    keep_all = GroupAssembler(truncation_mask="before", drop_zero_variance=False)
+    assert assemble(keep_all, "z", [0.0, 1.0, 1.0, 1.0], [True, False, False, False]) == [0.0] * 4
 
 
 def test_assembler_rloo_advantages():
-    asm = GroupAssembler(group_size=3, advantage="rloo")
-    out = None
-    for i, r in enumerate([1.0, 0.0, 0.5]):
-        out = asm.add(ScoredSample(make_sample("g", i, 2), reward=r))
     # r_i - mean of the other two
-    assert out.advantages == pytest.approx([1.0 - 0.25, 0.0 - 0.75, 0.5 - 0.5])
+    assert assemble(GroupAssembler(advantage="rloo"), "g", [1.0, 0.0, 0.5]) == pytest.approx(
+        [1.0 - 0.25, 0.0 - 0.75, 0.5 - 0.5])
 
 
 def test_stale_scan_stops_at_the_first_young_response_and_drops_exactly_the_old_tokens():

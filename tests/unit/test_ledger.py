@@ -14,7 +14,7 @@ SPEC = SamplingSpec(1.0, 1.0, 8)
 
 
 def make_ledger(buffer=None, n=2, workers=2):
-    return GroupLedger(buffer or TokenBuffer(16, max_staleness=1), GroupAssembler(n), Shaping(), workers)
+    return GroupLedger(buffer or TokenBuffer(16, max_staleness=1), GroupAssembler(), Shaping(), workers)
 
 
 def prompt(i):
@@ -57,7 +57,7 @@ def test_zero_variance_groups_are_rejected_and_counted():
 
 
 def test_shaping_uses_the_max_tokens_the_group_was_admitted_with():
-    led = GroupLedger(TokenBuffer(16, 1), GroupAssembler(2), Shaping(overlong_buffer=4), 2)
+    led = GroupLedger(TokenBuffer(16, 1), GroupAssembler(), Shaping(overlong_buffer=4), 2)
     led.admit(prompt(0), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0)
     info = {}
     led.on_generated(sample("p0", 0, length=8))
@@ -177,3 +177,35 @@ def test_generating_counts_kept_as_groups_move_equal_a_scan_of_the_records():
         assert led.generating_by_actor(actors) == scanned()
         assert sum(led.generating_by_actor(actors).values()) == sum(r.state == "generating" for r in led.records.values())
     assert balanced(led)
+
+
+def test_a_reward_that_comes_back_twice_is_ignored_and_counted():
+    """A group's scored samples live on its record: the second reward for one sample changes
+    nothing (the group is not completed early, nothing is trained twice)."""
+    led = make_ledger()
+    rec = led.admit(prompt(0), 0, SPEC, 2, actor=0)
+    for i in range(2):
+        led.on_generated(sample("p0", i))
+    assert led.on_scored(sample("p0", 0), 1.0, {}) is rec
+    assert led.on_scored(sample("p0", 0), 0.0, {}) is None
+    assert rec.state == "scoring" and rec.scored == 1 and rec.samples[0].reward == 1.0
+    assert led.counts.samples_duplicate == 1 and led.buffer_metrics()["buffer/duplicate_samples_total"] == 1
+    led.on_scored(sample("p0", 1), 0.0, {})
+    assert rec.state == "kept" and rec.samples == {} and led.buffer.num_loss_tokens == 8
+    assert balanced(led)
+
+
+def test_the_train_loop_takes_step_batches_from_the_ledger():
+    """The consumer side: a StepBatch with the buffer's Phi, and a stage's new Phi from then on."""
+    led = make_ledger(TokenBuffer(6, max_staleness=1))
+    led.admit(prompt(0), 0, SPEC, 2, actor=0)
+    for i in range(2):
+        led.on_generated(sample("p0", i))
+        led.on_scored(sample("p0", i), float(i), {})
+    batch = led.next_batch(0)
+    assert (sum(c.num_loss_tokens for c in batch.chunks), batch.role, batch.opened, batch.start_version,
+            batch.token_budget) == (6, "own", [], None, 6)
+    assert led.next_batch(0) is None  # 2 tokens left, Phi 6
+    led.set_token_budget(2)
+    assert led.next_batch(0).token_budget == 2
+    assert led.token_accounting() == {"in": 8, "out": 8, "dropped_stale": 0, "buffered": 0}

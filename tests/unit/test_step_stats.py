@@ -2,26 +2,19 @@
 the code verifier's tests) are computed from the samples scored since the last flush, then reset;
 a few completions are kept as examples; a trained token's lag splits into reuse and asynchrony."""
 
-from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 
 from asyncrl.buffer.base import ResponseCursor
+from asyncrl.buffer.group_assembler import AssemblerStats, GroupAssembler
 from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
 from asyncrl.buffer.token_buffer import TokenBuffer
+from asyncrl.orchestrator.ledger import GroupLedger, Shaping
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.types import Group, Sample, ScoredSample
 
 
-@dataclass
-class _BufferStats:
-    groups_added: int = 0
-
-
-BUFFER = SimpleNamespace(num_loss_tokens=0, stats=_BufferStats())
-ASSEMBLER = SimpleNamespace(stats=SimpleNamespace(groups_zero_variance=0, groups_complete=0, duplicates=0))
-RECEIVER = SimpleNamespace(num_dropped=0)
+PIPELINE: dict = {}  # the buffer's and stream's gauges and counters: passed through (test below)
 
 
 def sample(source, n_tokens=3, prompt_id="p", version=0, finish="stop"):
@@ -50,7 +43,7 @@ def test_reward_metrics_per_source_latency_and_sandbox_outcomes():
                      latency_s=0.2)
     stats.add_sample(sample("code"), 0.0, {"outcome": "memory", "tests_total": 4, "tests_run": 1,
                                            "tests_passed": 0, "tests_memory": 1}, latency_s=0.09)
-    row = stats.flush(BUFFER, ASSEMBLER, RECEIVER)
+    row = stats.flush(PIPELINE)
     assert row["reward/mean"] == pytest.approx(1.5 / 4)
     assert row["reward/by_source/math"] == pytest.approx(0.5)
     assert row["reward/by_source/code"] == pytest.approx(0.25)
@@ -61,25 +54,31 @@ def test_reward_metrics_per_source_latency_and_sandbox_outcomes():
     assert sandbox == {"reward/sandbox_tests_passed": 2, "reward/sandbox_tests_failed": 1,
                        "reward/sandbox_tests_timeout": 1, "reward/sandbox_tests_memory": 1}
     # counted once, then reset; the columns stay (a plot needs every row to have them)
-    after = stats.flush(BUFFER, ASSEMBLER, RECEIVER)
+    after = stats.flush(PIPELINE)
     assert after.keys() == row.keys() and after["reward/num_samples"] == 0 and stats.total_samples == 4
     assert {k: v for k, v in after.items() if k.startswith("reward/sandbox_tests_")} == dict.fromkeys(sandbox, 0)
     assert after["reward/latency_mean_s"] is None and after["reward/by_source/code"] is None
     assert after["reward/outcome_timeout"] is None  # no samples: no fraction
     stats.add_sample(sample("math"), 1.0, {"outcome": "verified"}, latency_s=0.01)
-    third = stats.flush(BUFFER, ASSEMBLER, RECEIVER)
+    third = stats.flush(PIPELINE)
     assert third["reward/outcome_timeout"] == 0 and third["reward/outcome_verified"] == 1.0
     assert third["reward/by_source/math"] == 1.0 and third["reward/by_source/code"] is None
 
 
 def test_running_totals_end_in_total():
-    buffer = SimpleNamespace(num_loss_tokens=5, stats=_BufferStats(groups_added=7))
-    assembler = SimpleNamespace(stats=SimpleNamespace(groups_zero_variance=1, groups_complete=2, duplicates=3))
-    row = StepStats().flush(buffer, assembler, SimpleNamespace(num_dropped=4))
+    ledger = GroupLedger(TokenBuffer(16, 1), GroupAssembler(), Shaping(), 2)
+    ledger.assembler.stats = AssemblerStats(groups_complete=2, groups_zero_variance=1)
+    ledger.counts.samples_duplicate = 3
+    ledger.buffer.add_group(one_response_group("g", [0, 0, 0, 0, 0]))
+    row = StepStats().flush({**ledger.buffer_metrics(), "rollout/frames_dropped_total": 4})
     assert row["buffer/loss_tokens"] == 5  # a gauge: what the buffer holds now
-    assert {k: v for k, v in row.items() if k.endswith("_total")} == {
-        "rollout/samples_total": 0, "buffer/groups_added_total": 7, "buffer/groups_zero_variance_total": 1,
+    totals = {k: v for k, v in row.items() if k.endswith("_total")}
+    assert {k: totals[k] for k in ("rollout/samples_total", "buffer/responses_in_total",
+                                   "buffer/groups_zero_variance_total", "buffer/groups_complete_total",
+                                   "buffer/duplicate_samples_total", "rollout/frames_dropped_total")} == {
+        "rollout/samples_total": 0, "buffer/responses_in_total": 1, "buffer/groups_zero_variance_total": 1,
         "buffer/groups_complete_total": 2, "buffer/duplicate_samples_total": 3, "rollout/frames_dropped_total": 4}
+    assert all(k.startswith("buffer/") for k in totals.keys() - {"rollout/samples_total", "rollout/frames_dropped_total"})
 
 
 def test_examples_are_the_first_completions_of_the_window_capped_and_taken_once():
@@ -90,7 +89,7 @@ def test_examples_are_the_first_completions_of_the_window_capped_and_taken_once(
     stats.add_sample(sample("code", prompt_id="p2", finish="length"), 0.0, {}, completion="def f(")
     assert not stats.wants_example()  # two kept: no need to decode another one's text
     stats.add_sample(sample("math", prompt_id="p3"), 0.0, {"outcome": "wrong"}, completion="41")
-    row = stats.flush(BUFFER, ASSEMBLER, RECEIVER)
+    row = stats.flush(PIPELINE)
     assert not any("example" in k or "sample_text" in k for k in row)  # examples never go in the row
     assert stats.take_examples() == [
         {"prompt_id": "p1", "prompt": "6*7=", "response": "42", "reward": 1.0, "outcome": "verified", "version": 3,
@@ -117,7 +116,7 @@ def test_rollout_batch_lag_splits_into_reuse_and_asynchrony():
     for version in (4, 5, 6):
         stats.add_batch(buf.next_batch(version), version, buf.batch_start_version)
         assert buf.batch_start_version == 4
-        rows.append(stats.flush(BUFFER, ASSEMBLER, RECEIVER))
+        rows.append(stats.flush(PIPELINE))
     assert buf.next_batch(7) is None
     # async lags 4 - [1, 2, 3, 3, 3] = [3, 2, 1, 1, 1] at every step (mean 8/5); reuse = version - 4
     # step at 4: lags [3, 2, 1, 1, 1]; at 5: [4, 3, 2, 2, 2] (mean 13/5); at 6: [5, 4, 3, 3, 3] (18/5)
@@ -132,8 +131,8 @@ def test_streaming_buffer_lag_is_all_asynchronous():
     assert buf.batch_start_version is None
     stats.add_batch(buf.next_batch(3), 3, buf.batch_start_version)
     # lags 3 - [1, 1, 2, 2] = [2, 2, 1, 1]
-    assert staleness(stats.flush(BUFFER, ASSEMBLER, RECEIVER)) == (1.5, 2, 1.5, 2, 0)
-    assert staleness(stats.flush(BUFFER, ASSEMBLER, RECEIVER)) == (0.0, 0, 0.0, 0, 0)  # no batch: no lag
+    assert staleness(stats.flush(PIPELINE)) == (1.5, 2, 1.5, 2, 0)
+    assert staleness(stats.flush(PIPELINE)) == (0.0, 0, 0.0, 0, 0)  # no batch: no lag
 
 
 def test_state_dict_keeps_the_lag_window_and_not_the_examples():
@@ -145,4 +144,4 @@ def test_state_dict_keeps_the_lag_window_and_not_the_examples():
     fresh.load_state_dict(stats.state_dict())
     assert fresh.take_examples() == []
     # lags 5 - [1, 2] = [4, 3]; async 3 - [1, 2] = [2, 1]; reuse 5 - 3 = 2
-    assert staleness(fresh.flush(BUFFER, ASSEMBLER, RECEIVER)) == (3.5, 4, 1.5, 2, 2)
+    assert staleness(fresh.flush(PIPELINE)) == (3.5, 4, 1.5, 2, 2)

@@ -1,0 +1,169 @@
+"""The driver: every decision of the orchestrator's loop, with no Ray, socket or process in it.
+
+    samples ─► ingest ─► reward pool ─► poll_rewards ─► router ─► ledger (shaping, groups, buffer)
+    admit(version, actors) ─► [Grant: prompts for one actor]
+    next_batch(version) ─► StepBatch (chunks, role, start version, Phi of the buffer that cut it)
+    end_step(step) ─► the row's pipeline metrics, and the stage change if the step ended a stage
+
+It holds the ledger, the intake (samples to the reward pool), the result router, the step
+statistics, the stage runner and the evaluator's bookkeeping; `build_driver` makes all of them
+from a config. The orchestrator (orchestrator.py) feeds it what its processes produce (samples
+from the actors' stream, a learner's finished step) and carries out what it decides (prompts to
+actors, batches to the learner ranks). tools/bench_orchestrator.py drives this same object with
+simulated actors, so the benchmark measures the product's code, not a copy of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.buffer.base import Buffer, StepBatch
+from asyncrl.buffer.group_assembler import GroupAssembler
+from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
+from asyncrl.buffer.token_buffer import TokenBuffer
+from asyncrl.config import BufferConfig, Config
+from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
+from asyncrl.orchestrator.evaluation import Evaluator
+from asyncrl.orchestrator.intake import SampleIntake
+from asyncrl.orchestrator.ledger import GroupLedger, Shaping
+from asyncrl.orchestrator.scoring import ResultRouter
+from asyncrl.orchestrator.stage_runner import StageChange, StageRunner
+from asyncrl.orchestrator.step_stats import StepStats
+from asyncrl.reward.errors import RewardErrorMonitor
+from asyncrl.reward.pool import RewardPool, RewardResult
+from asyncrl.reward.registry import build_reward_pool
+from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.types import PromptItem, Sample
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Prompts one actor is to generate, n samples each, all with the same settings."""
+
+    actor: int
+    spec: SamplingSpec
+    group_size: int
+    prompts: list[PromptItem]
+
+
+class Driver:
+    cfg: Config
+    # the run's memory: groups from admission to the buffer, and the prompt supply
+    ledger: GroupLedger
+    stages: StageRunner
+    # the per-sample path: samples to the reward pool, rewards to the ledger or the evaluator
+    rewards: RewardPool
+    intake: SampleIntake
+    route: ResultRouter
+    evaluator: Evaluator
+    # what a step's row reports
+    stats: StepStats
+
+    def __init__(self, cfg: Config, ledger: GroupLedger, stages: StageRunner, rewards: RewardPool,
+                 intake: SampleIntake, route: ResultRouter, evaluator: Evaluator, stats: StepStats) -> None:
+        self.cfg, self.ledger, self.stages, self.rewards = cfg, ledger, stages, rewards
+        self.intake, self.route, self.evaluator, self.stats = intake, route, evaluator, stats
+
+    # -- samples and rewards ------------------------------------------------------------------
+
+    def ingest(self, samples: list[Sample]) -> None:
+        """Samples as they arrive: recorded by the ledger, then off to the reward pool."""
+        self.intake.ingest(samples)
+
+    def poll_rewards(self, step: int, timeout_s: float = 0.0) -> list[RewardResult]:
+        """Rewards as they come back, routed (ledger, statistics, stages, evaluator)."""
+        return self.intake.poll_rewards(step, timeout_s)
+
+    @property
+    def probe_ids(self) -> list[int] | None:
+        """The first sample seen (prompt and response): real text for this model's parity probe."""
+        return self.intake.probe_ids
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def admit(self, version: int, actor_ids: list[int], step_running: bool) -> list[Grant]:
+        """The prompts to hand out now (requeued groups first), to the least-loaded actors."""
+        stage = self.stages.current
+        capacity = self.ledger.capacity(version, stage.token_budget, stage.group_size, stage.max_tokens,
+                                        step_running=step_running, verifiers_behind=self.rewards.num_queued > 0)
+        if capacity == 0:
+            return []
+        load = self.ledger.generating_by_actor(actor_ids)
+        spec = SamplingSpec(stage.temperature, self.cfg.rollout.top_p, stage.max_tokens)
+        grants = []
+        for actor, k in assign_prompts(capacity, load, self.cfg.rollout.max_in_flight_prompts).items():
+            records = [self.ledger.readmit(r, actor) for r in self.ledger.take_requeued(k)]
+            records += [self.ledger.admit(p, stage.index, spec, stage.group_size, actor)
+                        for p in self.stages.take(k - len(records))]
+            grants += [Grant(actor, spec_, n, prompts) for spec_, n, prompts in group_by_settings(records)]
+        return grants
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def next_batch(self, version: int) -> StepBatch | None:
+        """The next step's data for learner `version` (counted in the step's staleness), or None
+        until the buffer can fill one."""
+        batch = self.ledger.next_batch(version)
+        if batch is not None:
+            self.stats.add_batch(batch.chunks, version, batch.start_version)
+        return batch
+
+    def step_metrics(self, step: int, frames_dropped: int) -> dict[str, Any]:
+        """The pipeline's part of step `step`'s row: what the statistics accumulated since the last
+        row, the stage, the reward pool, the intake, the ledger, reward errors and evaluation."""
+        return {**self.stats.flush({**self.ledger.buffer_metrics(), "rollout/frames_dropped_total": frames_dropped}),
+                **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
+                **self.route.errors.metrics(), **self.evaluator.take_metrics(step)}
+
+    def end_step(self, step: int, reward_mean: float | None) -> StageChange | None:
+        """After optimizer step `step`: the new stage if the step ended one (its Phi applies from
+        the next batch on)."""
+        change = self.stages.on_step(step, reward_mean)
+        if change is not None:
+            self.ledger.set_token_budget(change.stage.token_budget)
+        return change
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"probe_ids": self.probe_ids, "ledger": self.ledger.state_dict(),
+                "stages": self.stages.state_dict(), "stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.intake.probe_ids = state["probe_ids"]
+        self.ledger.load_state_dict(state["ledger"])
+        self.stages.load_state_dict(state["stages"])
+        self.ledger.set_token_budget(self.stages.current.token_budget)
+        self.stats.load_state_dict(state["stats"])
+
+
+def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> Buffer:
+    """Streaming Phi-token buffer, or the D_R / D_T / N_reuse rollout-batch schedule."""
+    if cfg.rollout_batch_prompts is None:
+        return TokenBuffer(token_budget, cfg.max_staleness)
+    return RolloutBatchBuffer(token_budget, cfg.max_staleness, cfg.rollout_batch_prompts,
+                              cfg.minibatch_prompts, cfg.num_reuse, seed=seed)
+
+
+def build_ledger(cfg: Config, stage) -> GroupLedger:
+    """The group ledger with the buffer, assembler and shaping of the run's config and first stage."""
+    a = cfg.algo
+    return GroupLedger(
+        build_buffer(cfg.buffer, stage.token_budget, cfg.seed),
+        GroupAssembler(a.advantage, a.advantage_eps, a.drop_zero_variance_groups, a.truncation_mask, a.advantage_std),
+        Shaping(a.no_eos_penalty, a.overlong_buffer, a.overlong_penalty_factor), cfg.reward.num_workers)
+
+
+def build_driver(cfg: Config, model_path: str, metrics: Any, say=print) -> Driver:
+    """The driver of a run of `cfg` on the model at `model_path` (its tokenizer and data);
+    `metrics` receives the run's events (reward errors, evaluations)."""
+    stages = StageRunner(cfg, model_path)
+    rewards = build_reward_pool(cfg.reward, stages.data_sources)
+    ledger = build_ledger(cfg, stages.current)
+    stats = StepStats(cfg.observe.samples_per_step)
+    evaluator = Evaluator.build(cfg, stages.tokenizer, metrics, say)
+    route = ResultRouter(ledger, stats, stages, evaluator, stages.tokenizer,
+                         RewardErrorMonitor(cfg.reward.max_error_frac), metrics, say)
+    intake = SampleIntake(ledger, rewards, stages.tokenizer, route, evaluator)
+    return Driver(cfg, ledger, stages, rewards, intake, route, evaluator, stats)

@@ -1,0 +1,175 @@
+"""Weight sync as one owner: who is in the group, where it meets, each push, its retry and the
+parity probe. It is the one holder of the learner for pushes, and stamps one version on both legs
+(the learner's broadcast and every actor's receive carry the same number; a learner whose own
+counter disagrees refuses the push).
+
+Group: gloo (and NCCL) groups have a fixed membership and do not survive a member's death: a
+broadcast to a group with a dead peer fails ("connection closed by peer") or times out. So the
+group is rebuilt whenever membership changes: learner rank 0 and every live actor join a new
+group, and the next push reaches exactly the live actors. The rendezvous is hosted by learner rank
+0, so rank 0's node picks its address and port (`LearnerGroup.weight_sync_address`). Membership
+changes only at step boundaries, when the learner is not training (its Ray calls run in order, so
+a push queued behind a step would carry the next version).
+
+Failures: an actor that dies during a push, or does not finish it within `sync.timeout_s`, is
+removed from the pool (killed if it hung, so it cannot come back into an old group) and reported;
+the push is then retried once around the survivors, on a new group.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from asyncrl.config import SyncConfig
+from asyncrl.orchestrator.actor_pool import PROCESS_DIED, ActorPool, describe, why_gone
+from asyncrl.orchestrator.learner_group import LearnerGroup
+from asyncrl.sync.protocol import WeightSyncError
+
+
+class PushFailed(RuntimeError):
+    """A push did not reach every actor; `dead` names the actors that caused it."""
+
+    def __init__(self, message: str, dead: list[int]):
+        super().__init__(message)
+        self.dead = dead
+
+
+class WeightSync:
+    cfg: SyncConfig
+    learner: LearnerGroup
+    pool: ActorPool
+    members: list[int]
+    """The actors in the current group, in rank order (rank r + 1 for members[r])."""
+    pushes: int
+    """Completed pushes, for sync.probe_every (saved in the run's checkpoint)."""
+    before_push: list[Callable[[int], None]]
+    """Called with the version before each push attempt (tracing; tools/fault_matrix.py injects faults)."""
+
+    def __init__(self, cfg: SyncConfig, learner: LearnerGroup, pool: ActorPool, fake_engines: bool = False):
+        self.cfg, self.learner, self.pool = cfg, learner, pool
+        self.fake_engines = fake_engines  # fake engines load nothing: no group, no bytes
+        self.members, self.pushes, self.before_push = [], 0, []
+        self._weight_meta: dict[str, Any] = {}
+
+    def rebuild_group(self) -> None:
+        """Learner rank 0 and every live actor join a fresh weight-sync group (all at once)."""
+        ids = self.pool.ids
+        if self.fake_engines:
+            self.members = ids
+            return
+        host, port = self.learner.weight_sync_address()
+        world = 1 + len(ids)
+        refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, self.cfg.timeout_s,
+                                              self.cfg.bucket_mb << 20)]
+        refs += [self.pool.actors[a].init_weight_sync.remote(host, port, r + 1, world, self.cfg.timeout_s)
+                 for r, a in enumerate(ids)]
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.timeout_s + 30)
+        lost = self._remove_lost(ids, refs[1:], waiting)
+        if lost or refs[0] in waiting:
+            raise PushFailed(f"weight-sync group at {host}:{port} could not form: {describe(lost)}", sorted(lost))
+        ray.get(refs[0])
+        self._weight_meta = self.learner.weight_metadata()
+        self.members = ids
+
+    def push(self, version: int, step: int | None,
+             on_lost: Callable[[list[int], str], None] | None = None) -> dict[str, float]:
+        """Drain push of `version` to every live actor. Actors that die or do not finish within
+        sync.timeout_s are removed and reported to `on_lost(ids, why)`; then the push is retried
+        once around the survivors (a new group). Without `on_lost`, `PushFailed` is raised."""
+        try:
+            return self._push_once(version, step)
+        except PushFailed as e:
+            if on_lost is None:
+                raise
+            on_lost(e.dead, str(e))
+            return self._push_once(version, step)
+
+    def push_and_probe(self, version: int, step: int, probe_ids: list[int] | None,
+                       on_lost: Callable[[list[int], str], None],
+                       on_parity_failure: Callable[[str], None]) -> dict[str, float]:
+        """`push`, then every sync.probe_every pushes the logprob-parity check, which catches a
+        push that silently did not change what an engine computes: `on_parity_failure(error)`,
+        then the RuntimeError is raised."""
+        out = self.push(version, step, on_lost=on_lost)
+        self.pushes += 1
+        every = self.cfg.probe_every
+        if every and self.pushes % every == 0 and probe_ids and self.pool.ids:
+            try:
+                out["sync/probe_max_abs_diff"] = self.check_parity(probe_ids, self.cfg.probe_tolerance, version)
+            except RuntimeError as e:
+                on_parity_failure(str(e))
+                raise
+        return out
+
+    def _push_once(self, version: int, step: int | None) -> dict[str, float]:
+        for observer in self.before_push:
+            observer(version)
+        t0 = time.monotonic()
+        ids = self.pool.ids
+        if not ids:  # every actor lost: replacements get the weights when they join
+            return {"sync/push_s": 0.0, "sync/version": version}
+        if ids != self.members:
+            self.rebuild_group()
+        refs = [self.pool.actors[a].update_weights.remote(self._weight_meta, version) for a in ids]
+        learner = self.learner.push_weights(version) if self._weight_meta else None
+        all_refs = refs + (learner.refs if learner is not None else [])
+        timeout_s = self.cfg.timeout_s
+        _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=timeout_s)
+        if waiting and learner is not None:
+            # A member that never joins the collective stalls everyone in it until gloo's own
+            # timeout (the same sync.timeout_s); past that the others fail, and only the culprit
+            # is still waiting. (Fake engines have no collective: who is waiting is the culprit.)
+            _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=timeout_s + 10)
+        lost = self._remove_lost(ids, refs, waiting)
+        if lost:
+            if learner is not None:
+                try:  # with its peers gone the learner's broadcast fails fast; wait it out
+                    learner.result(timeout_s)
+                except (WeightSyncError, ray.exceptions.RayTaskError, TimeoutError):
+                    pass
+            self.members = []
+            raise PushFailed(f"weight push of version {version} (step {step}) lost {describe(lost)}", sorted(lost))
+        if learner is not None and not learner.ready():  # raises RayActorError if a rank died
+            raise TimeoutError(f"weight push of version {version} (step {step}) did not finish within "
+                               f"{timeout_s}s on the learner ranks")
+        out = {"sync/push_s": time.monotonic() - t0, "sync/version": version}
+        for r in ray.get(refs):
+            for k, v in (r or {}).items():
+                # counts add up; for times the slowest actor is what the step waited for
+                out[k] = out.get(k, 0) + v if k == "sync/aborted_requests" else max(out.get(k, 0.0), v)
+        return out
+
+    def _remove_lost(self, ids: list[int], refs: list[Any], waiting: list[Any]) -> dict[int, str]:
+        """After a collective call (`refs[i]` on actor `ids[i]`): the members it lost, with why,
+        removed from the pool. Gone: see `why_gone`; hung: still `waiting`, killed, since a member
+        that hangs in a collective cannot be trusted again. A call that raised inside a live actor
+        (a survivor's receive, broken by a dead peer) loses nothing: the retry on a new group decides."""
+        lost = {}
+        for a, ref in zip(ids, refs):
+            why = self.pool.why_gone(a) or why_gone(ref) or ("timed out" if ref in waiting else None)
+            if why:
+                lost[a] = why
+                self.pool.remove(a, kill=why != PROCESS_DIED)
+        return lost
+
+    def check_parity(self, probe_ids: list[int], tolerance: float, version: int) -> float:
+        """Max |actor - learner| logprob over the probe, over all actors; raises past `tolerance`.
+
+        This is what catches a push that silently did not change what an engine computes (tied
+        embeddings and prepacked CPU weights, see sync/vllm_gloo_engine.py)."""
+        want = self.learner.prompt_logprobs(probe_ids).result()
+        ids = self.pool.ids
+        gaps = [max(abs(a - b) for a, b in zip(got, want))
+                for got in ray.get([self.pool.actors[a].prompt_logprobs.remote(probe_ids) for a in ids])]
+        for actor, gap in zip(ids, gaps):
+            if gap > tolerance:
+                raise RuntimeError(
+                    f"after the push of version {version}, rollout actor {actor}'s logprobs differ from the "
+                    f"learner's by {gap:.3g} nats (tolerance {tolerance}): the engine is not computing with "
+                    "the pushed weights")
+        return max(gaps, default=0.0)
+
