@@ -108,39 +108,63 @@ def one_line(text: str | None) -> str:
     return "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(parts))
 
 
-def section(model: type[BaseModel], prefix: str, title_doc: str | None) -> list[str]:
+def _union_models(tp: Any) -> list[type[BaseModel]]:
+    """The variants of a field typed as a union of sections (`A | B`, maybe `| None`), else []."""
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return []
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args if len(args) > 1 and all(_is_model(a) for a in args) else []
+
+
+def variant_label(model: type[BaseModel]) -> str:
+    """`type: nccl` for a variant whose `type` field is a one-value Literal, else its class name."""
+    info = model.model_fields.get("type")
+    if info is not None and typing.get_origin(info.annotation) is Literal and len(typing.get_args(info.annotation)) == 1:
+        return f"type: {typing.get_args(info.annotation)[0]}"
+    return model.__name__
+
+
+def section(model: type[BaseModel], prefix: str, title_doc: str | None, variant: str | None = None) -> list[str]:
     """A heading and table for `model` at dotted `prefix`, then its nested sections."""
-    lines = [f"## `{prefix}`" if prefix else "## Top level", ""]
+    heading = (f"`{prefix}`" if prefix else "Top level") + (f" (`{variant}`)" if variant else "")
+    lines = [f"## {heading}", ""]
     own_doc = model.__dict__.get("__doc__")
     for text in (title_doc, own_doc):
         if text:
             lines += [" ".join(text.split()), ""]
     lines += ["| field | type | default | what |", "|---|---|---|---|"]
-    nested: list[tuple[type[BaseModel], str, str | None]] = []
+    nested: list[tuple[type[BaseModel], str, str | None, str | None]] = []
     for name, info in model.model_fields.items():
         dotted = f"{prefix}.{name}" if prefix else name
         tp = info.annotation
         kind = type_name(tp)
         if _is_model(tp):
-            nested.append((tp, dotted, info.description))
-            kind = f"section, [below](#{anchor(dotted)})"
+            nested.append((tp, dotted, info.description, None))
+            kind = f"section, [below](#{anchor(f'`{dotted}`')})"
         elif (item := _list_item_model(tp)) is not None:
             index = "<j>" if "<i>" in dotted else "<i>"
-            nested.append((item, f"{dotted}.{index}", info.description))
-            kind = f"list of sections, [below](#{anchor(f'{dotted}.{index}')})"
+            nested.append((item, f"{dotted}.{index}", info.description, None))
+            kind = f"list of sections, [below](#{anchor(f'`{dotted}.{index}`')})"
+        elif variants := _union_models(tp):
+            links = []
+            for v in variants:
+                label = variant_label(v)
+                nested.append((v, dotted, info.description, label))
+                links.append(f"[`{label}`](#{anchor(f'`{dotted}` (`{label}`)')})")
+            kind = "section, one of " + ", ".join(links)
         limit = constraints(info)
         if limit:
             kind += f", {limit}"
         lines.append(f"| `{dotted}` | {kind} | {default_text(info)} | {one_line(info.description)} |")
     lines.append("")
-    for sub, dotted, doc in nested:
-        lines += section(sub, dotted, doc)
+    for sub, dotted, doc, variant_name in nested:
+        lines += section(sub, dotted, doc, variant_name)
     return lines
 
 
-def anchor(dotted: str) -> str:
-    """GitHub's heading anchor for "## `dotted`"."""
-    return "".join(c for c in dotted.lower() if c.isalnum() or c in "-_ ").replace(" ", "-")
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return "".join(c for c in heading.lower() if c.isalnum() or c in "-_ ").replace(" ", "-")
 
 
 def render() -> str:

@@ -39,3 +39,29 @@ def test_check_mode_reports_a_stale_file(tmp_path, capsys):
     assert gen.main(["--check", "--out", str(stale)]) == 1
     assert "is stale" in capsys.readouterr().err
     assert gen.main(["--out", str(stale)]) == 0 and gen.main(["--check", "--out", str(stale)]) == 0
+
+
+def test_a_union_of_sections_gets_a_table_per_variant():
+    """Variants chosen by a `type` field (`engine: Vllm | Fake`) are each documented, linked from the field."""
+    from typing import Literal
+
+    from asyncrl.config.section import _Section
+
+    class Gloo(_Section):
+        type: Literal["gloo"] = "gloo"
+        """Which transport."""
+        timeout_s: float = 1.0
+        """Gloo's own timeout."""
+
+    class Nccl(_Section):
+        type: Literal["nccl"] = "nccl"
+        """Which transport."""
+
+    class Top(_Section):
+        sync: Gloo | Nccl = Gloo()
+        """How weights travel."""
+
+    text = "\n".join(load_generator().section(Top, "", None))
+    assert "| `sync` | section, one of [`type: gloo`](#sync-type-gloo), [`type: nccl`](#sync-type-nccl) |" in text
+    assert "## `sync` (`type: gloo`)" in text and "## `sync` (`type: nccl`)" in text
+    assert "| `sync.timeout_s` | float | `1.0` | Gloo's own timeout. |" in text
