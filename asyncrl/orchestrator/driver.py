@@ -37,6 +37,12 @@ from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.types import PromptItem, Sample
 
 
+# Admission, the step's start and end and checkpoint commits run at most this often: each costs
+# tens of microseconds (Ray checks among them), and under load the loop turns every few samples,
+# so every turn would spend more on them than on its samples. 2 ms is nothing next to a step.
+BOOKKEEPING_S = 0.002
+
+
 @dataclass(frozen=True)
 class Grant:
     """Prompts one actor is to generate, n samples each, all with the same settings."""
@@ -82,13 +88,18 @@ class Driver:
 
     # -- admission ----------------------------------------------------------------------------
 
+    def capacity(self, version: int, step_running: bool) -> int:
+        """How many more prompts may be admitted now (the staleness bound, buffer/admission.py)."""
+        stage = self.stages.current
+        return self.ledger.capacity(version, stage.token_budget, stage.group_size, stage.max_tokens,
+                                    step_running=step_running, verifiers_behind=self.rewards.num_queued > 0)
+
     def admit(self, version: int, actor_ids: list[int], step_running: bool) -> list[Grant]:
         """The prompts to hand out now (requeued groups first), to the least-loaded actors."""
-        stage = self.stages.current
-        capacity = self.ledger.capacity(version, stage.token_budget, stage.group_size, stage.max_tokens,
-                                        step_running=step_running, verifiers_behind=self.rewards.num_queued > 0)
+        capacity = self.capacity(version, step_running)
         if capacity == 0:
             return []
+        stage = self.stages.current
         load = self.ledger.generating_by_actor(actor_ids)
         spec = SamplingSpec(stage.temperature, self.cfg.rollout.top_p, stage.max_tokens)
         grants = []

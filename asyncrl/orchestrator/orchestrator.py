@@ -51,7 +51,7 @@ from asyncrl.orchestrator import checkpoint, components
 from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.checkpointer import Checkpointer
 from asyncrl.orchestrator.collector import ScheduledCollector
-from asyncrl.orchestrator.driver import Driver, build_driver
+from asyncrl.orchestrator.driver import BOOKKEEPING_S, Driver, build_driver
 from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
 from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
@@ -59,12 +59,6 @@ from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.transport.codec import decode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import Sample, StepResult
-
-
-# Admission, the step's start and end and checkpoint commits run at most this often: each costs
-# tens of microseconds (Ray checks among them), and under load the loop turns every few samples,
-# so every turn would spend more on them than on its samples. 2 ms is nothing next to a step.
-BOOKKEEPING_S = 0.002
 
 
 class Orchestrator:
