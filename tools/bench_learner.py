@@ -98,7 +98,7 @@ def rank_main(rank: int, world: int, port: int, args, config: str, out: str) -> 
 
 
 def run_config(args, config: str, tmp: Path) -> dict:
-    from asyncrl.sync.gloo_sender import free_port
+    from asyncrl.sync.wire import free_port
 
     world = CONFIGS[config][2]
     out, ctx, port = str(tmp / config), mp.get_context("spawn"), free_port()

@@ -36,7 +36,8 @@ import torch
 from asyncrl.sync.buckets import is_direct, plan_buckets, specs_of
 from asyncrl.sync.gloo_receiver import GlooWeightReceiver
 from asyncrl.sync import gloo_sender
-from asyncrl.sync.gloo_sender import GlooWeightSender, broadcast, free_port, open_gloo_group
+from asyncrl.sync.gloo_sender import GlooWeightSender
+from asyncrl.sync.wire import broadcast, free_port, open_gloo_group
 
 HOST = "127.0.0.1"
 

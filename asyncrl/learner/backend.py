@@ -1,5 +1,6 @@
 """The training backend of a learner rank: what wraps the model, reduces gradients across ranks,
-steps the optimizer and gathers full tensors from shards. One protocol, two implementations:
+steps the optimizer and gathers full tensors from shards. One protocol (here), two
+implementations, picked by `make_backend` (the package's face, asyncrl/learner/__init__.py):
 
 - `torch_backend.py`: the plain module at one rank, FSDP2 (`fully_shard`) at several;
 - `deepspeed_backend.py`: DeepSpeed ZeRO stage 2 or 3 (the only module that imports deepspeed).
@@ -82,17 +83,3 @@ def init_process_group(rank: int, world_size: int, address: str, timeout_s: floa
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
-
-
-def make_backend(kind: str, model: torch.nn.Module, learner_cfg, world_size: int) -> TrainBackend:
-    """The backend `learner.backend` names, around `model` (already on this rank's device)."""
-    if kind == "torch":
-        from asyncrl.learner.torch_backend import TorchBackend
-
-        return TorchBackend(model, learner_cfg, world_size)
-    if kind == "deepspeed":
-        os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-        from asyncrl.learner.deepspeed_backend import DeepSpeedBackend
-
-        return DeepSpeedBackend(model, learner_cfg, world_size)
-    raise ValueError(f"learner.backend must be 'torch' or 'deepspeed', got {kind!r}")

@@ -38,7 +38,8 @@ from asyncrl.buffer.packing import micro_batches
 from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import collectives
-from asyncrl.learner.backend import init_process_group, make_backend
+from asyncrl.learner import make_backend
+from asyncrl.learner.backend import init_process_group
 from asyncrl.learner.collate import collate, empty_chunk
 from asyncrl.learner.entropy_schedule import EntropySchedule
 from asyncrl.learner.hf_files import meta_params, save_hf_model
@@ -47,7 +48,7 @@ from asyncrl.learner.policy_step import MoeStep, forward_backward, fractions, me
 from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
-from asyncrl.sync.gloo_sender import free_port
+from asyncrl.sync.wire import free_port
 from asyncrl.sync.protocol import WeightSyncError
 from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
@@ -258,7 +259,7 @@ class LearnerRank:
     def init_weight_sync(self, kind: str, host: str, port: int, world_size: int, timeout_s: float,
                          bucket_bytes: int) -> None:
         """Rank 0 joins the weight-sync group (the other ranks only help gather)."""
-        from asyncrl.sync.protocol import make_sender
+        from asyncrl.sync import make_sender
 
         if self.rank != 0:
             return

@@ -97,7 +97,8 @@ class PolicyEngine:
         self.num_engines += 1
 
     async def _push(self, policy_dir: Path) -> None:
-        from asyncrl.sync.gloo_sender import GlooWeightSender, free_port
+        from asyncrl.sync.gloo_sender import GlooWeightSender
+        from asyncrl.sync.wire import free_port
 
         if self._sender is None:  # joined on the first push; an engine used for one policy never joins
             port = free_port()

@@ -27,7 +27,7 @@ from asyncrl.compat import child_env
 from asyncrl.config import Config
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.observe.worker_logs import log_env
-from asyncrl.sync.gloo_sender import free_port
+from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
 from asyncrl.types import RunFailed

@@ -1,0 +1,30 @@
+"""Weight sync: the learner's senders (gloo on CPU, NCCL on GPUs) and the engines' receivers.
+
+`make_sender` is the factory; the protocol is in protocol.py, what both ends share in wire.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from asyncrl.sync.protocol import WeightSender
+
+
+def make_sender(
+    kind: Literal["gloo", "nccl"],
+    host: str,
+    port: int,
+    world_size: int,
+    timeout_s: float = 300.0,
+    bucket_bytes: int = 256 << 20,
+) -> WeightSender:
+    """Build the sender for `kind`; `world_size` counts the learner plus every receiving worker."""
+    if kind == "gloo":
+        from asyncrl.sync.gloo_sender import GlooWeightSender
+
+        return GlooWeightSender(host, port, world_size, timeout_s, bucket_bytes)
+    if kind == "nccl":
+        from asyncrl.sync.nccl_sender import NcclWeightSender
+
+        return NcclWeightSender(host, port, world_size, timeout_s, bucket_bytes)
+    raise ValueError(f"sync kind must be 'gloo' or 'nccl', got {kind!r}")

@@ -21,7 +21,7 @@ from collections import deque
 import torch
 
 from asyncrl.sync.buckets import copy_bytes, dtype_to_str, is_direct, unpack_bucket
-from asyncrl.sync.gloo_sender import MAX_IN_FLIGHT, broadcast, check_header, open_gloo_group
+from asyncrl.sync.wire import MAX_IN_FLIGHT, broadcast, check_header, open_gloo_group
 from asyncrl.sync.protocol import WeightSyncError
 
 

@@ -5,10 +5,7 @@ group: the learner's DDP group is the default one, and weight pushes must not in
 with its collectives. Receivers (vLLM workers, see `vllm_gloo_engine.py`) join the same
 group with `open_gloo_group` and ranks 1..world_size-1.
 
-Wire format of one push: a 4 x int64 header [magic, version, num_buckets, num_bytes]
-(`push_header`), then one uint8 broadcast per bucket of the plan from `buckets.plan_buckets`.
-The header lets a receiver refuse a push whose shape differs from the metadata it was given,
-instead of loading garbage (`check_header`). A bucket that is one large tensor is broadcast
+Wire format: see wire.py (a header, then one uint8 broadcast per bucket). A bucket that is one large tensor is broadcast
 from the parameter's own memory; small tensors are packed into one of two reusable buffers
 (allocated once, so no push pays page faults on fresh memory). Up to MAX_IN_FLIGHT broadcasts
 are queued at once, over the group's GLOO_CONNECTIONS connections, so gloo sends bucket after
@@ -18,76 +15,14 @@ bucket with no gap while the next is packed. All ranks must open the group with
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import deque
-from datetime import timedelta
 
 import torch
-from torch.distributed import BroadcastOptions, PrefixStore, ProcessGroupGloo, TCPStore
 
 from asyncrl.sync.buckets import copy_bytes, is_direct, pack_bucket, plan_buckets, specs_of
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
-
-HEADER_MAGIC = 0x5753594E43  # "WSYNC": guards against a receiver joining the wrong stream
-# Each broadcast has a fixed cost (about 0.1-0.5 ms here, most of it waiting on the other side),
-# so many are kept queued, and the group has two TCP connections (gloo "devices"): consecutive
-# broadcasts alternate between them, so one bucket's fixed cost overlaps the other's transfer.
-MAX_IN_FLIGHT = 8  # broadcasts queued in gloo at once
-GLOO_CONNECTIONS = 2
-GLOO_THREADS = 8  # gloo's worker threads: every queued broadcast can run
-
-
-def push_header(plan: list[dict], version: int) -> list[int]:
-    """The 4 int64 a push starts with: [magic, version, num_buckets, num_bytes]."""
-    return [HEADER_MAGIC, version, len(plan), sum(b["nbytes"] for b in plan)]
-
-
-def check_header(received: torch.Tensor, plan: list[dict], version: int, where: str) -> None:
-    """Refuse a push whose header differs from what the receiver's metadata says (a wrong
-    stream, a wrong version, another plan): WeightSyncError before any weight is loaded."""
-    expected = push_header(plan, version)
-    if received.tolist() != expected:
-        raise WeightSyncError(f"{where}: push header {received.tolist()} does not match the "
-                              f"metadata for version {version} ({expected})")
-
-
-def open_gloo_group(
-    host: str, port: int, rank: int, world_size: int, timeout_s: float
-) -> tuple[ProcessGroupGloo, TCPStore]:
-    """Join the weight-sync group; rank 0 hosts the TCPStore. Blocks until all ranks join.
-
-    Returns the gloo backend (ranks are group ranks) and the store, which must outlive it.
-    """
-    timeout = timedelta(seconds=timeout_s)
-    where = f"gloo weight-sync group {host}:{port} (rank {rank} of {world_size})"
-    options = ProcessGroupGloo._Options()
-    options._timeout = timeout
-    options._threads = GLOO_THREADS
-    options._devices = [ProcessGroupGloo.create_default_device() for _ in range(GLOO_CONNECTIONS)]
-    try:
-        store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
-                         wait_for_workers=False)
-        group = ProcessGroupGloo(PrefixStore("asyncrl/weights", store), rank, world_size, options)
-    except RuntimeError as exc:  # torch raises DistStoreError (a RuntimeError) on timeout
-        raise WeightSyncError(f"could not join {where} within {timeout_s:.0f}s: {exc}") from exc
-    return group, store
-
-
-def broadcast(group: ProcessGroupGloo, tensor: torch.Tensor):
-    """Start a broadcast from rank 0 of `tensor` (in place on receivers); returns the Work."""
-    opts = BroadcastOptions()
-    opts.rootRank = 0
-    opts.rootTensor = 0
-    return group.broadcast([tensor], opts)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on `host` (the weight-sync rendezvous; tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
+from asyncrl.sync.wire import MAX_IN_FLIGHT, broadcast, open_gloo_group, push_header
 
 class GlooWeightSender:
     """Rank 0 of the weight-sync group. Not thread-safe: one push at a time.

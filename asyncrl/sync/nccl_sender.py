@@ -23,8 +23,8 @@ import torch
 
 from asyncrl.sync.buckets import dtype_from_str, dtype_to_str
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
+from asyncrl.sync.wire import NUM_BUFFERS
 
-NUM_BUFFERS = 2  # packed_num_buffers; vllm_receiver.init_receiver sends the same value
 
 
 class NcclWeightSender:

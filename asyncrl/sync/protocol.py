@@ -10,7 +10,7 @@ Order of calls (learner rank 0; the rollout side is in `vllm_receiver.py`):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
@@ -33,23 +33,3 @@ class WeightSender(Protocol):
 
     def close(self) -> None:
         """Leave the group; the sender cannot push afterwards."""
-
-
-def make_sender(
-    kind: Literal["gloo", "nccl"],
-    host: str,
-    port: int,
-    world_size: int,
-    timeout_s: float = 300.0,
-    bucket_bytes: int = 256 << 20,
-) -> WeightSender:
-    """Build the sender for `kind`; `world_size` counts the learner plus every receiving worker."""
-    if kind == "gloo":
-        from asyncrl.sync.gloo_sender import GlooWeightSender
-
-        return GlooWeightSender(host, port, world_size, timeout_s, bucket_bytes)
-    if kind == "nccl":
-        from asyncrl.sync.nccl_sender import NcclWeightSender
-
-        return NcclWeightSender(host, port, world_size, timeout_s, bucket_bytes)
-    raise ValueError(f"sync kind must be 'gloo' or 'nccl', got {kind!r}")

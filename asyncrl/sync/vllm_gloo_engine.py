@@ -36,7 +36,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from asyncrl.sync.buckets import unpack_bucket
-from asyncrl.sync.gloo_sender import broadcast, check_header, open_gloo_group
+from asyncrl.sync.wire import broadcast, check_header, open_gloo_group
 from asyncrl.sync.protocol import WeightSyncError
 
 BACKEND = "asyncrl_gloo"

@@ -55,7 +55,7 @@ async def init_receiver(llm, host: str, port: int, rank: int, world_size: int,
         init_info = {"host": host, "port": port, "rank_offset": rank,
                      "world_size": world_size, "timeout_s": timeout_s}
     elif kind == "nccl":
-        from asyncrl.sync.nccl_sender import NUM_BUFFERS
+        from asyncrl.sync.wire import NUM_BUFFERS
 
         init_info = {"master_address": host, "master_port": port, "rank_offset": rank,
                      "world_size": world_size, "packed": True,

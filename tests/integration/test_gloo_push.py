@@ -10,7 +10,8 @@ import torch
 
 from asyncrl.sync.buckets import DIRECT_BYTES, is_direct
 from asyncrl.sync.gloo_receiver import GlooWeightReceiver
-from asyncrl.sync.gloo_sender import GlooWeightSender, free_port
+from asyncrl.sync.gloo_sender import GlooWeightSender
+from asyncrl.sync.wire import free_port
 from asyncrl.sync.protocol import WeightSyncError
 
 HOST = "127.0.0.1"

@@ -14,7 +14,8 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.vllm_engine import VLLMEngine
-from asyncrl.sync.gloo_sender import GlooWeightSender, free_port
+from asyncrl.sync.gloo_sender import GlooWeightSender
+from asyncrl.sync.wire import free_port
 from asyncrl.types import PromptItem
 from test_weight_sync_vllm import build_tiny_model, hf_logprobs, perturb_
 

@@ -15,7 +15,7 @@ import torch
 from asyncrl.buffer.packing import rank_batches, split_for_ranks
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.rank import LearnerRank
-from asyncrl.sync.gloo_sender import free_port
+from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
 from asyncrl.types import Batch, SequenceChunk

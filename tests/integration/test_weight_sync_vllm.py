@@ -20,7 +20,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.rollout.vllm_engine import CPU_SHUTDOWN_GRACE_S
-from asyncrl.sync.gloo_sender import GlooWeightSender, free_port
+from asyncrl.sync.gloo_sender import GlooWeightSender
+from asyncrl.sync.wire import free_port
 from asyncrl.sync.vllm_receiver import engine_kwargs, init_receiver, receive_weights
 
 PARITY_NATS = 1e-4

@@ -1,0 +1,91 @@
+"""The package's import graph has no circles: a protocol never imports its implementations (the
+factory lives in the package's face), and a receiver never imports its sender (what both share is
+in its own module). Every import counts, a function's lazy one too; `if TYPE_CHECKING:` ones do not.
+"""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "asyncrl"
+
+# One circle inside one component, between files of the same role: the sandbox's isolation probe
+# (layers.py) runs `true` through the runner, which applies the layers it found.
+SAME_ROLE = [{"asyncrl.reward.sandbox.layers", "asyncrl.reward.sandbox.runner"}]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The package modules a file imports (`from pkg import submodule` names the submodule)."""
+    found: set[str] = set()
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+               for n in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs or ({node.module} & modules)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: imports(ast.parse(p.read_text()), set(files)) - {name} for name, p in files.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(component)
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_finder_sees_a_circle_through_a_lazy_import():
+    graph = {"a.protocol": {"a.impl"}, "a.impl": {"a.protocol"}, "a": {"a.impl"}, "b": set()}
+    assert circles(graph) == [{"a.protocol", "a.impl"}]
+    code = "def make():\n    from a.impl import Impl\nif TYPE_CHECKING:\n    from a.other import X\n"
+    assert imports(ast.parse(code), {"a.impl", "a.other"}) == {"a.impl"}
+
+
+def test_no_import_circle_in_the_package():
+    found = [c for c in circles(import_graph()) if c not in SAME_ROLE]
+    assert not found, found
+
+
+def test_the_factories_live_in_the_package_faces():
+    graph = import_graph()
+    assert not graph["asyncrl.sync.protocol"] & {"asyncrl.sync.gloo_sender", "asyncrl.sync.nccl_sender"}
+    assert not graph["asyncrl.learner.backend"] & {"asyncrl.learner.torch_backend", "asyncrl.learner.deepspeed_backend"}
+    receivers = ("asyncrl.sync.gloo_receiver", "asyncrl.sync.vllm_receiver", "asyncrl.sync.vllm_gloo_engine")
+    assert not any(graph[r] & {"asyncrl.sync.gloo_sender", "asyncrl.sync.nccl_sender"} for r in receivers)
