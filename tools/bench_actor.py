@@ -115,7 +115,8 @@ def main() -> None:
     hide_broken_torch_extras()
     from transformers import AutoTokenizer
 
-    from asyncrl.orchestrator.components import engine_factory, resolve_model_path
+    from asyncrl.orchestrator.components import resolve_model_path
+    from asyncrl.rollout import engine_factory
 
     cfg = resolve(load_config(None, [*args.overrides, "observe.worker_logs=console"]))
     model_path = resolve_model_path(cfg, log=print)

@@ -82,7 +82,7 @@ class PolicyEngine:
         return await self.engine.generate(prompt_ids, spec, request_id)
 
     async def _start(self, policy_dir: Path) -> None:
-        from asyncrl.orchestrator.components import engine_factory
+        from asyncrl.rollout import engine_factory
 
         # sync.type gloo: the receiver this process pushes into (NCCL would need a GPU learner)
         cfg = self.cfg.model_copy(update={"sync": self.cfg.sync.model_copy(update={"type": "gloo"})})

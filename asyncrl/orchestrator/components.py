@@ -15,6 +15,7 @@ import ray
 from asyncrl.compat import child_env
 from asyncrl.config import Config
 from asyncrl.observe.worker_logs import log_env
+from asyncrl.rollout import engine_factory
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.local_rewards import LocalRewards
@@ -36,20 +37,6 @@ def resolve_model_path(cfg: Config, log=print) -> str:
 def node_ip() -> str:
     """This node's address as Ray sees it (loopback on a single-machine cluster)."""
     return ray.util.get_node_ip_address()
-
-
-def engine_factory(cfg: Config, model_path: str, actor_id: int):
-    if cfg.rollout.engine == "fake":
-        from asyncrl.rollout.fake_engine import FakeEngine
-
-        return FakeEngine
-    from asyncrl.rollout.vllm_engine import VLLMEngine
-
-    return functools.partial(
-        VLLMEngine, model_path=model_path, dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
-        max_num_seqs=cfg.rollout.max_num_seqs, kv_cache_gib=cfg.rollout.kv_cache_gib,
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sync_type=cfg.sync.type,
-        bucket_bytes=cfg.sync.bucket_mb << 20, seed=cfg.seed + actor_id)
 
 
 def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, actor_id: int,

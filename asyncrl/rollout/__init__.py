@@ -1,0 +1,27 @@
+"""Rollout: the actor (actor.py) around an inference engine; the engine protocol is engine.py's,
+and `engine_factory` picks the engine the config names (vLLM, or the fake one for tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from asyncrl.config import Config
+from asyncrl.rollout.engine import InferenceEngine
+
+
+def engine_factory(cfg: Config, model_path: str, actor_id: int) -> Callable[[], InferenceEngine]:
+    """What builds actor `actor_id`'s engine, `rollout.engine` of `cfg` on the model at
+    `model_path`, inside the actor's process (a factory travels to the actor, not an engine)."""
+    if cfg.rollout.engine == "fake":
+        from asyncrl.rollout.fake_engine import FakeEngine
+
+        return FakeEngine
+    from asyncrl.rollout.vllm_engine import VLLMEngine
+
+    return functools.partial(
+        VLLMEngine, model_path=model_path, dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
+        max_num_seqs=cfg.rollout.max_num_seqs, kv_cache_gib=cfg.rollout.kv_cache_gib,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sync_type=cfg.sync.type,
+        bucket_bytes=cfg.sync.bucket_mb << 20, seed=cfg.seed + actor_id)

@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 import sys
 from array import array
+from dataclasses import fields
 from itertools import accumulate, chain
+from operator import attrgetter
 from typing import Any
 
 import msgpack
@@ -101,6 +103,30 @@ def _count(obj: dict) -> int:
 
 # -- samples: rollout actor -> orchestrator ----------------------------------------------------
 
+# How each field of `Sample` travels, by its annotation: the columns are derived from
+# `dataclasses.fields(Sample)`, so a new field is one edit (in types.py); an annotation without a
+# column kind here fails at import.
+_KINDS = {"str": str, "int": int, "float": float, "float | None": float, "dict[str, Any]": dict,
+          "list[int]": "ints", "list[float]": "floats"}
+SAMPLE_COLUMNS: list[tuple[str, Any]] = [(f.name, _KINDS[f.type]) for f in fields(Sample)]
+ACTOR_SCORED = ("reward", "reward_info", "reward_latency_s")
+"""Columns only a frame of samples scored by their actor carries (reward.placement: actor)."""
+
+
+def _encode_column(values: list, kind: Any) -> Any:
+    if kind == "floats":
+        return _pack_floats(values)
+    return [float(v) for v in values] if kind is float else values
+
+
+def _decode_column(obj: dict, name: str, kind: Any, count: int, lengths: list[int]) -> list:
+    if kind == "ints":
+        return _int_seqs(obj, name, count)
+    if kind == "floats":
+        return _unpack_floats(obj, name, lengths)
+    return _column(obj, name, kind, count)
+
+
 def encode_samples(samples: list[Sample]) -> bytes:
     """One frame of samples (an actor sends what finished together). Samples scored by their
     actor (reward.placement: actor) carry their reward; a frame's samples are all scored or none."""
@@ -109,23 +135,10 @@ def encode_samples(samples: list[Sample]) -> bytes:
     scored = {s.reward is not None for s in samples}
     if len(scored) > 1:
         raise ValueError("a frame's samples must be all scored by their actor or none")
-    frame = {
-        "v": FORMAT_VERSION, "kind": "samples", "count": len(samples),
-        "prompt_id": [s.prompt_id for s in samples],
-        "group_id": [s.group_id for s in samples],
-        "sample_index": [s.sample_index for s in samples],
-        "prompt_ids": [s.prompt_ids for s in samples],
-        "response_ids": [s.response_ids for s in samples],
-        "logprobs": _pack_floats([s.logprobs for s in samples]),
-        "versions": [s.versions for s in samples],
-        "finish_reason": [s.finish_reason for s in samples],
-        "actor_id": [s.actor_id for s in samples],
-        "metadata": [s.metadata for s in samples],
-        "temperature": [float(s.temperature) for s in samples],
-    }
-    if scored == {True}:
-        frame.update(reward=[float(s.reward) for s in samples], reward_info=[s.reward_info for s in samples],
-                     reward_latency_s=[float(s.reward_latency_s) for s in samples])
+    frame: dict[str, Any] = {"v": FORMAT_VERSION, "kind": "samples", "count": len(samples)}
+    for name, kind in SAMPLE_COLUMNS:
+        if scored == {True} or name not in ACTOR_SCORED:
+            frame[name] = _encode_column(list(map(attrgetter(name), samples)), kind)
     return msgpack.packb(frame, use_bin_type=True)
 
 
@@ -133,40 +146,23 @@ def decode_samples(frame: bytes) -> list[Sample]:
     """The samples of one frame, validated as a whole: any bad record rejects the frame."""
     obj = _load_map(frame, "samples")
     k = _count(obj)
-    response_ids = _int_seqs(obj, "response_ids", k)
-    lengths = list(map(len, response_ids))
-    columns = [
-        _column(obj, "prompt_id", str, k),
-        _column(obj, "group_id", str, k),
-        _column(obj, "sample_index", int, k),
-        _int_seqs(obj, "prompt_ids", k),
-        response_ids,
-        _unpack_floats(obj, "logprobs", lengths),
-        _int_seqs(obj, "versions", k),
-        _column(obj, "finish_reason", str, k),
-        _column(obj, "actor_id", int, k),
-        _column(obj, "metadata", dict, k),
-        _column(obj, "temperature", float, k),
-    ]
-    if list(map(len, columns[6])) != lengths:
+    lengths = list(map(len, _int_seqs(obj, "response_ids", k)))
+    wanted = [(n, kind) for n, kind in SAMPLE_COLUMNS if "reward" in obj or n not in ACTOR_SCORED]
+    col = {name: _decode_column(obj, name, kind, k, lengths) for name, kind in wanted}
+    if list(map(len, col["versions"])) != lengths:
         raise FrameError("a sample's versions and response tokens disagree in length")
-    if not all(columns[3]):
+    if not all(col["prompt_ids"]):
         raise FrameError("a sample has an empty prompt")
-    if k and min(columns[2]) < 0:
+    if k and min(col["sample_index"]) < 0:
         raise FrameError("a sample has a negative sample_index")
-    if not set(columns[7]) <= set(FINISH_REASONS):
-        raise FrameError(f"finish_reason {sorted(set(columns[7]) - set(FINISH_REASONS))} not in {FINISH_REASONS}")
-    if not all(t > 0 for t in columns[10]):
+    if not set(col["finish_reason"]) <= set(FINISH_REASONS):
+        bad = sorted(set(col["finish_reason"]) - set(FINISH_REASONS))
+        raise FrameError(f"finish_reason {bad} not in {FINISH_REASONS}")
+    if not all(t > 0 for t in col["temperature"]):
         raise FrameError("a sample's temperature is not positive")
-    samples = [Sample(*fields) for fields in zip(*columns)]
-    if "reward" in obj:
-        rewards = _column(obj, "reward", float, k)
-        if not all(map(math.isfinite, rewards)):
-            raise FrameError("a sample's reward is not finite")
-        infos = _column(obj, "reward_info", dict, k)
-        for s, reward, info, latency in zip(samples, rewards, infos, _column(obj, "reward_latency_s", float, k)):
-            s.reward, s.reward_info, s.reward_latency_s = reward, info, latency
-    return samples
+    if "reward" in col and not all(map(math.isfinite, col["reward"])):
+        raise FrameError("a sample's reward is not finite")
+    return [Sample(*values) for values in zip(*col.values())]
 
 
 # -- batches: orchestrator -> learner rank -----------------------------------------------------

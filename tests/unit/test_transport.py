@@ -26,6 +26,18 @@ def test_sample_round_trip_is_exact():
     assert decode_samples(encode_samples([s])) == [s]
 
 
+def test_the_sample_wire_format_is_the_dataclass_fields():
+    """Declared once: every field of Sample is a column of the frame, in constructor order, so a
+    new field needs no edit in the codec (an annotation it has no column kind for fails at import)."""
+    from dataclasses import fields
+
+    from asyncrl.transport.codec import ACTOR_SCORED, SAMPLE_COLUMNS
+
+    assert [name for name, _ in SAMPLE_COLUMNS] == [f.name for f in fields(Sample)]
+    frame = msgpack.unpackb(encode_samples([sample()]))
+    assert set(frame) == {"v", "kind", "count"} | {f.name for f in fields(Sample)} - set(ACTOR_SCORED)
+
+
 def test_a_frame_of_several_samples_round_trips_in_order_with_their_own_lengths():
     a, b, c = sample(0), sample(1), sample(2)
     b.prompt_ids, b.response_ids, b.logprobs, b.versions = [4], [], [], []  # nothing generated: length 0
