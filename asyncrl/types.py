@@ -186,3 +186,7 @@ class StepResult:
 class RunFailed(RuntimeError):
     """The run cannot go on and says why in one message: `launch/run.py` prints it and exits 1
     (a learner lost, a run that makes no progress, a reward function that keeps raising)."""
+
+
+class ActorCallFailed(RuntimeError):
+    """A call to a rollout actor failed: its process died or its engine failed the requests."""

@@ -18,11 +18,12 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
 from asyncrl.config import Config
 from asyncrl.orchestrator import components
-from asyncrl.rollout.engine import EngineFailed
+from asyncrl.rollout.engine import EngineFailed, SamplingSpec
+from asyncrl.types import ActorCallFailed, PromptItem, Sample
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ class ActorPool:
     def submit(self, actor_id: int, items, spec, group_size: int) -> None:
         ref = self.actors[actor_id].submit.remote(items, spec, group_size)
         self._calls.setdefault(actor_id, []).append(ref)
+
+    def evaluate(self, actor_id: int, prompts: list[PromptItem], spec: SamplingSpec, n: int) -> "PendingCall":
+        """Generate n samples of each held-out prompt on one actor (`RolloutActor.evaluate`)."""
+        return PendingCall(self.actors[actor_id].evaluate.remote(prompts, spec, n))
 
     def find_dead(self) -> dict[int, str]:
         """Live actors that are gone, with why; they are removed (cheap: no waiting)."""
@@ -143,6 +148,23 @@ class ActorPool:
                 log.warning("rollout actor %d%s: shutdown failed: %r; killed", i, state, e)
         for _, h, _, _ in calls:
             ray.kill(h, no_restart=True)
+
+
+class PendingCall:
+    """A call to an actor whose answer is polled for, not waited on (the driver's loop never blocks)."""
+
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def done(self) -> bool:
+        return bool(ray.wait([self.ref], timeout=0)[0])
+
+    def result(self) -> list[Sample]:
+        """The answer; `ActorCallFailed` if the actor died or its engine failed the requests."""
+        try:
+            return ray.get(self.ref)
+        except (RayActorError, RayTaskError) as e:
+            raise ActorCallFailed(f"{type(e).__name__}: {e}") from e
 
 
 def why_gone(ref: Any) -> str | None:

@@ -123,7 +123,7 @@ class Driver:
     def step_metrics(self, step: int, frames_dropped: int) -> dict[str, Any]:
         """The pipeline's part of step `step`'s row: what the statistics accumulated since the last
         row, the stage, the reward pool, the intake, the ledger, reward errors and evaluation."""
-        return {**self.stats.flush({**self.ledger.buffer_metrics(), "rollout/frames_dropped_total": frames_dropped}),
+        return {**self.stats.flush({**self.ledger.token_metrics(), "rollout/frames_dropped_total": frames_dropped}),
                 **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
                 **self.route.errors.metrics(), **self.evaluator.take_metrics(step)}
 

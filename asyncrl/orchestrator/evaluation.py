@@ -21,9 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import ray
-from ray.exceptions import RayActorError, RayTaskError
-
 from asyncrl.algo.pass_at_k import eval_metrics
 from asyncrl.config import Config
 from asyncrl.data.build import load_records
@@ -31,7 +28,7 @@ from asyncrl.data.prompt_source import PromptSource
 from asyncrl.data.stages import resolve_stages
 from asyncrl.reward.registry import route
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.types import PromptItem
+from asyncrl.types import ActorCallFailed, PromptItem
 
 
 @dataclass
@@ -70,7 +67,7 @@ class Evaluator:
         self.top_p = cfg.rollout.top_p
         self.ks = cfg.eval.pass_k or [cfg.eval.n]
         self.done: set[int] = set()  # versions evaluated (or started)
-        self._ref, self._version, self._t0 = None, None, 0.0
+        self._call, self._version, self._t0 = None, None, 0.0
         self._rewards: dict[int, list[float]] = {}
         self._lengths: list[int] = []
         self._expected = 0
@@ -99,7 +96,7 @@ class Evaluator:
             return False
         spec = SamplingSpec(self.cfg.temperature or stage.temperature, self.top_p, stage.max_tokens)
         prompts = [replace(p, prompt_id=f"eval{version}-{i}") for i, p in enumerate(self.items)]
-        self._ref = pool.actors[pool.ids[0]].evaluate.remote(prompts, spec, self.cfg.n)
+        self._call = pool.evaluate(pool.ids[0], prompts, spec, self.cfg.n)
         self._version, self._t0 = version, time.monotonic()
         self.done.add(version)
         self._rewards, self._lengths, self._expected = {}, [], 0
@@ -107,14 +104,14 @@ class Evaluator:
 
     def poll(self, rewards, tokenizer, step: int) -> None:
         """Hand the samples of a finished generation to the reward pool."""
-        if self._ref is None or not ray.wait([self._ref], timeout=0)[0]:
+        if self._call is None or not self._call.done():
             return
-        ref, self._ref = self._ref, None
+        call, self._call = self._call, None
         try:
-            samples = ray.get(ref)
-        except (RayActorError, RayTaskError) as e:  # the actor died, or its engine failed the requests
-            self.metrics.event(step, "eval_lost", version=self._version, reason=repr(e)[:300])
-            self.say(f"warning: the evaluation of step {self._version} was lost ({type(e).__name__}); "
+            samples = call.result()
+        except ActorCallFailed as e:  # the actor died, or its engine failed the requests
+            self.metrics.event(step, "eval_lost", version=self._version, reason=str(e)[:300])
+            self.say(f"warning: the evaluation of step {self._version} was lost ({str(e)[:100]}); "
                      "training goes on")
             self._version = None
             return

@@ -246,7 +246,7 @@ class GroupLedger:
         return {"in": st.tokens_in, "out": st.tokens_out, "dropped_stale": st.tokens_dropped_stale,
                 "buffered": self.buffer.num_loss_tokens}
 
-    def buffer_metrics(self) -> dict[str, Any]:
+    def token_metrics(self) -> dict[str, Any]:
         """The buffer's gauge and counters and the assembler's, for a step's row."""
         a = self.assembler.stats
         return {"buffer/loss_tokens": self.buffer.num_loss_tokens,

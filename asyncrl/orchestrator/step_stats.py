@@ -112,7 +112,7 @@ class StepStats:
 
     def flush(self, pipeline: dict[str, Any]) -> dict[str, Any]:
         """The step's row of what accumulated since the last one; `pipeline`: the current gauges
-        and counters of the buffer and the stream (the ledger's `buffer_metrics` and the like)."""
+        and counters of the buffer and the stream (the ledger's `token_metrics` and the like)."""
         now = time.monotonic()
         dt = max(now - self._t_last, 1e-9)
         n = len(self.rewards)

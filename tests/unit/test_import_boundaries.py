@@ -11,7 +11,7 @@ CORE = [
     "asyncrl.data.prompt_source", "asyncrl.rollout.actor", "asyncrl.rollout.engine",
     "asyncrl.rollout.fake_engine", "asyncrl.learner.collate", "asyncrl.learner.policy_step",
     "asyncrl.learner.rank", "asyncrl.learner.backend", "asyncrl.learner.torch_backend", "asyncrl.learner.collectives",
-    "asyncrl.orchestrator.admission", "asyncrl.sync.buckets",
+    "asyncrl.orchestrator.admission", "asyncrl.orchestrator.driver", "asyncrl.sync.buckets",
     "asyncrl.sync.gloo_sender", "asyncrl.sync.protocol", "asyncrl.observe.metrics",
     "asyncrl.reward.math_reward", "asyncrl.tiny.task",
 ]

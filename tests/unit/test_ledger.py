@@ -189,7 +189,7 @@ def test_a_reward_that_comes_back_twice_is_ignored_and_counted():
     assert led.on_scored(sample("p0", 0), 1.0, {}) is rec
     assert led.on_scored(sample("p0", 0), 0.0, {}) is None
     assert rec.state == "scoring" and rec.scored == 1 and rec.samples[0].reward == 1.0
-    assert led.counts.samples_duplicate == 1 and led.buffer_metrics()["buffer/duplicate_samples_total"] == 1
+    assert led.counts.samples_duplicate == 1 and led.token_metrics()["buffer/duplicate_samples_total"] == 1
     led.on_scored(sample("p0", 1), 0.0, {})
     assert rec.state == "kept" and rec.samples == {} and led.buffer.num_loss_tokens == 8
     assert balanced(led)

@@ -70,7 +70,7 @@ def test_running_totals_end_in_total():
     ledger.assembler.stats = AssemblerStats(groups_complete=2, groups_zero_variance=1)
     ledger.counts.samples_duplicate = 3
     ledger.buffer.add_group(one_response_group("g", [0, 0, 0, 0, 0]))
-    row = StepStats().flush({**ledger.buffer_metrics(), "rollout/frames_dropped_total": 4})
+    row = StepStats().flush({**ledger.token_metrics(), "rollout/frames_dropped_total": 4})
     assert row["buffer/loss_tokens"] == 5  # a gauge: what the buffer holds now
     totals = {k: v for k, v in row.items() if k.endswith("_total")}
     assert {k: totals[k] for k in ("rollout/samples_total", "buffer/responses_in_total",
