@@ -16,7 +16,18 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class EventLog(Protocol):
+    """Where a component reports the run's events (`MetricsWriter` is the real one)."""
+
+    def event(self, step: int, kind: str, **fields: Any) -> None: ...
+
+
+Say = Callable[[str], None]
+"""A line for the person running the run (the console)."""
 
 
 class MetricsWriter:

@@ -74,7 +74,7 @@ class ActorPool:
 
     # -- prompts ------------------------------------------------------------------------------
 
-    def submit(self, actor_id: int, items, spec, group_size: int) -> None:
+    def submit(self, actor_id: int, items: list[PromptItem], spec: SamplingSpec, group_size: int) -> None:
         ref = self.actors[actor_id].submit.remote(items, spec, group_size)
         self._calls.setdefault(actor_id, []).append(ref)
 

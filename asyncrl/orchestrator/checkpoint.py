@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,7 @@ def validate(path: Path) -> dict[str, Any]:
     return state
 
 
-def find_resumable(run_dir: Path, warn=log.warning) -> tuple[Path, dict[str, Any]] | None:
+def find_resumable(run_dir: Path, warn: Callable[[str], None] = log.warning) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint of the run that validates, skipping (with a warning) any that does not."""
     for path in reversed(list_complete(checkpoints_dir(run_dir))):
         try:

@@ -8,10 +8,12 @@ commits the checkpoint (checkpoint.py: rename into place, prune) once the learne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config, ConfigError
+from asyncrl.observe.metrics import Say
 from asyncrl.orchestrator import checkpoint
 from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.types import RunFailed
@@ -22,7 +24,8 @@ class LearnerDied(RunFailed):
 
 
 class Checkpointer:
-    def __init__(self, cfg: Config, run_dir: Path, say=print, on_commit=None):
+    def __init__(self, cfg: Config, run_dir: Path, say: Say = print,
+                 on_commit: Callable[..., None] | None = None):
         self.cfg, self.run_dir, self.say = cfg, run_dir, say
         self.on_commit = on_commit  # on_commit(step, path=..., learner_save_s=...): the run's event
         self._pending: tuple[Path, int, GroupCall] | None = None

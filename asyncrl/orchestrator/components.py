@@ -8,6 +8,7 @@ travels, not an engine); on CPU the vLLM KV cache is sized through the actor's e
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -21,7 +22,7 @@ from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.local_rewards import LocalRewards
 
 
-def resolve_model_path(cfg: Config, log=print) -> str:
+def resolve_model_path(cfg: Config, log: Callable[[str], None] = print) -> str:
     """`builtin:tiny` builds (or reuses from the cache) the locally made tiny model, warm-started as
     `model.tiny` says."""
     if cfg.model.path.startswith("builtin:"):

@@ -23,6 +23,8 @@ from asyncrl.buffer.group_assembler import GroupAssembler
 from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
 from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.config import BufferConfig, Config
+from asyncrl.data.stages import ResolvedStage
+from asyncrl.observe.metrics import EventLog, Say
 from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
 from asyncrl.orchestrator.evaluation import Evaluator
 from asyncrl.orchestrator.intake import SampleIntake
@@ -157,7 +159,7 @@ def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> Buffer:
                               cfg.minibatch_prompts, cfg.num_reuse, seed=seed)
 
 
-def build_ledger(cfg: Config, stage) -> GroupLedger:
+def build_ledger(cfg: Config, stage: ResolvedStage) -> GroupLedger:
     """The group ledger with the buffer, assembler and shaping of the run's config and first stage."""
     a = cfg.algo
     return GroupLedger(
@@ -166,7 +168,7 @@ def build_ledger(cfg: Config, stage) -> GroupLedger:
         Shaping(a.no_eos_penalty, a.overlong_buffer, a.overlong_penalty_factor), cfg.reward.num_workers)
 
 
-def build_driver(cfg: Config, model_path: str, metrics: Any, say=print) -> Driver:
+def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = print) -> Driver:
     """The driver of a run of `cfg` on the model at `model_path` (its tokenizer and data);
     `metrics` receives the run's events (reward errors, evaluations)."""
     stages = StageRunner(cfg, model_path)

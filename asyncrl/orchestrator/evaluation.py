@@ -19,16 +19,21 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.algo.pass_at_k import eval_metrics
 from asyncrl.config import Config
 from asyncrl.data.build import load_records
 from asyncrl.data.prompt_source import PromptSource
-from asyncrl.data.stages import resolve_stages
+from asyncrl.data.stages import ResolvedStage, resolve_stages
+from asyncrl.observe.metrics import EventLog, Say
 from asyncrl.reward.registry import route
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.types import ActorCallFailed, PromptItem
+
+if TYPE_CHECKING:  # the pool runs Ray; evaluation only asks it for a call
+    from asyncrl.orchestrator.actor_pool import ActorPool
+    from asyncrl.reward.pool import RewardPool
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Evaluator:
     """`items` None: the run has no held-out data and nothing is ever started. `metrics` gets
     an `eval` event per completed evaluation and `eval_lost` for one whose actor died."""
 
-    def __init__(self, cfg: Config, items: list[PromptItem] | None, metrics, say=print):
+    def __init__(self, cfg: Config, items: list[PromptItem] | None, metrics: EventLog, say: Say = print):
         if items is not None and not items:
             raise ValueError("no eval prompt fits the context (each is longer than max_model_len - max_tokens)")
         self.cfg, self.items, self.metrics, self.say = cfg.eval, items, metrics, say
@@ -74,7 +79,7 @@ class Evaluator:
         self._ready: dict[str, float] = {}
 
     @classmethod
-    def build(cls, cfg: Config, tokenizer: Any, metrics, say=print) -> "Evaluator":
+    def build(cls, cfg: Config, tokenizer: Any, metrics: EventLog, say: Say = print) -> Evaluator:
         records = eval_records(cfg)
         if records is None:
             if cfg.eval.every_steps:
@@ -89,7 +94,7 @@ class Evaluator:
     def running(self) -> bool:
         return self._version is not None
 
-    def maybe_start(self, version: int, pool, stage, final: bool = False) -> bool:
+    def maybe_start(self, version: int, pool: ActorPool, stage: ResolvedStage, final: bool = False) -> bool:
         """Start evaluating `version` on the first actor when it is due; True if started."""
         due = self.items is not None and (final or version % self.cfg.every_steps == 0)
         if not due or self.running or version in self.done or not pool.ids:
@@ -102,7 +107,7 @@ class Evaluator:
         self._rewards, self._lengths, self._expected = {}, [], 0
         return True
 
-    def poll(self, rewards, tokenizer, step: int) -> None:
+    def poll(self, rewards: RewardPool, tokenizer: Any, step: int) -> None:
         """Hand the samples of a finished generation to the reward pool."""
         if self._call is None or not self._call.done():
             return
@@ -138,7 +143,8 @@ class Evaluator:
             self.metrics.event(step, "eval", **out)
         return out
 
-    def after_push(self, version: int, pool, stage, last: bool, poll: Callable[[float], None]) -> None:
+    def after_push(self, version: int, pool: ActorPool, stage: ResolvedStage, last: bool,
+                   poll: Callable[[float], None]) -> None:
         """The actors hold `version` now: start its evaluation if due; after the last step,
         evaluate it whatever every_steps says and wait (`wait_final`)."""
         if last:
@@ -146,7 +152,8 @@ class Evaluator:
         else:
             self.maybe_start(version, pool, stage)
 
-    def wait_final(self, version: int, pool, stage, poll: Callable[[float], None], timeout_s: float = 600.0) -> None:
+    def wait_final(self, version: int, pool: ActorPool, stage: ResolvedStage, poll: Callable[[float], None],
+                   timeout_s: float = 600.0) -> None:
         """The running evaluation, then the final policy's, waited for while `poll(timeout_s)`
         keeps the run's rewards flowing (the actors have nothing else to do)."""
         deadline = time.monotonic() + timeout_s

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from asyncrl.orchestrator.evaluation import Evaluator
+from asyncrl.orchestrator.ledger import GroupLedger
 from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.reward.decode import batch_decoder
 from asyncrl.reward.pool import RewardPool, RewardResult
@@ -26,7 +28,8 @@ from asyncrl.types import Sample
 
 
 class SampleIntake:
-    def __init__(self, ledger, rewards: RewardPool, tokenizer: Any, route: ResultRouter, evaluator):
+    def __init__(self, ledger: GroupLedger, rewards: RewardPool, tokenizer: Any, route: ResultRouter,
+                 evaluator: Evaluator):
         self.ledger, self.rewards, self.tokenizer = ledger, rewards, tokenizer
         self.route, self.evaluator = route, evaluator
         self.decode = batch_decoder(tokenizer)

@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from asyncrl.buffer.base import StepBatch
 from asyncrl.buffer.packing import rank_batches
 from asyncrl.compat import child_env
-from asyncrl.config import Config
+from asyncrl.config import AlgoConfig, Config
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.observe.worker_logs import log_env
 from asyncrl.sync.wire import free_port
@@ -175,7 +175,7 @@ def _log_name(rank: int) -> str:
     return "learner" if rank == 0 else f"learner-{rank}"
 
 
-def needs_rollout_batch_pass(algo) -> bool:
+def needs_rollout_batch_pass(algo: AlgoConfig) -> bool:
     """Whether the learner runs a no-grad pass over each rollout batch it opens: decoupled PPO
     takes pi_prox from it (learner/proximal.py), exact entropy control the batch's e_k
     (learner/entropy_schedule.py)."""

@@ -45,7 +45,7 @@ from asyncrl import preflight
 from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.config import Config, write_resolved
 from asyncrl.observe.console import ProgressDisplay
-from asyncrl.observe.metrics import MetricsWriter
+from asyncrl.observe.metrics import MetricsWriter, Say
 from asyncrl.observe.summary import format_summary, summarize
 from asyncrl.orchestrator import checkpoint, components
 from asyncrl.orchestrator.actor_pool import ActorPool
@@ -77,7 +77,7 @@ class Orchestrator:
     requests: RunRequests | None
     collector: ScheduledCollector
 
-    def __init__(self, cfg: Config, log_fn=print):
+    def __init__(self, cfg: Config, log_fn: Say = print):
         self.cfg, self.say = preflight.resolve(cfg), log_fn  # max_model_len from the model when unset
         self.run_dir = self.cfg.run_dir.resolve()
         self.version = self.step = 0

@@ -15,20 +15,28 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from asyncrl.config import Config
+from asyncrl.observe.metrics import EventLog, Say
+from asyncrl.orchestrator.ledger import GroupLedger
 from asyncrl.types import RunFailed
+
+if TYPE_CHECKING:  # both run Ray; requests only call them
+    from asyncrl.orchestrator.actor_pool import ActorPool
+    from asyncrl.orchestrator.orchestrator import Orchestrator
 
 RESET_FILE = "RESET_REFERENCE"
 SCALE_FILE = "SCALE_ACTORS"
 
 
 class RunRequests:
-    def __init__(self, run_dir: Path, metrics, say=print):
+    def __init__(self, run_dir: Path, metrics: EventLog, say: Say = print):
         self.run_dir, self.metrics, self.say = run_dir, metrics, say
         self.reset_requested = False
         self._last_warn_t = time.monotonic()
 
-    def take_reset(self, cfg) -> bool:
+    def take_reset(self, cfg: Config) -> bool:
         """True once after a reset was requested (by `reset_requested = True` or the file)."""
         flag = self.run_dir / RESET_FILE
         if flag.exists():
@@ -40,7 +48,7 @@ class RunRequests:
         requested, self.reset_requested = self.reset_requested, False
         return requested
 
-    def apply_scale(self, pool, ledger, step: int) -> None:
+    def apply_scale(self, pool: ActorPool, ledger: GroupLedger, step: int) -> None:
         flag = self.run_dir / SCALE_FILE
         if not flag.exists():
             return
@@ -57,7 +65,7 @@ class RunRequests:
         self.say(f"step {step}: scaling rollout actors to {text} (starting {started or 'none'}, "
                  f"stopping {stopped or 'none'})")
 
-    def check_stall(self, orch, now: float, every_s: float = 60.0) -> None:
+    def check_stall(self, orch: Orchestrator, now: float, every_s: float = 60.0) -> None:
         """Say why no step has happened for a while, every `every_s`; after
         observe.stall_timeout_s, stop the run with that diagnosis (`RunStalled`)."""
         idle = now - orch._last_step_t
@@ -76,7 +84,7 @@ class RunStalled(RunFailed):
     """No optimizer step for observe.stall_timeout_s."""
 
 
-def stall_diagnosis(orch) -> str:
+def stall_diagnosis(orch: Orchestrator) -> str:
     """What the run has seen, and the likely cause: usually every group dropped because all its
     rewards are equal (the task too hard or too easy, or a verifier that scores everything alike)."""
     driver = orch.driver

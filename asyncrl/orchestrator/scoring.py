@@ -6,15 +6,22 @@ with its traceback (console and events.jsonl) and stops the run past reward.max_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from asyncrl.orchestrator.evaluation import EvalKey
+from asyncrl.observe.metrics import EventLog, Say
+from asyncrl.orchestrator.evaluation import EvalKey, Evaluator
+from asyncrl.orchestrator.ledger import GroupLedger
+from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.reward.errors import ERROR_OUTCOMES, RewardErrorMonitor, format_report
 from asyncrl.reward.pool import RewardResult
 
+if TYPE_CHECKING:  # it loads a tokenizer, and the router only records pass rates in it
+    from asyncrl.orchestrator.stage_runner import StageRunner
+
 
 class ResultRouter:
-    def __init__(self, ledger, stats, stages, evaluator, tokenizer, errors: RewardErrorMonitor, metrics, say=print):
+    def __init__(self, ledger: GroupLedger, stats: StepStats, stages: StageRunner, evaluator: Evaluator, tokenizer: Any,
+                 errors: RewardErrorMonitor, metrics: EventLog, say: Say = print):
         self.ledger, self.stats, self.stages, self.evaluator = ledger, stats, stages, evaluator
         self.tokenizer, self.errors, self.metrics, self.say = tokenizer, errors, metrics, say
 
