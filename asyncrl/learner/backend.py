@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, ContextManager, Protocol
 
 import torch
 
@@ -30,6 +30,9 @@ NamedTensor = tuple[str, torch.Tensor]
 class TrainBackend(Protocol):
     module: torch.nn.Module
     """What forwards run through (the wrapped model)."""
+
+    def autocast(self) -> ContextManager:
+        """The context every forward runs in (bf16 autocast over fp32 master weights, or none)."""
 
     def expect_backwards(self, count: int) -> None:
         """How many `backward` calls the coming step makes (the last is where ZeRO reduces)."""
@@ -84,15 +87,17 @@ def init_process_group(rank: int, world_size: int, address: str, timeout_s: floa
                             timeout=timedelta(seconds=timeout_s))
 
 
-def make_backend(kind: str, model: torch.nn.Module, learner_cfg, world_size: int) -> TrainBackend:
-    """The backend `learner.backend` names, around `model` (already on this rank's device)."""
+def make_backend(kind: str, model: torch.nn.Module, learner_cfg, world_size: int,
+                 compute_dtype: torch.dtype | None = None) -> TrainBackend:
+    """The backend `learner.backend` names, around `model` (already on this rank's device, in
+    the parameter dtype); forwards compute in `compute_dtype` (None: the parameters' dtype)."""
     if kind == "torch":
         from asyncrl.learner.torch_backend import TorchBackend
 
-        return TorchBackend(model, learner_cfg, world_size)
+        return TorchBackend(model, learner_cfg, world_size, compute_dtype)
     if kind == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
         from asyncrl.learner.deepspeed_backend import DeepSpeedBackend
 
-        return DeepSpeedBackend(model, learner_cfg, world_size)
+        return DeepSpeedBackend(model, learner_cfg, world_size, compute_dtype)
     raise ValueError(f"learner.backend must be 'torch' or 'deepspeed', got {kind!r}")
