@@ -82,18 +82,26 @@ def feed(learner, sender, step, rank, world):
                                    num_sequences_global=len(chunks), token_budget=BUDGET)))
 
 
+def group_address(port):
+    """The learner group's rendezvous; a one-rank run passes port None and gets a free port (a
+    one-rank DeepSpeed learner still joins a process group)."""
+    return f"127.0.0.1:{port if port is not None else free_port()}"
+
+
 def learner_cfg(backend, stage, world, **kw):
     return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=kw.pop("lr", 1e-3),
                          micro_batch_tokens=kw.pop("micro_batch_tokens", 24), **kw)
 
 
 def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ckpt_in=None, ckpt_out=None,
-             steps=STEPS):
+             steps=STEPS, dtype="float32"):
     """What one rank does; returns rank 0's results: the gradient of step 1 per aggregation mode,
-    then STEPS optimizer steps' metrics and the parameters after them."""
+    then STEPS optimizer steps' metrics and the parameters after them. `dtype`: the compute dtype
+    (the parameters stay float32 masters)."""
     # clipped at 0.1: the steps' norms are above it, so the global norm must be right
     cfg = learner_cfg(backend, stage, world, grad_clip=0.1, micro_batch_tokens=micro_batch_tokens)
-    learner = LearnerRank(model, cfg, STEP_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    learner = LearnerRank(model, cfg, STEP_ALGO, dtype=dtype, rank=rank, world_size=world,
+                          group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     grads = {}
     for mode in MODES:
@@ -103,14 +111,14 @@ def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ck
     learner.algo = STEP_ALGO
     if ckpt_in:
         learner.load_checkpoint(ckpt_in)
-    start = {n: t.clone() for n, t in learner.backend.named_full_params()}
+    start = {n: t.cpu().clone() for n, t in learner.backend.named_full_params()}
     metrics = []
     for step in range(learner.version + 1, learner.version + 1 + steps):
         feed(learner, sender, step, rank, world)
         metrics.append(learner.train_step(step).metrics)
     if ckpt_out:
         learner.save_checkpoint(ckpt_out)
-    params = {n: t.clone() for n, t in learner.backend.named_full_params()}
+    params = {n: t.cpu().clone() for n, t in learner.backend.named_full_params()}
     sender.close()
     learner.shutdown()
     return {"grads": grads, "metrics": metrics, "params": params, "start": start}
@@ -123,7 +131,7 @@ def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24
     """A MoE model's gradient of step 1 (load-balance and z-losses large enough to show), and
     one optimizer step's metrics."""
     cfg = learner_cfg(backend, stage, world, micro_batch_tokens=micro_batch_tokens)
-    learner = LearnerRank(model, cfg, MOE_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    learner = LearnerRank(model, cfg, MOE_ALGO, rank=rank, world_size=world, group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     feed(learner, sender, 1, rank, world)
     grads = learner.gradients(1)
@@ -141,7 +149,7 @@ def run_entropy_rank(rank, world, port, model, backend, stage):
     """Rank 0 gets one short response, rank 1 the other six: very unequal token counts. Two
     optimizer steps of adaptive entropy control (exact e_k)."""
     cfg = learner_cfg(backend, stage, world, micro_batch_tokens=4096)
-    learner = LearnerRank(model, cfg, ENTROPY_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    learner = LearnerRank(model, cfg, ENTROPY_ALGO, rank=rank, world_size=world, group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     rows = []
     for step in (1, 2):
@@ -163,7 +171,7 @@ def run_decoupled_rank(rank, world, port, model, backend, stage, micro_batch_tok
     """Decoupled PPO over one rollout batch of 3 steps (N_SGD = 3, data reused): the whole batch,
     then its responses again in two halves; pi_prox is the batch's start policy throughout."""
     cfg = learner_cfg(backend, stage, world, lr=2e-2, micro_batch_tokens=micro_batch_tokens)
-    learner = LearnerRank(model, cfg, DECOUPLED_ALGO, rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    learner = LearnerRank(model, cfg, DECOUPLED_ALGO, rank=rank, world_size=world, group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     batch = step_chunks(1)
     rows = []
