@@ -123,6 +123,9 @@ class RolloutConfig(_Section):
     """Logical Ray CPUs per actor."""
     num_gpus_per_actor: float = Field(0.0, ge=0)
     """Ray GPUs per actor (0 on CPU)."""
+    enforce_eager: bool | None = None
+    """vLLM's enforce_eager (no CUDA graphs); None: on for CPU engines, off on GPU, where CUDA
+    graphs speed up decoding."""
     max_in_flight_prompts: int = Field(64, ge=1)
     """Cap on prompts an actor generates at once, on top of admission control."""
 
@@ -420,6 +423,9 @@ class Config(_Section):
         if compute == "float32" and params != "float32":
             raise ValueError(f"learner.param_dtype={params} is narrower than the compute dtype model.dtype=float32; "
                              "use learner.param_dtype=float32")
+        if self.sync.type == "gloo" and self.learner.num_gpus > 0:
+            raise ValueError(f"sync.type=gloo cannot push from a CUDA learner (learner.num_gpus="
+                             f"{self.learner.num_gpus:g}): gloo sends CPU tensors; use sync.type=nccl")
         if self.learner.backend == "deepspeed" and params != "float32":
             raise ValueError("learner.param_dtype must be float32 with learner.backend=deepspeed (its bf16 mode "
                              "always keeps float32 master weights)")

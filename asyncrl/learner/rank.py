@@ -52,6 +52,7 @@ from asyncrl.learner.policy_step import MoeStep, forward_backward, fractions, me
 from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
+from asyncrl.preflight import check_gpu_visibility
 from asyncrl.sync.gloo_sender import free_port
 from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
@@ -68,6 +69,7 @@ class LearnerRank:
                  world_size: int = 1, group_address: str | None = None):
         redirect_output()  # to the run's logs/ when the orchestrator asked
         hide_broken_torch_extras()
+        check_gpu_visibility("learner rank", "learner.num_gpus", learner.num_gpus)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(seed)
@@ -272,6 +274,9 @@ class LearnerRank:
 
         if self.rank != 0:
             return
+        if kind == "gloo" and self.device.type == "cuda":
+            raise ValueError("sync.type=gloo cannot push from a CUDA learner: gloo sends CPU tensors; "
+                             "use sync.type=nccl")
         self.sender = make_sender(kind, host=host, port=port, world_size=world_size,
                                   timeout_s=timeout_s, bucket_bytes=bucket_bytes)
         self.sender.connect()
