@@ -46,7 +46,9 @@ class NcclWeightSender:
         """Rendezvous as rank 0 on the current CUDA device (receivers join concurrently). Given a
         `group` (anything with PyNccl's `broadcast(tensor, src)`, e.g. a recording fake in tests),
         push to it instead, from `device`."""
-        self._device = device or torch.device("cuda", torch.accelerator.current_device_index())
+        if device is None or (device.type == "cuda" and device.index is None):
+            device = torch.device("cuda", torch.accelerator.current_device_index())  # set_device needs an index
+        self._device = device
         self._comm = group or self._run(self._join, "join", version=None)
 
     def metadata(self, named_params: NamedTensors) -> dict:
