@@ -5,12 +5,14 @@
 (The machine has torch, transformers, safetensors, msgpack and pytest but no pydantic, PyYAML or
 pyzmq, and no network: the script unpacks the wheels in .whl/ that fit this Python into a
 temporary directory and puts it first on its path and its children's. The same with pip:
-`pip install --no-index --find-links .whl pydantic pyyaml pyzmq && python3 tools/gpu_check.py`.
+`pip install --no-index --find-links .whl pydantic pyyaml pyzmq deepspeed && python3 tools/gpu_check.py`.
 Fill .whl/ on a machine with a registry, for CPython 3.10-3.12, as `tools/fetch_gpu_wheels.sh` does.)
 
-Three parts, each under its own time limit; a part that fails is recorded and the next one runs:
+Parts, each under its own time limit; a part that fails is recorded and the next one runs:
 (a) pytest on the gpu-marked tests (tests/integration/test_learner_cuda.py), the mixed-precision
-    tests and the NCCL packing tests (their CUDA cases run here, their CPU cases too);
+    tests and the NCCL packing tests (their CUDA cases run here, their CPU cases too), but
+    DeepSpeed's, which run last as `pytest_deepspeed` (reported, not part of "ok": DeepSpeed
+    is carried as a wheel built from its sdist and may try to JIT-build an op);
 (b) optimizer steps of a Qwen2.5-0.5B-shaped model (random init, built here from a Qwen2Config:
     hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151936, tied
     embeddings) through a real `LearnerRank` (torch backend, policy step, batches over zmq),
@@ -21,8 +23,9 @@ Three parts, each under its own time limit; a part that fails is recorded and th
     so it measures packing alone (one GPU cannot hold two NCCL ranks).
 
 Prints one JSON line and writes it to $OUT/gpu_check.json when OUT is set (pytest's output goes
-beside it, gpu_check_pytest.txt). `--cpu-smoke` runs the same parts on CPU with a tiny model and
-pytest only collecting, to prove the script end to end (tests/unit/test_gpu_check.py does).
+beside it: gpu_check_pytest.txt, gpu_check_pytest_deepspeed.txt). `--cpu-smoke` runs the same
+parts on CPU with a tiny model and pytest only collecting, to prove the script end to end
+(tests/integration/test_gpu_check.py does).
 
 Model FLOPs per step (what MFU counts; recomputation is not counted): 6 * N_body * all tokens
 (N_body: the parameters besides the embedding matrix, whose lookup is no matmul), plus 6 * V * H
@@ -48,8 +51,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NEEDED = ("pydantic", "yaml", "zmq")  # what asyncrl imports that the GPU machine lacks
+OPTIONAL = ("deepspeed",)  # carried too (a wheel built from its sdist), for learner.backend=deepspeed
 TESTS = ["tests/integration/test_learner_cuda.py", "tests/unit/test_learner_precision.py",
          "tests/unit/test_nccl_packing.py"]
+# DeepSpeed's cases run last, on their own: a JIT build it might attempt must not cost the others
+PYTEST_RUNS = {"pytest": (TESTS, "not deepspeed"), "pytest_deepspeed": (TESTS[:1], "deepspeed")}
 # dense bf16 peak, FLOP/s, by a substring of torch.cuda.get_device_name() (first match wins)
 PEAKS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
          ("GH200", 989e12), ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12)]
@@ -77,7 +83,7 @@ def wheel_fits(name: str) -> bool:
 
 def use_carried_wheels() -> list[str]:
     """Unpack .whl/'s wheels for this Python, first on sys.path and PYTHONPATH; returns them."""
-    if all(importlib.util.find_spec(m) for m in NEEDED):
+    if all(importlib.util.find_spec(m) for m in NEEDED + OPTIONAL):
         return []
     wheels = sorted(w for w in (ROOT / ".whl").glob("*.whl") if wheel_fits(w.name))
     if not wheels:
@@ -87,7 +93,11 @@ def use_carried_wheels() -> list[str]:
     target = Path(tempfile.gettempdir()) / f"asyncrl-wheels-py{sys.version_info[0]}{sys.version_info[1]}"
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as z:
-            z.extractall(target)
+            for info in z.infolist():
+                path = z.extract(info, target)
+                mode = info.external_attr >> 16
+                if mode & 0o111:  # zip extraction drops the execute bit (ninja's binary needs it)
+                    os.chmod(path, mode & 0o777)
     sys.path.insert(0, str(target))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return [w.name for w in wheels]
@@ -95,11 +105,13 @@ def use_carried_wheels() -> list[str]:
 
 # -- (a) pytest -------------------------------------------------------------------------------
 
-def run_pytest(out: Path, collect_only: bool, timeout_s: float) -> dict:
+def run_pytest(out: Path, name: str, collect_only: bool, timeout_s: float) -> dict:
     import xml.etree.ElementTree as ET
 
-    report = out / "gpu_check_junit.xml"
-    cmd = [sys.executable, "-m", "pytest", *TESTS, "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={report}"]
+    tests, selection = PYTEST_RUNS[name]
+    report = out / f"gpu_check_{name}_junit.xml"
+    cmd = [sys.executable, "-m", "pytest", *tests, "-k", selection, "-q", "-rfEs", "-p", "no:cacheprovider",
+           f"--junitxml={report}"]
     if collect_only:
         cmd.append("--collect-only")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(ROOT)]).strip(os.pathsep)}
@@ -107,9 +119,10 @@ def run_pytest(out: Path, collect_only: bool, timeout_s: float) -> dict:
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
         text, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {timeout_s:.0f}s", -1
-    (out / "gpu_check_pytest.txt").write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+    except subprocess.TimeoutExpired as e:  # its output so far may come back as bytes
+        partial = [b.decode(errors="replace") if isinstance(b, bytes) else (b or "") for b in (e.stdout, e.stderr)]
+        text, rc = "".join(partial) + f"\nTIMEOUT after {timeout_s:.0f}s", -1
+    (out / f"gpu_check_{name}.txt").write_text(text)
     result = {"rc": rc, "seconds": round(time.monotonic() - t0, 1), "tail": text.strip().splitlines()[-1:]}
     if report.is_file() and not collect_only:
         suite = ET.parse(report).getroot()
@@ -118,7 +131,7 @@ def run_pytest(out: Path, collect_only: bool, timeout_s: float) -> dict:
         result["not_passed"] = [
             f"{case.get('classname')}::{case.get('name')}: {(bad.get('message') or '')[:300]}"
             for case in suite.iter("testcase") for bad in case if bad.tag in ("failure", "error", "skipped")]
-    result["ok"] = rc == 0
+    result["ok"] = rc in (0, 5)  # 5: nothing selected, e.g. DeepSpeed's cases without CUDA
     return result
 
 
@@ -294,7 +307,8 @@ def main() -> int:
     p.add_argument("--micro-batch-tokens", type=int, help="tokens per forward/backward (default 8192; smoke 64)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; smoke 1)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 8; smoke 2)")
-    p.add_argument("--pytest-timeout", type=float, default=240.0)
+    p.add_argument("--pytest-timeout", type=float, default=180.0, help="seconds for part (a)")
+    p.add_argument("--deepspeed-timeout", type=float, default=90.0, help="seconds for DeepSpeed's cases, run last")
     args = p.parse_args()
     smoke = {"seqs": 4, "prompt_len": 16, "response_len": 16, "micro_batch_tokens": 64, "warmup": 1, "steps": 2}
     full = {"seqs": 32, "prompt_len": 256, "response_len": 768, "micro_batch_tokens": 8192, "warmup": 3, "steps": 8}
@@ -321,7 +335,7 @@ def main() -> int:
     summary.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(),
                    transformers=transformers.__version__)
     if "pytest" not in args.skip:
-        guarded(summary, "pytest", run_pytest, out, args.cpu_smoke, args.pytest_timeout)
+        guarded(summary, "pytest", run_pytest, out, "pytest", args.cpu_smoke, args.pytest_timeout)
     learner = None
     with tempfile.TemporaryDirectory() as tmp:
         if "learner" not in args.skip:
@@ -333,6 +347,12 @@ def main() -> int:
                 guarded(summary, "packing", run_packing, learner, 1 if args.cpu_smoke else 3)
         if learner is not None:
             learner.shutdown()
+            del learner
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the DeepSpeed tests' process needs the memory back
+    if "pytest" not in args.skip:
+        guarded(summary, "pytest_deepspeed", run_pytest, out, "pytest_deepspeed", args.cpu_smoke,
+                args.deepspeed_timeout)
     summary["ok"] = all(summary[k]["ok"] for k in ("pytest", "learner", "packing") if k in summary)
     summary["seconds"] = round(time.monotonic() - t0, 1)
     return finish(summary, out)
