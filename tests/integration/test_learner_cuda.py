@@ -9,7 +9,7 @@ float32 master weights gives nearly the fp32 gradient and moves the masters.
 import pytest
 import torch
 
-from test_learner_ranks import MODES, STEPS, assert_close, run_rank
+from test_learner_ranks import MODES, STEPS, assert_close, relative_error, run_rank
 
 pytestmark = pytest.mark.gpu
 
@@ -31,11 +31,6 @@ def test_cuda_gradient_equals_the_cpu_gradient(model, torch_cuda, monkeypatch):
     cpu = run_rank(0, 1, None, model, "torch", 2)
     for mode in MODES:
         assert_close(torch_cuda["grads"][mode], cpu["grads"][mode], f"cuda vs cpu, {mode}", tol=1e-5)
-
-
-def relative_error(got, want):
-    num = sum(float((got[n].double() - want[n].double()).norm()) ** 2 for n in want)
-    return (num / sum(float(want[n].double().norm()) ** 2 for n in want)) ** 0.5
 
 
 @pytest.mark.parametrize("backend", ["torch", "deepspeed"])
