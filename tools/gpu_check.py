@@ -99,6 +99,11 @@ def use_carried_wheels() -> list[str]:
                 if mode & 0o111:  # zip extraction drops the execute bit (ninja's binary needs it)
                     os.chmod(path, mode & 0o777)
     sys.path.insert(0, str(target))
+    importlib.invalidate_caches()
+    missing = [m for m in NEEDED if not importlib.util.find_spec(m)]
+    if missing:
+        raise SystemExit(f"gpu_check: no wheel in {ROOT / '.whl'} provides {missing} for Python "
+                         f"{platform.python_version()} (the folder holds CPython 3.10-3.12 wheels)")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return [w.name for w in wheels]
 
@@ -307,8 +312,8 @@ def main() -> int:
     p.add_argument("--micro-batch-tokens", type=int, help="tokens per forward/backward (default 8192; smoke 64)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; smoke 1)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 8; smoke 2)")
-    p.add_argument("--pytest-timeout", type=float, default=180.0, help="seconds for part (a)")
-    p.add_argument("--deepspeed-timeout", type=float, default=90.0, help="seconds for DeepSpeed's cases, run last")
+    p.add_argument("--pytest-timeout", type=float, default=150.0, help="seconds for part (a)")
+    p.add_argument("--deepspeed-timeout", type=float, default=75.0, help="seconds for DeepSpeed's cases, run last")
     args = p.parse_args()
     smoke = {"seqs": 4, "prompt_len": 16, "response_len": 16, "micro_batch_tokens": 64, "warmup": 1, "steps": 2}
     full = {"seqs": 32, "prompt_len": 256, "response_len": 768, "micro_batch_tokens": 8192, "warmup": 3, "steps": 8}

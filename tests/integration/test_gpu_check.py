@@ -17,7 +17,7 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == summary  # one JSON line, the same
-    assert summary["ok"] and summary["pytest"]["ok"]
+    assert summary["ok"] and summary["pytest"]["ok"] and summary["pytest_deepspeed"]["ok"]
     learner, packing = summary["learner"], summary["packing"]
     assert learner["param_dtypes"] == ["torch.float32"] and learner["compute_dtype"] == "bfloat16"
     assert learner["loss_tokens_per_step"] == 4 * 16 and learner["steps_timed"] == 2
