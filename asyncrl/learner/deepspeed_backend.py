@@ -7,7 +7,9 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
   nvcc is there to JIT-build it, else torch's fused AdamW (a CUDA runtime without the toolkit).
 - bf16 compute (`compute_dtype`): DeepSpeed's bf16 mode casts the module to bf16 and keeps the
   float32 masters in the optimizer; full parameters (pushes, checkpoints) are read from the
-  masters, so a checkpoint holds what training continues from.
+  masters, so a checkpoint holds what training continues from. DeepSpeed makes those masters
+  from the module's bf16 copy (2.4e-4 off on a small model), so the loaded float32 weights are
+  written back into them after `initialize`: a resumed run continues from its exact masters.
 - A step is a variable number of backward calls (micro-batches, then padding) and one `step`.
   The rank says how many are coming (`expect_backwards`), and the last one is marked as the
   gradient-accumulation boundary, where ZeRO reduces and the optimizer may step.
@@ -37,7 +39,7 @@ from asyncrl.learner.model_forward import TokenHead
 try:
     import deepspeed
     from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,
-                                 safe_set_full_optimizer_state)
+                                 safe_set_full_fp32_param, safe_set_full_optimizer_state)
 except ImportError as e:  # preflight says this first; here for a learner built in code
     raise ImportError("learner.backend=deepspeed needs DeepSpeed: pip install deepspeed (on CPU its first start "
                       "JIT-compiles a small op with g++ and ninja)") from e
@@ -68,6 +70,8 @@ class DeepSpeedBackend:
             raise ValueError("learner.backend=deepspeed keeps float32 master weights: load the model in float32 "
                              "(learner.param_dtype=float32) and set the compute dtype (model.dtype)")
         self.bf16 = compute_dtype == torch.bfloat16
+        # the loaded float32 weights, before DeepSpeed's bf16 cast rounds them (restored below)
+        loaded = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()} if self.bf16 else {}
         head = TokenHead(model.get_output_embeddings())
         model.add_module("token_head", head)  # before initialize: ZeRO-3 puts its hooks on it
         config = {
@@ -85,6 +89,8 @@ class DeepSpeedBackend:
         if self.stage == 3:
             deepspeed.zero.register_external_parameter(head, head.head.weight)
         self.model = model
+        for name, p in self._params() if self.bf16 else ():
+            safe_set_full_fp32_param(p, loaded.pop(name).to(p.device))
         self._expected, self._calls = 1, 0
         self._reset_steps = False
 

@@ -369,3 +369,20 @@ def test_fsdp2_bf16_compute_over_fp32_masters_matches_one_rank(tmp_path, tied_mo
     moved = {n: two["params"][n] - two["start"][n] for n in two["start"]}
     moved_one = {n: one["params"][n] - one["start"][n] for n in one["start"]}
     assert relative_error(moved, moved_one) < 0.15
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_bf16_masters_are_the_loaded_float32_weights(tied_model, stage):
+    """DeepSpeed builds its fp32 masters from the module's bf16 copy; the backend writes the loaded
+    float32 weights back, so a resumed run continues from its exact masters (without: 2.4e-4 off)."""
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM
+
+    want = dict(AutoModelForCausalLM.from_pretrained(tied_model).named_parameters())
+    learner = LearnerRank(tied_model, learner_cfg("deepspeed", stage, 1), STEP_ALGO, dtype="bfloat16",
+                          group_address=group_address(None))
+    got = {n: t.cpu() for n, t in learner.backend.named_full_params()}
+    learner.shutdown()
+    assert set(got) == set(want)
+    for name, weight in want.items():
+        assert got[name].dtype == torch.float32 and torch.equal(got[name], weight.detach()), name
