@@ -40,8 +40,7 @@ class ModelConfig(_Section):
     tiny: TinyModelConfig = TinyModelConfig()
     """The warm start of `builtin:tiny` (ignored for any other model.path)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Compute dtype: the engines' weights and the learner's forward, under autocast over the
-    learner's `learner.param_dtype` parameters when that is wider (float32 on CPU)."""
+    """Compute dtype: engine weights and learner forwards (autocast over learner.param_dtype masters)."""
     max_model_len: int | None = Field(None, gt=0)
     """Longest prompt + response, in tokens (None: the model's own context length, read from its
     config.json before anything starts; a larger value is an error)."""
@@ -124,8 +123,7 @@ class RolloutConfig(_Section):
     num_gpus_per_actor: float = Field(0.0, ge=0)
     """Ray GPUs per actor (0 on CPU)."""
     enforce_eager: bool | None = None
-    """vLLM's enforce_eager (no CUDA graphs); None: on for CPU engines, off on GPU, where CUDA
-    graphs speed up decoding."""
+    """vLLM's enforce_eager (no CUDA graphs); None: on for CPU engines, off on GPU (graphs decode faster)."""
     max_in_flight_prompts: int = Field(64, ge=1)
     """Cap on prompts an actor generates at once, on top of admission control."""
 
@@ -287,8 +285,7 @@ class LearnerConfig(_Section):
     num_gpus: float = Field(0.0, ge=0)
     """Ray GPUs per learner rank."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the learner's parameters, gradients and Adam moments (the master weights); the
-    forward computes in model.dtype. bfloat16 here loses every update below a bf16 ulp."""
+    """Learner parameters, gradients and Adam moments (float32 masters keep updates below a bf16 ulp)."""
 
 
 class SyncConfig(_Section):
