@@ -40,7 +40,7 @@ class ModelConfig(_Section):
     tiny: TinyModelConfig = TinyModelConfig()
     """The warm start of `builtin:tiny` (ignored for any other model.path)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights dtype in both learner and engines (float32 on CPU)."""
+    """Compute dtype: engine weights and learner forwards (autocast over learner.param_dtype masters)."""
     max_model_len: int | None = Field(None, gt=0)
     """Longest prompt + response, in tokens (None: the model's own context length, read from its
     config.json before anything starts; a larger value is an error)."""
@@ -122,6 +122,8 @@ class RolloutConfig(_Section):
     """Logical Ray CPUs per actor."""
     num_gpus_per_actor: float = Field(0.0, ge=0)
     """Ray GPUs per actor (0 on CPU)."""
+    enforce_eager: bool | None = None
+    """vLLM's enforce_eager (no CUDA graphs); None: on for CPU engines, off on GPU (graphs decode faster)."""
     max_in_flight_prompts: int = Field(64, ge=1)
     """Cap on prompts an actor generates at once, on top of admission control."""
 
@@ -282,6 +284,8 @@ class LearnerConfig(_Section):
     """Logical Ray CPUs per learner rank."""
     num_gpus: float = Field(0.0, ge=0)
     """Ray GPUs per learner rank."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Learner parameters, gradients and Adam moments (float32 masters keep updates below a bf16 ulp)."""
 
 
 class SyncConfig(_Section):
@@ -406,6 +410,23 @@ class Config(_Section):
     there is none); a path: from that checkpoint directory; None: start fresh."""
     stages: list[StageConfig] = []
     """Training stages in order (empty: one stage with the sections above)."""
+
+    @model_validator(mode="after")
+    def _dtypes(self) -> "Config":
+        compute, params = self.model.dtype, self.learner.param_dtype
+        if compute == "float16":
+            raise ValueError("model.dtype=float16: the learner would compute in float16 without loss scaling, "
+                             "which it does not do; use bfloat16 (or float32)")
+        if compute == "float32" and params != "float32":
+            raise ValueError(f"learner.param_dtype={params} is narrower than the compute dtype model.dtype=float32; "
+                             "use learner.param_dtype=float32")
+        if self.sync.type == "gloo" and self.learner.num_gpus > 0:
+            raise ValueError(f"sync.type=gloo cannot push from a CUDA learner (learner.num_gpus="
+                             f"{self.learner.num_gpus:g}): gloo sends CPU tensors; use sync.type=nccl")
+        if self.learner.backend == "deepspeed" and params != "float32":
+            raise ValueError("learner.param_dtype must be float32 with learner.backend=deepspeed (its bf16 mode "
+                             "always keeps float32 master weights)")
+        return self
 
     @model_validator(mode="after")
     def _stages(self) -> "Config":

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, ContextManager, Protocol
 
 import torch
 
@@ -31,6 +31,9 @@ NamedTensor = tuple[str, torch.Tensor]
 class TrainBackend(Protocol):
     module: torch.nn.Module
     """What forwards run through (the wrapped model)."""
+
+    def autocast(self) -> ContextManager:
+        """The context every forward runs in (bf16 autocast over fp32 master weights, or none)."""
 
     def expect_backwards(self, count: int) -> None:
         """How many `backward` calls the coming step makes (the last is where ZeRO reduces)."""

@@ -3,7 +3,13 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
 
 - The learner group is already the default process group when this starts; DeepSpeed joins it
   (`dist_init_required=False`) rather than running its own launcher's rendezvous.
-- Optimizer: AdamW; torch's on CPU (`DS_ACCELERATOR=cpu`), DeepSpeed's fused one on GPU.
+- Optimizer: AdamW; torch's on CPU (`DS_ACCELERATOR=cpu`), DeepSpeed's fused one on GPU when
+  nvcc is there to JIT-build it, else torch's fused AdamW (a CUDA runtime without the toolkit).
+- bf16 compute (`compute_dtype`): DeepSpeed's bf16 mode casts the module to bf16 and keeps the
+  float32 masters in the optimizer; full parameters (pushes, checkpoints) are read from the
+  masters, so a checkpoint holds what training continues from. DeepSpeed makes those masters
+  from the module's bf16 copy (2.4e-4 off on a small model), so the loaded float32 weights are
+  written back into them after `initialize`: a resumed run continues from its exact masters.
 - A step is a variable number of backward calls (micro-batches, then padding) and one `step`.
   The rank says how many are coming (`expect_backwards`), and the last one is marked as the
   gradient-accumulation boundary, where ZeRO reduces and the optimizer may step.
@@ -19,8 +25,11 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, ContextManager
 
 import torch
 
@@ -29,7 +38,8 @@ from asyncrl.learner.model_forward import TokenHead
 
 try:
     import deepspeed
-    from deepspeed.utils import safe_get_full_grad, safe_get_full_optimizer_state, safe_set_full_optimizer_state
+    from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,
+                                 safe_set_full_fp32_param, safe_set_full_optimizer_state)
 except ImportError as e:  # preflight says this first; here for a learner built in code
     raise ImportError("learner.backend=deepspeed needs DeepSpeed: pip install deepspeed (on CPU its first start "
                       "JIT-compiles a small op with g++ and ninja)") from e
@@ -37,11 +47,31 @@ except ImportError as e:  # preflight says this first; here for a learner built 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
+def has_nvcc() -> bool:
+    """Whether DeepSpeed could JIT-build its CUDA ops (FusedAdam): nvcc on PATH or in CUDA_HOME."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    return shutil.which("nvcc") is not None or os.path.isfile(os.path.join(home, "bin", "nvcc"))
+
+
+def adamw_params(cfg, on_gpu: bool, nvcc: bool) -> dict:
+    """DeepSpeed's AdamW section: its FusedAdam only where nvcc can build it; otherwise torch's
+    AdamW (fused kernels on GPU, which ship with torch and need no compiler)."""
+    params = {"lr": cfg.lr, "betas": list(cfg.betas), "eps": 1e-8, "weight_decay": cfg.weight_decay}
+    if on_gpu and nvcc:
+        return {**params, "torch_adam": False}
+    return {**params, "torch_adam": True, **({"fused": True} if on_gpu else {})}
+
+
 class DeepSpeedBackend:
-    def __init__(self, model: torch.nn.Module, cfg, world_size: int):
+    def __init__(self, model: torch.nn.Module, cfg, world_size: int, compute_dtype: torch.dtype | None = None):
         self.world_size, self.stage = world_size, cfg.deepspeed.stage
         on_gpu = torch.cuda.is_available()
-        bf16 = on_gpu and next(model.parameters()).dtype == torch.bfloat16
+        if next(model.parameters()).dtype != torch.float32:
+            raise ValueError("learner.backend=deepspeed keeps float32 master weights: load the model in float32 "
+                             "(learner.param_dtype=float32) and set the compute dtype (model.dtype)")
+        self.bf16 = compute_dtype == torch.bfloat16
+        # the loaded float32 weights, before DeepSpeed's bf16 cast rounds them (restored below)
+        loaded = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()} if self.bf16 else {}
         head = TokenHead(model.get_output_embeddings())
         model.add_module("token_head", head)  # before initialize: ZeRO-3 puts its hooks on it
         config = {
@@ -49,9 +79,8 @@ class DeepSpeedBackend:
             "gradient_accumulation_steps": 1,
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": self.stage},
-            "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "betas": list(cfg.betas), "eps": 1e-8,
-                                                      "weight_decay": cfg.weight_decay, "torch_adam": not on_gpu}},
-            "bf16": {"enabled": bf16},
+            "optimizer": {"type": "AdamW", "params": adamw_params(cfg, on_gpu, has_nvcc())},
+            "bf16": {"enabled": self.bf16},
             "steps_per_print": 2**31 - 1,
         }
         self.module, self.optimizer, _, _ = deepspeed.initialize(
@@ -60,10 +89,15 @@ class DeepSpeedBackend:
         if self.stage == 3:
             deepspeed.zero.register_external_parameter(head, head.head.weight)
         self.model = model
+        for name, p in self._params() if self.bf16 else ():
+            safe_set_full_fp32_param(p, loaded.pop(name).to(p.device))
         self._expected, self._calls = 1, 0
         self._reset_steps = False
 
     # -- a step ---------------------------------------------------------------------------------
+
+    def autocast(self) -> ContextManager:
+        return nullcontext()  # in bf16 mode the module itself is bf16
 
     def expect_backwards(self, count: int) -> None:
         self._expected, self._calls = max(count, 1), 0
@@ -92,11 +126,14 @@ class DeepSpeedBackend:
         return list(self.model.named_parameters())
 
     def param_specs(self) -> list[tuple[str, torch.Size, torch.dtype]]:
-        return [(n, torch.Size(getattr(p, "ds_shape", p.shape)), p.dtype) for n, p in self._params()]
+        dtype = (lambda p: torch.float32) if self.bf16 else (lambda p: p.dtype)
+        return [(n, torch.Size(getattr(p, "ds_shape", p.shape)), dtype(p)) for n, p in self._params()]
 
     def named_full_params(self) -> Iterator[NamedTensor]:
         for name, p in self._params():
-            if self.stage == 3:
+            if self.bf16:  # the float32 master, not the module's bf16 copy
+                yield name, safe_get_full_fp32_param(p).detach().clone()
+            elif self.stage == 3:
                 with deepspeed.zero.GatheredParameters([p]):
                     full = p.detach().clone()
                 yield name, full

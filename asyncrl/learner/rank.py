@@ -20,6 +20,11 @@ batch (learner/proximal.py), computed when a step opens a batch (`Batch.role`).
 the number of ranks: policy (Hugging Face format), full optimizer state, reference policy,
 algorithm state (pi_prox included: every rank holds all of it), version and torch RNG, so a
 resumed run's next step is bit-identical on CPU and a checkpoint of N ranks resumes on M.
+
+Three dtypes, each its own: the parameters (`learner.param_dtype`, float32 masters by default),
+the compute dtype of every forward (`dtype`, model.dtype: the backend autocasts to it), and the
+engines' weights (model.dtype too): pushes cast each parameter to it on the way out, while
+checkpoints keep the masters.
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ from asyncrl.learner.policy_step import MoeStep, forward_backward, fractions, me
 from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
-from asyncrl.sync.wire import free_port
+from asyncrl.preflight import check_gpu_visibility
 from asyncrl.sync.protocol import WeightSyncError
+from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import StepResult
@@ -65,6 +71,7 @@ class LearnerRank:
                  world_size: int = 1, group_address: str | None = None):
         redirect_output()  # to the run's logs/ when the orchestrator asked
         hide_broken_torch_extras()
+        check_gpu_visibility("learner rank", "learner.num_gpus", learner.num_gpus)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(seed)
@@ -78,7 +85,8 @@ class LearnerRank:
         if self.distributed:
             init_process_group(rank, world_size, group_address or f"{host}:{free_port(host)}", batch_timeout_s)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device)
+        self.engine_dtype = DTYPES[dtype]  # compute and engine dtype; the parameters have their own
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[learner.param_dtype]).to(self.device)
         model.train()
         self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
         self.generation_config = getattr(model, "generation_config", None)
@@ -86,7 +94,7 @@ class LearnerRank:
         self.num_experts = int(getattr(model.config, "num_experts", 0) or getattr(model.config, "num_local_experts", 0))
         self.reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device)
                           if algo.kl.needs_reference else None)  # copied before any sharding
-        self.backend = make_backend(learner.backend, model, learner, world_size)
+        self.backend = make_backend(learner.backend, model, learner, world_size, compute_dtype=DTYPES[dtype])
         self.model = self.backend.module
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.version = 0
@@ -101,7 +109,12 @@ class LearnerRank:
         return self.batches.endpoint
 
     def _forward(self, mb):
-        return policy_forward(self.model, mb, self.cfg.entropy_chunk_tokens, self.device, moe=bool(self.moe_top_k))
+        with self.backend.autocast():
+            return policy_forward(self.model, mb, self.cfg.entropy_chunk_tokens, self.device, moe=bool(self.moe_top_k))
+
+    def _reference_logprobs(self, mb):
+        with self.backend.autocast():  # the policy's numerics: KL is 0 right after a reset
+            return self.reference.logprobs(mb)
 
     def _micro_batches(self, chunks) -> tuple[list, int]:
         """This rank's micro-batches, and how many zero-loss ones it must add to match the
@@ -218,7 +231,7 @@ class LearnerRank:
         step_measured, moe = self._measure(mbs, pad, counts.num_tokens, self.entropy.exact and batch.role == "own")
         alpha, ctl_metrics = self.entropy.coef(batch.role, measured if batch.role == "open" else step_measured)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
-                                   ref_logprobs=self.reference.logprobs if self.reference else None,
+                                   ref_logprobs=self._reference_logprobs if self.reference else None,
                                    proximal=self.proximal.lookup if batch.role != "own" else None,
                                    moe=moe, backward=self.backend.backward,
                                    reduce=collectives.all_reduce_tally if self.distributed else None)
@@ -263,13 +276,17 @@ class LearnerRank:
 
         if self.rank != 0:
             return
+        if kind == "gloo" and self.device.type == "cuda":
+            raise ValueError("sync.type=gloo cannot push from a CUDA learner: gloo sends CPU tensors; "
+                             "use sync.type=nccl")
         self.sender = make_sender(kind, host=host, port=port, world_size=world_size,
                                   timeout_s=timeout_s, bucket_bytes=bucket_bytes)
         self.sender.connect()
 
     def weight_metadata(self) -> dict[str, Any]:
-        """Rank 0 only: planned from names, shapes and dtypes, nothing gathered."""
-        return self.sender.metadata(meta_params(self.backend.param_specs()))
+        """Rank 0 only: planned from names, shapes and the engines' dtype, nothing gathered."""
+        specs = [(name, shape, self.engine_dtype) for name, shape, _ in self.backend.param_specs()]
+        return self.sender.metadata(meta_params(specs))
 
     def push_weights(self, version: int) -> dict[str, float]:
         """Broadcast the current weights, `version` (the engines receive concurrently and are told
@@ -282,7 +299,7 @@ class LearnerRank:
             for _ in params:
                 pass
             return {}
-        return self.sender.push(params, version)
+        return self.sender.push(engine_weights(params, self.engine_dtype), version)
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -290,7 +307,8 @@ class LearnerRank:
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """log p(token_i | tokens_<i) for i >= 1 at temperature 1 (the parity probe)."""
         ids = torch.tensor([token_ids], device=self.device)
-        logits = self.model(input_ids=ids).logits[0, :-1].float()
+        with self.backend.autocast():
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
         return logp.cpu().tolist()
 
@@ -341,3 +359,9 @@ class LearnerRank:
         if self.sender is not None:
             self.sender.close()
         self.batches.close()
+
+
+def engine_weights(named_params, dtype: torch.dtype):
+    """The parameters as the engines hold them: cast to their dtype one at a time, as they are sent."""
+    for name, tensor in named_params:
+        yield name, tensor.to(dtype)

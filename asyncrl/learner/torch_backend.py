@@ -10,12 +10,18 @@ FSDP2 reduce-scatters gradients as a mean over ranks; the loss is multiplied by 
 so that the result is the sum (the loss is already normalized by the step's global counts).
 Parameters, gradients and Adam's moments are DTensors sharded on dim 0; the full tensor of one
 parameter at a time is gathered for pushes, checkpoints and tests.
+
+Mixed precision (`compute_dtype` narrower than the parameters): parameters, gradients and Adam's
+moments stay in their own dtype (float32 masters, so updates below a bf16 ulp still land) and
+forwards run under `autocast(compute_dtype)`; FSDP2 also gathers parameters in the compute dtype
+and reduces gradients in float32 (`MixedPrecisionPolicy`), halving the all-gather's bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, ContextManager
 
 import torch
 
@@ -38,19 +44,31 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class TorchBackend:
-    def __init__(self, model: torch.nn.Module, cfg, world_size: int):
+    def __init__(self, model: torch.nn.Module, cfg, world_size: int, compute_dtype: torch.dtype | None = None):
         self.world_size = world_size
+        param_dtype = next(model.parameters()).dtype
+        self.device_type = next(model.parameters()).device.type
+        # None: compute in the parameters' own dtype (no autocast)
+        self.compute_dtype = compute_dtype if compute_dtype not in (None, param_dtype) else None
         if world_size > 1:
             from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world_size,))
+            policy = (MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+                      if self.compute_dtype else MixedPrecisionPolicy())
             for layer in decoder_layers(model):
-                fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+            fully_shard(model, mesh=mesh, mp_policy=policy)
         self.module = model
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
+
+    def autocast(self) -> ContextManager:
+        """Where forwards run: autocast to the compute dtype over wider (master) parameters."""
+        if self.compute_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.compute_dtype)
 
     def expect_backwards(self, count: int) -> None:
         pass  # FSDP2 reduce-scatters in every backward; nothing waits for the last

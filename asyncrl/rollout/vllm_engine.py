@@ -50,7 +50,10 @@ def one_engine_process_on_cpu() -> None:
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 128,
                  max_num_seqs: int = 256, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5,
-                 sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0):
+                 sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0,
+                 enforce_eager: bool | None = None, num_gpus: float | None = None):
+        # enforce_eager None: on for CPU engines, off on GPU (rollout.enforce_eager); num_gpus: what
+        # the actor asked Ray for, checked against what it sees at start (None: not checked)
         self.model_path = model_path
         self.dtype = dtype
         self.max_model_len = max_model_len
@@ -60,12 +63,17 @@ class VLLMEngine:
         self.sync_type = sync_type
         self.bucket_bytes = bucket_bytes
         self.seed = seed
+        self.enforce_eager, self.num_gpus = enforce_eager, num_gpus
         self.llm = None
         self._templates: dict[tuple, Any] = {}
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         hide_broken_torch_extras()
+        if self.num_gpus is not None:
+            from asyncrl.preflight import check_gpu_visibility
+
+            check_gpu_visibility("rollout engine", "rollout.num_gpus_per_actor", self.num_gpus)
         one_engine_process_on_cpu()
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -78,12 +86,13 @@ class VLLMEngine:
     def engine_kwargs(self) -> dict[str, Any]:
         """vLLM engine arguments without the weight receiver: what a bare `vllm.LLM` of the same
         engine takes (tools/bench_actor.py measures the actor against one)."""
-        kwargs = dict(model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len,
-                      max_num_seqs=self.max_num_seqs, enforce_eager=True, seed=self.seed,
-                      gpu_memory_utilization=self.gpu_memory_utilization,
-                      logprobs_mode="processed_logprobs", disable_log_stats=True)
         from vllm.platforms import current_platform
 
+        eager = current_platform.is_cpu() if self.enforce_eager is None else self.enforce_eager
+        kwargs = dict(model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len,
+                      max_num_seqs=self.max_num_seqs, enforce_eager=eager, seed=self.seed,
+                      gpu_memory_utilization=self.gpu_memory_utilization,
+                      logprobs_mode="processed_logprobs", disable_log_stats=True)
         if current_platform.is_cpu():
             # Every request carries a seed. When chunked prefill splits a prompt across scheduler
             # steps, vLLM rewinds that request's generator with set_offset, which CPU generators

@@ -1,16 +1,17 @@
 """Learner side of the GPU weight sync, through vLLM's native NCCL weight-transfer backend.
 
 The receivers are vLLM's own `NCCLWeightTransferEngine` (backend "nccl"), so the learner
-speaks its wire protocol with vLLM's trainer-side helpers: `nccl_common.trainer_init`
-(StatelessProcessGroup rendezvous + PyNcclCommunicator, rank 0) and
-`packed_tensor.packed_nccl_broadcast_producer` (tensors packed into chunks of
-`bucket_bytes`, double-buffered on side streams). We do not use
+speaks its wire protocol: vLLM's `nccl_common.trainer_init` (StatelessProcessGroup rendezvous +
+PyNcclCommunicator, rank 0), and the packed chunks of vLLM's producer, cut by our own
+`nccl_packing.broadcast_packed` (tensors packed into chunks of `bucket_bytes`, double-buffered
+on side streams) so that packing needs no vLLM and is tested without it. We do not use
 `NCCLTrainerWeightTransferEngine` itself: it drives the actors through a client RPC, while
 here the orchestrator calls the actors (`vllm_receiver.receive_weights`) and the learner.
 
 NCCL has no timeouts of its own, so rendezvous and broadcast run on a helper thread and the
 caller gets a `WeightSyncError` after `timeout_s`; the stuck thread is abandoned and the
-group is unusable afterwards. vllm is imported lazily: this module imports on CPU.
+group is unusable afterwards. vllm is imported lazily (rendezvous only): this module imports,
+and a push to an already-joined group runs, without it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 
 from asyncrl.sync.buckets import dtype_from_str, dtype_to_str
+from asyncrl.sync.nccl_packing import Broadcaster, broadcast_packed, num_chunks
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
 from asyncrl.sync.wire import NUM_BUFFERS
 
@@ -34,16 +36,20 @@ class NcclWeightSender:
                  bucket_bytes: int = 256 << 20):
         self.host, self.port, self.world_size = host, port, world_size
         self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
-        self._comm = None
-        self._device: int | None = None
+        self._comm: Broadcaster | None = None
+        self._device: torch.device | None = None
         self._specs: list[tuple[str, list[int], str]] | None = None
         # One worker thread: NCCL calls of one communicator must stay in order.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-weight-sync")
 
-    def connect(self) -> None:
-        """Rendezvous as rank 0 on the current CUDA device (receivers join concurrently)."""
-        self._device = torch.accelerator.current_device_index()
-        self._comm = self._run(self._join, "join", version=None)
+    def connect(self, group: Broadcaster | None = None, device: torch.device | None = None) -> None:
+        """Rendezvous as rank 0 on the current CUDA device (receivers join concurrently). Given a
+        `group` (anything with PyNccl's `broadcast(tensor, src)`, e.g. a recording fake in tests),
+        push to it instead, from `device`."""
+        if device is None or (device.type == "cuda" and device.index is None):
+            device = torch.device("cuda", torch.accelerator.current_device_index())  # set_device needs an index
+        self._device = device
+        self._comm = group or self._run(self._join, "join", version=None)
 
     def metadata(self, named_params: NamedTensors) -> dict:
         """vLLM's NCCL update info (names, dtype_names, shapes) for these parameters."""
@@ -67,13 +73,14 @@ class NcclWeightSender:
             raise RuntimeError("NcclWeightSender.push before metadata(): receivers need the names and shapes")
         sizes = [_numel(shape) * dtype_from_str(dtype).itemsize for _, shape, dtype in self._specs]
         num_bytes = sum(sizes)
-        # The producer reads parameters on its own streams: finish pending optimizer writes.
-        torch.cuda.current_stream().synchronize()
+        if self._device.type == "cuda":
+            # The producer reads parameters on its own streams: finish pending optimizer writes.
+            torch.cuda.current_stream().synchronize()
         start = time.perf_counter()
         self._run(lambda: self._broadcast(_checked(named_params, self._specs)), "push", version)
         seconds = time.perf_counter() - start
         return {"sync/version": version, "sync/num_bytes": num_bytes,
-                "sync/num_buckets": _num_chunks(sizes, self.bucket_bytes),
+                "sync/num_buckets": num_chunks(sizes, self.bucket_bytes),
                 "sync/push_s": seconds, "sync/push_gb_per_s": num_bytes / seconds / 1e9}
 
     def close(self) -> None:
@@ -89,17 +96,10 @@ class NcclWeightSender:
         return trainer_init({"master_address": self.host, "master_port": self.port,
                              "world_size": self.world_size})
 
-    def _broadcast(self, named_params: NamedTensors) -> None:
-        from vllm.distributed.weight_transfer.packed_tensor import (
-            packed_nccl_broadcast_producer,
-        )
-
-        torch.cuda.set_device(self._device)  # helper thread: streams on the learner's GPU
-        device = torch.device("cuda", self._device)
-        packed_nccl_broadcast_producer(
-            iterator=iter(named_params), group=self._comm, src=0,
-            post_iter_func=lambda item: item[1].detach().to(device),
-            buffer_size_bytes=self.bucket_bytes, num_buffers=NUM_BUFFERS)
+    def _broadcast(self, named_params: NamedTensors) -> int:
+        if self._device.type == "cuda":
+            torch.cuda.set_device(self._device)  # helper thread: streams on the learner's GPU
+        return broadcast_packed(self._comm, named_params, self.bucket_bytes, self._device, NUM_BUFFERS)
 
     def _run(self, fn, what: str, version: int | None):
         future = self._pool.submit(fn)
@@ -122,16 +122,6 @@ def _checked(named_params: NamedTensors, specs: list) -> NamedTensors:
             raise ValueError(f"push() parameter {name} differs from the last metadata()'s {spec}; call "
                              "metadata() again and send it to the receivers first")
         yield name, tensor
-
-
-def _num_chunks(sizes: list[int], bucket_bytes: int) -> int:
-    """How many packed broadcasts vLLM's producer makes (a chunk closes once it exceeds)."""
-    chunks, filled = 0, 0
-    for size in sizes:
-        filled += size
-        if filled > bucket_bytes:
-            chunks, filled = chunks + 1, 0
-    return chunks + (filled > 0)
 
 
 def _numel(shape: list[int]) -> int:

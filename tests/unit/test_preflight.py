@@ -90,3 +90,50 @@ def test_data_of_the_run_its_stages_and_its_eval_is_checked(tmp_path):
     cfg = preflight.preflight(load_config(None, ["data.type=jsonl", f"data.path={bad}",
                                                  "reward.type=import:asyncrl.reward.text_rewards:AnswerTagReward"]))
     assert cfg.data.path == str(bad)
+
+
+def test_a_component_that_asked_for_no_gpu_but_sees_one_is_stopped(monkeypatch):
+    import torch
+
+    from asyncrl.preflight import check_gpu_visibility
+
+    check_gpu_visibility("learner rank", "learner.num_gpus", 0)  # no CUDA here: nothing to say
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_gpu_visibility("learner rank", "learner.num_gpus", 1)  # asked for one: fine
+    with pytest.raises(RuntimeError) as e:
+        check_gpu_visibility("rollout engine", "rollout.num_gpus_per_actor", 0)
+    message = str(e.value)
+    assert "\n" not in message and "sees 2 CUDA device(s)" in message
+    assert "rollout.num_gpus_per_actor" in message and 'CUDA_VISIBLE_DEVICES=""' in message
+
+
+def test_a_learner_rank_checks_its_gpus_before_loading_anything(monkeypatch):
+    import torch
+
+    from asyncrl.config import AlgoConfig, LearnerConfig
+    from asyncrl.learner.rank import LearnerRank
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(RuntimeError, match=r"learner\.num_gpus=0"):
+        LearnerRank("/no/such/model", LearnerConfig(), AlgoConfig())
+
+
+def test_gloo_sync_from_a_cuda_learner_is_refused_at_load():
+    with pytest.raises(ConfigError, match=r"sync\.type=gloo .*learner\.num_gpus=1.*sync\.type=nccl"):
+        load_config(None, ["learner.num_gpus=1"])
+    assert load_config(None, ["learner.num_gpus=1", "sync.type=nccl"]).sync.type == "nccl"
+
+
+def test_enforce_eager_defaults_to_the_platform(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    from asyncrl.rollout.vllm_engine import VLLMEngine
+
+    assert load_config().rollout.enforce_eager is None
+    assert VLLMEngine("m").engine_kwargs()["enforce_eager"] is True  # a CPU engine here
+    assert VLLMEngine("m", enforce_eager=False).engine_kwargs()["enforce_eager"] is False
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    assert VLLMEngine("m").engine_kwargs()["enforce_eager"] is False  # CUDA graphs on GPU

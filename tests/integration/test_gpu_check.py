@@ -1,0 +1,27 @@
+"""tools/gpu_check.py end to end on CPU (`--cpu-smoke`: a tiny Qwen2, pytest only collecting), so
+the script a lent GPU machine runs once cannot rot between its runs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "tools/gpu_check.py", "--cpu-smoke"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == summary  # one JSON line, the same
+    assert summary["ok"] and summary["pytest"]["ok"] and summary["pytest_deepspeed"]["ok"]
+    learner, packing = summary["learner"], summary["packing"]
+    assert learner["param_dtypes"] == ["torch.float32"] and learner["compute_dtype"] == "bfloat16"
+    assert learner["loss_tokens_per_step"] == 4 * 16 and learner["steps_timed"] == 2
+    assert learner["loss_tokens_per_s"] > 0 and learner["mfu"] is None  # no peak on CPU
+    assert packing["engine_dtype"] == "torch.bfloat16"
+    assert packing["num_bytes"] == 2 * learner["params"]  # every parameter once, cast to bf16
+    assert (tmp_path / "gpu_check_pytest.txt").is_file()

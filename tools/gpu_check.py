@@ -1,0 +1,374 @@
+"""One run of the learner side on a lent GPU machine; from the repository root, with .whl/ carried:
+
+    python3 tools/gpu_check.py
+
+(The machine has torch, transformers, safetensors, msgpack and pytest but no pydantic, PyYAML or
+pyzmq, and no network: the script unpacks the wheels in .whl/ that fit this Python into a
+temporary directory and puts it first on its path and its children's. The same with pip:
+`pip install --no-index --find-links .whl pydantic pyyaml pyzmq deepspeed && python3 tools/gpu_check.py`.
+Fill .whl/ on a machine with a registry, for CPython 3.10-3.12, as `tools/fetch_gpu_wheels.sh` does.)
+
+Parts, each under its own time limit; a part that fails is recorded and the next one runs:
+(a) pytest on the gpu-marked tests (tests/integration/test_learner_cuda.py), the mixed-precision
+    tests and the NCCL packing tests (their CUDA cases run here, their CPU cases too), but
+    DeepSpeed's, which run last as `pytest_deepspeed` (reported, not part of "ok": DeepSpeed
+    is carried as a wheel built from its sdist and may try to JIT-build an op);
+(b) optimizer steps of a Qwen2.5-0.5B-shaped model (random init, built here from a Qwen2Config:
+    hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151936, tied
+    embeddings) through a real `LearnerRank` (torch backend, policy step, batches over zmq),
+    bf16 compute over float32 master weights: loss tokens/s, peak memory, and model FLOPs
+    utilisation against the card's dense bf16 peak (the table below, by device name);
+(c) the NCCL sender's packing throughput on the same model's weights (CUDA, cast to bf16 as a
+    push to bf16 engines is): the learner's own push path into a group that drops the bytes,
+    so it measures packing alone (one GPU cannot hold two NCCL ranks).
+
+Prints one JSON line and writes it to $OUT/gpu_check.json when OUT is set (pytest's output goes
+beside it: gpu_check_pytest.txt, gpu_check_pytest_deepspeed.txt). `--cpu-smoke` runs the same
+parts on CPU with a tiny model and pytest only collecting, to prove the script end to end
+(tests/integration/test_gpu_check.py does).
+
+Model FLOPs per step (what MFU counts; recomputation is not counted): 6 * N_body * all tokens
+(N_body: the parameters besides the embedding matrix, whose lookup is no matmul), plus 6 * V * H
+* loss tokens (the LM head runs only on the loss positions), plus causal attention
+6 * layers * H * sum of squared sequence lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NEEDED = ("pydantic", "yaml", "zmq")  # what asyncrl imports that the GPU machine lacks
+OPTIONAL = ("deepspeed",)  # carried too (a wheel built from its sdist), for learner.backend=deepspeed
+TESTS = ["tests/integration/test_learner_cuda.py", "tests/unit/test_learner_precision.py",
+         "tests/unit/test_nccl_packing.py"]
+# DeepSpeed's cases run last, on their own: a JIT build it might attempt must not cost the others
+PYTEST_RUNS = {"pytest": (TESTS, "not deepspeed"), "pytest_deepspeed": (TESTS[:1], "deepspeed")}
+# dense bf16 peak, FLOP/s, by a substring of torch.cuda.get_device_name() (first match wins)
+PEAKS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
+         ("GH200", 989e12), ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12)]
+QWEN_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768)
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=512, tie_word_embeddings=True, max_position_embeddings=256)
+
+
+# -- wheels -----------------------------------------------------------------------------------
+
+def wheel_fits(name: str) -> bool:
+    """Whether a wheel file installs on this interpreter (CPython x.y, Linux x86_64 or pure)."""
+    py_tags, abi, plat = name[:-4].split("-")[-3:]
+    here = sys.version_info[:2]
+    if plat != "any" and not (sys.platform == "linux" and plat.endswith(platform.machine())):
+        return False
+    for tag in py_tags.split("."):
+        if tag in ("py3", f"py{here[0]}{here[1]}") or tag == f"cp{here[0]}{here[1]}":
+            return True
+        if abi == "abi3" and tag.startswith("cp3") and int(tag[3:]) <= here[1]:
+            return True
+    return False
+
+
+def use_carried_wheels() -> list[str]:
+    """Unpack .whl/'s wheels for this Python, first on sys.path and PYTHONPATH; returns them."""
+    if all(importlib.util.find_spec(m) for m in NEEDED + OPTIONAL):
+        return []
+    wheels = sorted(w for w in (ROOT / ".whl").glob("*.whl") if wheel_fits(w.name))
+    if not wheels:
+        missing = [m for m in NEEDED if not importlib.util.find_spec(m)]
+        raise SystemExit(f"gpu_check: {missing} not installed and no fitting wheel in {ROOT / '.whl'} "
+                         "(carry .whl; see the docstring)")
+    target = Path(tempfile.gettempdir()) / f"asyncrl-wheels-py{sys.version_info[0]}{sys.version_info[1]}"
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as z:
+            for info in z.infolist():
+                path = z.extract(info, target)
+                mode = info.external_attr >> 16
+                if mode & 0o111:  # zip extraction drops the execute bit (ninja's binary needs it)
+                    os.chmod(path, mode & 0o777)
+    sys.path.insert(0, str(target))
+    importlib.invalidate_caches()
+    missing = [m for m in NEEDED if not importlib.util.find_spec(m)]
+    if missing:
+        raise SystemExit(f"gpu_check: no wheel in {ROOT / '.whl'} provides {missing} for Python "
+                         f"{platform.python_version()} (the folder holds CPython 3.10-3.12 wheels)")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return [w.name for w in wheels]
+
+
+# -- (a) pytest -------------------------------------------------------------------------------
+
+def run_pytest(out: Path, name: str, collect_only: bool, timeout_s: float) -> dict:
+    import xml.etree.ElementTree as ET
+
+    tests, selection = PYTEST_RUNS[name]
+    report = out / f"gpu_check_{name}_junit.xml"
+    cmd = [sys.executable, "-m", "pytest", *tests, "-k", selection, "-q", "-rfEs", "-p", "no:cacheprovider",
+           f"--junitxml={report}"]
+    if collect_only:
+        cmd.append("--collect-only")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(ROOT)]).strip(os.pathsep)}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        text, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:  # its output so far may come back as bytes
+        partial = [b.decode(errors="replace") if isinstance(b, bytes) else (b or "") for b in (e.stdout, e.stderr)]
+        text, rc = "".join(partial) + f"\nTIMEOUT after {timeout_s:.0f}s", -1
+    (out / f"gpu_check_{name}.txt").write_text(text)
+    result = {"rc": rc, "seconds": round(time.monotonic() - t0, 1), "tail": text.strip().splitlines()[-1:]}
+    if report.is_file() and not collect_only:
+        suite = ET.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        result.update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")})
+        result["not_passed"] = [
+            f"{case.get('classname')}::{case.get('name')}: {(bad.get('message') or '')[:300]}"
+            for case in suite.iter("testcase") for bad in case if bad.tag in ("failure", "error", "skipped")]
+    result["ok"] = rc in (0, 5)  # 5: nothing selected, e.g. DeepSpeed's cases without CUDA
+    return result
+
+
+# -- (b) learner steps ------------------------------------------------------------------------
+
+def build_model(path: Path, shape: dict, device) -> tuple[int, object]:
+    """A randomly initialised Qwen2 of `shape` with the tiny tokenizer, saved to `path`."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from asyncrl.tiny.tokenizer import save_tokenizer
+
+    save_tokenizer(path)  # the learner reads a pad id from it; token ids come from the model's vocabulary
+    cfg = Qwen2Config(**shape)
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it will train: a CPU init of 0.5B takes a while
+        model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(path)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    return n, cfg
+
+
+def step_chunks(step: int, num_seqs: int, prompt_len: int, response_len: int, vocab: int):
+    from asyncrl.types import SequenceChunk
+
+    rng = random.Random(step)
+    old = -float(__import__("math").log(vocab))  # a random-init policy is near uniform: ratios near 1
+    return [SequenceChunk(f"g{i}", 0, [rng.randrange(vocab) for _ in range(prompt_len)],
+                          [rng.randrange(vocab) for _ in range(response_len)], 0, [old] * response_len,
+                          [step - 1] * response_len, advantage=rng.choice((-1.0, 1.0)))
+            for i in range(num_seqs)]
+
+
+def model_flops(cfg, num_params: int, seq_lens: list[int], loss_tokens: int) -> float:
+    head = cfg.vocab_size * cfg.hidden_size
+    body = num_params - head * (1 if cfg.tie_word_embeddings else 2)
+    attention = 6 * cfg.num_hidden_layers * cfg.hidden_size * sum(s * s for s in seq_lens)
+    return 6 * body * sum(seq_lens) + 6 * head * loss_tokens + attention
+
+
+def peak_flops(device_name: str) -> tuple[float | None, str]:
+    for key, peak in PEAKS:
+        if key in device_name:
+            return peak, f"{key} dense bf16 {peak / 1e12:.0f} TFLOP/s"
+    return None, f"no peak known for {device_name!r}: MFU not reported"
+
+
+def run_learner(args, tmp: Path) -> tuple[dict, object]:
+    import torch
+
+    from asyncrl.config import AlgoConfig, LearnerConfig
+    from asyncrl.learner.rank import LearnerRank
+    from asyncrl.transport.codec import encode_batch
+    from asyncrl.transport.zmq_stream import FrameSender
+    from asyncrl.types import Batch
+
+    cuda = torch.cuda.is_available() and not args.cpu_smoke
+    device = "cuda" if cuda else "cpu"
+    t0 = time.monotonic()
+    num_params, cfg = build_model(tmp / "model", TINY if args.cpu_smoke else QWEN_05B, device)
+    build_s = time.monotonic() - t0
+    lc = LearnerConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens, param_dtype="float32",
+                       num_gpus=1 if cuda else 0)
+    if not cuda:  # LearnerRank trains on CUDA whenever it sees it; the smoke run must not
+        torch.cuda.is_available = lambda: False
+    learner = LearnerRank(str(tmp / "model"), lc, AlgoConfig(aggregation="token_mean"), dtype="bfloat16")
+    sender = FrameSender(learner.batch_endpoint())
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times, rows = [], []
+    chunks = None
+    for step in range(1, args.warmup + args.steps + 1):
+        chunks = step_chunks(step, args.seqs, args.prompt_len, args.response_len, cfg.vocab_size)
+        loss_tokens = sum(c.num_loss_tokens for c in chunks)
+        sender.send(encode_batch(Batch(step=step, rank=0, chunks=chunks, num_loss_tokens_global=loss_tokens,
+                                       num_sequences_global=len(chunks), token_budget=loss_tokens)))
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        metrics = learner.train_step(step).metrics  # returns host floats: the step has finished
+        if step > args.warmup:
+            times.append(time.perf_counter() - start)
+            rows.append(metrics)
+    sender.close()
+    seq_lens = [c.num_tokens for c in chunks]
+    step_s = sorted(times)[len(times) // 2]
+    flops = model_flops(cfg, num_params, seq_lens, loss_tokens)
+    name = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
+    peak, peak_note = peak_flops(name) if cuda else (None, "CPU: MFU not reported")
+    masters = {str(p.dtype) for p in learner.model.parameters()}
+    out = {
+        "ok": True, "device": name, "params": num_params, "build_s": round(build_s, 1),
+        "compute_dtype": "bfloat16", "param_dtypes": sorted(masters),
+        "steps_timed": len(times), "warmup_steps": args.warmup, "seqs_per_step": len(chunks),
+        "tokens_per_step": sum(seq_lens), "loss_tokens_per_step": loss_tokens,
+        "micro_batch_tokens": args.micro_batch_tokens, "step_s_median": round(step_s, 4),
+        "step_s_all": [round(t, 4) for t in times],
+        "loss_tokens_per_s": round(loss_tokens / step_s, 1), "tokens_per_s": round(sum(seq_lens) / step_s, 1),
+        "model_tflops_per_step": round(flops / 1e12, 3), "achieved_tflops": round(flops / step_s / 1e12, 2),
+        "peak_used": peak_note, "mfu": round(flops / step_s / peak, 4) if peak else None,
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "peak_mem_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None,
+        "loss_first_last": [rows[0]["loss/total"], rows[-1]["loss/total"]] if rows else None,
+        "grad_norm_last": rows[-1]["learner/grad_norm"] if rows else None,
+    }
+    if masters != {"torch.float32"}:
+        out.update(ok=False, error=f"master weights are {masters}, not float32")
+    return out, learner
+
+
+# -- (c) packing ------------------------------------------------------------------------------
+
+class DropGroup:
+    """A group of one that drops what it is given: the push measures packing alone."""
+
+    def broadcast(self, tensor, src):
+        pass
+
+    def destroy(self):
+        pass
+
+
+def run_packing(learner, repeats: int) -> dict:
+    import torch
+
+    from asyncrl.sync.nccl_sender import NcclWeightSender
+
+    device = learner.device
+    sender = NcclWeightSender("127.0.0.1", 0, 2, bucket_bytes=256 << 20)
+    sender.connect(group=DropGroup(), device=device)
+    learner.sender = sender  # the learner's own push path: gather, cast to the engines' dtype, pack
+    meta = learner.weight_metadata()
+    rows = [learner.push_weights() for _ in range(repeats + 1)][1:]  # the first warms the streams up
+    sender.close()
+    learner.sender = None
+    best = max(rows, key=lambda r: r["sync/push_gb_per_s"])
+    return {"ok": True, "engine_dtype": str(learner.engine_dtype), "num_tensors": meta["num_tensors"],
+            "num_bytes": meta["num_bytes"], "num_chunks": best["sync/num_buckets"], "bucket_mib": 256,
+            "gb_per_s_best": round(best["sync/push_gb_per_s"], 2),
+            "gb_per_s_all": [round(r["sync/push_gb_per_s"], 2) for r in rows],
+            "push_s_best": round(best["sync/push_s"], 4)}
+
+
+# -- main -------------------------------------------------------------------------------------
+
+def guarded(summary: dict, key: str, fn, *args):
+    t0 = time.monotonic()
+    try:
+        result = fn(*args)
+    except BaseException as e:  # record and go on: one device run must report every part it can
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        summary[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000],
+                        "traceback": traceback.format_exc()[-3000:]}
+        return None
+    if isinstance(result, tuple):
+        result, extra = result
+    else:
+        extra = None
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    summary[key] = result
+    return extra
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU, pytest only collecting")
+    p.add_argument("--skip", nargs="*", default=[], choices=["pytest", "learner", "packing"])
+    p.add_argument("--seqs", type=int, help="sequences per step (default 32; smoke 4)")
+    p.add_argument("--prompt-len", type=int, help="prompt tokens per sequence (default 256; smoke 16)")
+    p.add_argument("--response-len", type=int, help="response (loss) tokens per sequence (default 768; smoke 16)")
+    p.add_argument("--micro-batch-tokens", type=int, help="tokens per forward/backward (default 8192; smoke 64)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; smoke 1)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 8; smoke 2)")
+    p.add_argument("--pytest-timeout", type=float, default=150.0, help="seconds for part (a)")
+    p.add_argument("--deepspeed-timeout", type=float, default=75.0, help="seconds for DeepSpeed's cases, run last")
+    args = p.parse_args()
+    smoke = {"seqs": 4, "prompt_len": 16, "response_len": 16, "micro_batch_tokens": 64, "warmup": 1, "steps": 2}
+    full = {"seqs": 32, "prompt_len": 256, "response_len": 768, "micro_batch_tokens": 8192, "warmup": 3, "steps": 8}
+    for key, value in (smoke if args.cpu_smoke else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    sys.path.insert(0, str(ROOT))
+    t0 = time.monotonic()
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(tempfile.mkdtemp(prefix="gpu_check-"))
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"check": "gpu_check", "cpu_smoke": args.cpu_smoke, "python": platform.python_version()}
+    try:
+        summary["wheels_used"] = use_carried_wheels()
+    except SystemExit as e:  # still one JSON line: the run must say why it did nothing
+        return finish(summary | {"ok": False, "error": str(e)}, out)
+    import torch
+
+    from asyncrl.compat import hide_broken_torch_extras
+
+    hide_broken_torch_extras()  # before transformers: a .[cpu] venv's torchvision breaks its imports
+    import transformers
+
+    summary.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(),
+                   transformers=transformers.__version__)
+    if "pytest" not in args.skip:
+        guarded(summary, "pytest", run_pytest, out, "pytest", args.cpu_smoke, args.pytest_timeout)
+    learner = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if "learner" not in args.skip:
+            learner = guarded(summary, "learner", run_learner, args, Path(tmp))
+        if "packing" not in args.skip:
+            if learner is None:
+                summary["packing"] = {"ok": False, "error": "needs the learner part"}
+            else:
+                guarded(summary, "packing", run_packing, learner, 1 if args.cpu_smoke else 3)
+        if learner is not None:
+            learner.shutdown()
+            del learner
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the DeepSpeed tests' process needs the memory back
+    if "pytest" not in args.skip:
+        guarded(summary, "pytest_deepspeed", run_pytest, out, "pytest_deepspeed", args.cpu_smoke,
+                args.deepspeed_timeout)
+    summary["ok"] = all(summary[k]["ok"] for k in ("pytest", "learner", "packing") if k in summary)
+    summary["seconds"] = round(time.monotonic() - t0, 1)
+    return finish(summary, out)
+
+
+def finish(summary: dict, out: Path) -> int:
+    line = json.dumps(summary, default=str)
+    print(line, flush=True)
+    (out / "gpu_check.json").write_text(line + "\n")
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
