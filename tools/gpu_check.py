@@ -270,7 +270,7 @@ def run_packing(learner, repeats: int) -> dict:
     sender.connect(group=DropGroup(), device=device)
     learner.sender = sender  # the learner's own push path: gather, cast to the engines' dtype, pack
     meta = learner.weight_metadata()
-    rows = [learner.push_weights() for _ in range(repeats + 1)][1:]  # the first warms the streams up
+    rows = [learner.push_weights(learner.version) for _ in range(repeats + 1)][1:]  # the first warms the streams up
     sender.close()
     learner.sender = None
     best = max(rows, key=lambda r: r["sync/push_gb_per_s"])
