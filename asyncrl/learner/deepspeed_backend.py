@@ -3,8 +3,10 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
 
 - The learner group is already the default process group when this starts; DeepSpeed joins it
   (`dist_init_required=False`) rather than running its own launcher's rendezvous.
-- Optimizer: AdamW; torch's on CPU (`DS_ACCELERATOR=cpu`), DeepSpeed's fused one on GPU when
-  nvcc is there to JIT-build it, else torch's fused AdamW (a CUDA runtime without the toolkit).
+- Optimizer: torch's AdamW, with its fused kernels on GPU. DeepSpeed's FusedAdam JIT-builds a
+  CUDA op with nvcc, which a CUDA runtime without the toolkit lacks; and on the H100 machine we
+  ran on, where nvcc was there, the build failed before compiling (DeepSpeed 0.19.8 cannot parse
+  torch's "9.0a" architecture). torch's fused AdamW ships with torch and needs no compiler.
 - bf16 compute (`compute_dtype`): DeepSpeed's bf16 mode casts the module to bf16 and keeps the
   float32 masters in the optimizer; full parameters (pushes, checkpoints) are read from the
   masters, so a checkpoint holds what training continues from. DeepSpeed makes those masters
@@ -25,8 +27,6 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any, ContextManager
@@ -47,18 +47,10 @@ except ImportError as e:  # preflight says this first; here for a learner built 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def has_nvcc() -> bool:
-    """Whether DeepSpeed could JIT-build its CUDA ops (FusedAdam): nvcc on PATH or in CUDA_HOME."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    return shutil.which("nvcc") is not None or os.path.isfile(os.path.join(home, "bin", "nvcc"))
-
-
-def adamw_params(cfg, on_gpu: bool, nvcc: bool) -> dict:
-    """DeepSpeed's AdamW section: its FusedAdam only where nvcc can build it; otherwise torch's
-    AdamW (fused kernels on GPU, which ship with torch and need no compiler)."""
+def adamw_params(cfg, on_gpu: bool) -> dict:
+    """DeepSpeed's AdamW section: torch's AdamW (fused kernels on GPU), never DeepSpeed's
+    JIT-built FusedAdam (see the module docstring)."""
     params = {"lr": cfg.lr, "betas": list(cfg.betas), "eps": 1e-8, "weight_decay": cfg.weight_decay}
-    if on_gpu and nvcc:
-        return {**params, "torch_adam": False}
     return {**params, "torch_adam": True, **({"fused": True} if on_gpu else {})}
 
 
@@ -79,7 +71,7 @@ class DeepSpeedBackend:
             "gradient_accumulation_steps": 1,
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": self.stage},
-            "optimizer": {"type": "AdamW", "params": adamw_params(cfg, on_gpu, has_nvcc())},
+            "optimizer": {"type": "AdamW", "params": adamw_params(cfg, on_gpu)},
             "bf16": {"enabled": self.bf16},
             "steps_per_print": 2**31 - 1,
         }
