@@ -3,10 +3,12 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
 
 - The learner group is already the default process group when this starts; DeepSpeed joins it
   (`dist_init_required=False`) rather than running its own launcher's rendezvous.
-- Optimizer: torch's AdamW, with its fused kernels on GPU. DeepSpeed's FusedAdam JIT-builds a
-  CUDA op with nvcc, which a CUDA runtime without the toolkit lacks; and on the H100 machine we
-  ran on, where nvcc was there, the build failed before compiling (DeepSpeed 0.19.8 cannot parse
-  torch's "9.0a" architecture). torch's fused AdamW ships with torch and needs no compiler.
+- Optimizer: torch's AdamW (its multi-tensor "foreach" kernels on GPU: ZeRO hands it one flat
+  partition per group, so there is little left for a fused kernel to save). Not DeepSpeed's
+  FusedAdam: it JIT-builds a CUDA op with nvcc, which a CUDA runtime without the toolkit lacks,
+  and on the H100 we ran on, where nvcc was there, the build failed before compiling (DeepSpeed
+  0.19.8 cannot parse torch's "9.0a" architecture). Not torch's fused AdamW either: under ZeRO
+  its step counters were on the CPU and the fused kernel refused them (same run).
 - bf16 compute (`compute_dtype`): DeepSpeed's bf16 mode casts the module to bf16 and keeps the
   float32 masters in the optimizer; full parameters (pushes, checkpoints) are read from the
   masters, so a checkpoint holds what training continues from. DeepSpeed makes those masters
@@ -47,17 +49,14 @@ except ImportError as e:  # preflight says this first; here for a learner built 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def adamw_params(cfg, on_gpu: bool) -> dict:
-    """DeepSpeed's AdamW section: torch's AdamW (fused kernels on GPU), never DeepSpeed's
-    JIT-built FusedAdam (see the module docstring)."""
-    params = {"lr": cfg.lr, "betas": list(cfg.betas), "eps": 1e-8, "weight_decay": cfg.weight_decay}
-    return {**params, "torch_adam": True, **({"fused": True} if on_gpu else {})}
+def adamw_params(cfg) -> dict:
+    """DeepSpeed's AdamW section: torch's AdamW, on CPU and GPU (see the module docstring)."""
+    return {"lr": cfg.lr, "betas": list(cfg.betas), "eps": 1e-8, "weight_decay": cfg.weight_decay, "torch_adam": True}
 
 
 class DeepSpeedBackend:
     def __init__(self, model: torch.nn.Module, cfg, world_size: int, compute_dtype: torch.dtype | None = None):
         self.world_size, self.stage = world_size, cfg.deepspeed.stage
-        on_gpu = torch.cuda.is_available()
         if next(model.parameters()).dtype != torch.float32:
             raise ValueError("learner.backend=deepspeed keeps float32 master weights: load the model in float32 "
                              "(learner.param_dtype=float32) and set the compute dtype (model.dtype)")
@@ -71,7 +70,7 @@ class DeepSpeedBackend:
             "gradient_accumulation_steps": 1,
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": self.stage},
-            "optimizer": {"type": "AdamW", "params": adamw_params(cfg, on_gpu)},
+            "optimizer": {"type": "AdamW", "params": adamw_params(cfg)},
             "bf16": {"enabled": self.bf16},
             "steps_per_print": 2**31 - 1,
         }
