@@ -54,5 +54,6 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
     return ray.remote(RolloutActor).options(
         num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
         runtime_env={"env_vars": env}).remote(
-        actor_id, engine_factory(cfg, model_path, actor_id), spec, cfg.rollout.group_size, sample_endpoint,
+        actor_id, engine_factory(cfg, model_path, actor_id, cfg.rollout.num_gpus_per_actor), spec,
+        cfg.rollout.group_size, sample_endpoint,
         seed=cfg.seed, sync_mode=cfg.sync.mode, scorer=scorer)
