@@ -7,8 +7,12 @@
     [step] ◄─────────────┴──── token buffer ◄─────────┴──── (shaping, groups, advantages) ◄┘
        │  a part per rank (zmq) ─► learner ranks ─► StepResult (version + 1) ─► [push]
 
-One thread drives three loops, interleaved, each step of which is cheap and non-blocking (every
-turn ingests samples and routes rewards; admission and the step are looked at every BOOKKEEPING_S):
+Every decision is the driver's (driver.py: ledger, intake, rewards, statistics, stages; no Ray);
+this object owns the processes it decides for: Ray, the sample socket, the rollout actors
+(actor_pool.py), the learner ranks (learner_group.py), weight sync (weight_sync.py), checkpoints
+and signals. One thread drives three loops, interleaved, each step of which is cheap and
+non-blocking (every turn ingests samples and routes rewards; admission and the step are looked at
+every BOOKKEEPING_S):
 
 - rollout loop (actors, in their own processes): generates continuously; each actor runs the
   prompts it was given and streams every sample as it finishes. Waits for: prompts. Unblocked by:
@@ -19,15 +23,15 @@ turn ingests samples and routes rewards; admission and the step are looked at ev
   evaluation (evaluation.py, run on an actor at step 0, every eval.every_steps and at the end).
 - train loop (here + learner ranks): when no step is running and the buffer can fill one, streams
   each rank its part of the batch (learner_group.py) and starts the step. Waits for: the buffer
-  and the previous step. After a step, every `sync.every_steps`, a drain push (actor_pool.py):
+  and the previous step. After a step, every `sync.every_steps`, a drain push (weight_sync.py):
   actors stop starting requests, finish the running ones and load the new weights while the
   learner broadcasts them.
 
 Versions: the orchestrator owns the policy version; it advances with every optimizer step (the
 learner's StepResult must agree). An actor's version advances when it has applied a push.
 
-At step boundaries: checkpoints (checkpointer.py), lost actors replaced around a rebuilt
-weight-sync group (actor_pool.py), requests from the run directory and the stall watch (requests.py).
+At step boundaries: checkpoints (checkpointer.py), lost actors replaced (actor_pool.py) around a
+rebuilt weight-sync group (weight_sync.py), requests from the run directory and the stall watch (requests.py).
 `request_stop` (SIGTERM / SIGINT) stops admission, lets the step finish, checkpoints and ends.
 """
 
