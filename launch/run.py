@@ -4,10 +4,16 @@ The same as `asyncrl run` (asyncrl/launch.py says what a run does, its signals a
 this file stays so that `ray job submit --working-dir . -- python launch/run.py ...` has a script.
 """
 
+import os
 import sys
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's asyncrl, installed or not
+# This checkout's asyncrl, in this process and in every one it starts (Ray's workers, reward
+# workers, vLLM's engine), whatever else is installed; and, as `python launch/run.py` always
+# did, a user's reward modules from the working directory (a `ray job submit --working-dir`).
+CHECKOUT = str(Path(__file__).resolve().parents[1])
+sys.path[1:1] = [CHECKOUT, os.getcwd()]
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [CHECKOUT, os.environ.get("PYTHONPATH")]))
 from asyncrl.cli import main  # noqa: E402
 
 if __name__ == "__main__":

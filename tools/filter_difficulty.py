@@ -4,10 +4,15 @@
 examples are in asyncrl/cli/filter_difficulty.py.
 """
 
+import os
 import sys
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's asyncrl, installed or not
+# This checkout's asyncrl, in this process and in every one it starts (Ray's workers, reward
+# workers, vLLM's engine), whatever else is installed.
+CHECKOUT = str(Path(__file__).resolve().parents[1])
+sys.path[1:1] = [CHECKOUT]
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [CHECKOUT, os.environ.get("PYTHONPATH")]))
 from asyncrl.cli import main  # noqa: E402
 
 if __name__ == "__main__":
