@@ -55,6 +55,7 @@ def test_a_study_run_and_its_evaluation_start_by_module(tmp_path):
     from asyncrl.lab.study.plan import plan_study
 
     path = tmp_path / "s.yaml"
-    path.write_text("name: s\nbase: tiny_cpu\ntotal_steps: 2\nseeds: [0]\narms: [{name: a, overrides: {algo.eps_high: 0.2}}]\n")
+    path.write_text("name: s\nbase: tiny_cpu\ntotal_steps: 2\nseeds: [0]\n"
+                    "arms: [{name: a, overrides: {algo.eps_high: 0.2}}]\n")
     plan = plan_study(load_study(path), path, quick=False, cli_overrides=[f"observe.output_dir={tmp_path}"])
     assert plan.runs[0].argv(plan.base)[:4] == [sys.executable, "-m", "asyncrl", "run"]
