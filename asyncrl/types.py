@@ -184,8 +184,8 @@ class StepResult:
 
 
 class RunFailed(RuntimeError):
-    """The run cannot go on and says why in one message: `launch/run.py` prints it and exits 1
-    (a learner lost, a run that makes no progress, a reward function that keeps raising)."""
+    """The run cannot go on and says why in one message: `asyncrl run` (asyncrl/launch.py) prints it
+    and exits 1 (a learner lost, a run that makes no progress, a reward function that keeps raising)."""
 
 
 class ActorCallFailed(RuntimeError):

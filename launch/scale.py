@@ -1,36 +1,18 @@
 """Change the number of rollout actors of a running run: `python launch/scale.py runs/<name> --actors 3`.
 
-Writes the request into the run directory (`SCALE_ACTORS`); the run applies it at its next step
-boundary and logs a `scale` event in events.jsonl. The learner is not touched: new actors start in
-the background, join the weight-sync group and receive the current weights before any prompt;
-removed actors' unfinished groups are generated again by the others. On a Ray cluster with free
-resources, new actors land on any node.
+The same as `asyncrl scale` (asyncrl/cli/scale.py says what it does).
 """
 
-from __future__ import annotations
-
-import argparse
+import os
 import sys
 from pathlib import Path
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", type=Path, help="the run's directory, runs/<name>")
-    p.add_argument("--actors", type=int, required=True, help="rollout actors wanted (>= 1)")
-    args = p.parse_args(argv)
-    if args.actors < 1:
-        print("error: --actors must be at least 1", file=sys.stderr)
-        return 2
-    if not (args.run_dir / "config.yaml").is_file():
-        print(f"error: {args.run_dir} is not a run directory (no config.yaml)", file=sys.stderr)
-        return 2
-    tmp = args.run_dir / ".SCALE_ACTORS.tmp"
-    tmp.write_text(f"{args.actors}\n")
-    tmp.rename(args.run_dir / "SCALE_ACTORS")  # atomic: the run never reads half a request
-    print(f"requested {args.actors} rollout actor(s); applied at the next step (see events.jsonl)")
-    return 0
-
+# This checkout's asyncrl, in this process and in every one it starts (Ray's workers, reward
+# workers, vLLM's engine), whatever else is installed.
+CHECKOUT = str(Path(__file__).resolve().parents[1])
+sys.path[1:1] = [CHECKOUT]
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [CHECKOUT, os.environ.get("PYTHONPATH")]))
+from asyncrl.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["scale", *sys.argv[1:]]))

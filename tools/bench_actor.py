@@ -29,7 +29,7 @@ import ray
 
 from asyncrl.compat import child_env, hide_broken_torch_extras
 from asyncrl.config import load_config
-from asyncrl.eval_policy import prompt_items, train_records
+from asyncrl.lab.offline.eval_policy import prompt_items, train_records
 from asyncrl.preflight import resolve
 
 
@@ -110,7 +110,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=256, help="prompts per round (each sampled group_size times)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
-    p.add_argument("overrides", nargs="*", help="config overrides, as for launch/run.py")
+    p.add_argument("overrides", nargs="*", help="config overrides, as for `asyncrl run`")
     args = p.parse_args()
     hide_broken_torch_extras()
     from transformers import AutoTokenizer

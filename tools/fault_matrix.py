@@ -63,7 +63,7 @@ def kill_actor_in_push(orch, state):
 
 def sigterm(orch, state):
     _wait_rows(orch, 5)
-    orch.request_stop("SIGTERM")  # what launch/run.py's handler does on the signal
+    orch.request_stop("SIGTERM")  # what asyncrl/launch.py's handler does on the signal
 
 
 def kill_learner(orch, state):

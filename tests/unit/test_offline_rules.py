@@ -1,10 +1,10 @@
 """The pure rules of the offline tools: the difficulty filter's pass rates and verdicts, and the
-entropy band's choice of a checkpoint (asyncrl/offline/difficulty.py, entropy_band.py)."""
+entropy band's choice of a checkpoint (asyncrl/lab/offline/difficulty.py, entropy_band.py)."""
 
 import pytest
 
-from asyncrl.offline.difficulty import DifficultyRule, apply_rule, pass_rate
-from asyncrl.offline.entropy_band import CheckpointEntropy, NoneInBand, choose
+from asyncrl.lab.offline.difficulty import DifficultyRule, apply_rule, pass_rate
+from asyncrl.lab.offline.entropy_band import CheckpointEntropy, NoneInBand, choose
 
 
 def test_pass_rate_counts_rewards_at_or_above_the_threshold():

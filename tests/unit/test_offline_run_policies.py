@@ -1,8 +1,8 @@
-"""Which policies a run directory holds and eval.json's assembly (asyncrl/offline/run_policies.py)."""
+"""Which policies a run directory holds and eval.json's assembly (asyncrl/lab/offline/run_policies.py)."""
 
 import json
 
-from asyncrl.offline.run_policies import (
+from asyncrl.lab.offline.run_policies import (
     SavedPolicy, eval_document, eval_entry, figures_table, final_figure, final_step, reusable, run_policies)
 
 

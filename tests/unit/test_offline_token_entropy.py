@@ -1,4 +1,4 @@
-"""The learner-side entropy of sampled responses (asyncrl/offline/token_entropy.py) against a
+"""The learner-side entropy of sampled responses (asyncrl/lab/offline/token_entropy.py) against a
 float64 softmax of a tiny random transformers model's full logits, computed here by hand."""
 
 import math
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from asyncrl.offline.token_entropy import response_entropy
+from asyncrl.lab.offline.token_entropy import response_entropy
 
 
 def tiny_model() -> Qwen2ForCausalLM:

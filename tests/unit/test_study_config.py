@@ -7,8 +7,8 @@ import pytest
 
 from asyncrl.config import ConfigError, load_config, parse_override
 from asyncrl.config.load import format_override
-from asyncrl.config.study import load_study
-from asyncrl.study.plan import plan_study
+from asyncrl.lab.study.config import load_study
+from asyncrl.lab.study.plan import plan_study
 
 STUDIES = sorted((Path(__file__).resolve().parents[2] / "configs" / "studies").glob("*.yaml"))
 
@@ -59,8 +59,8 @@ def test_plan_merges_study_quick_arm_steps_and_command_line(tmp_path):
                         "observe.output_dir": str(plan.study_dir)}
     assert plan.settings["b"] == "buffer.max_staleness=2, algo.eps_high=0.28, steps x2"
     argv = b.argv(plan.base)
-    assert argv[1].endswith("launch/run.py") and argv[2:4] == ["--config", str(plan.base)]
-    cfg = load_config(plan.base, argv[4:])  # the command line is a valid run config with the fields
+    assert argv[1:4] == ["-m", "asyncrl", "run"] and argv[4:6] == ["--config", str(plan.base)]
+    cfg = load_config(plan.base, argv[6:])  # the command line is a valid run config with the fields
     assert cfg.algo.eps_high == 0.28 and cfg.total_steps == 20 and cfg.seed == 7 and cfg.run_dir == b.run_dir
 
 

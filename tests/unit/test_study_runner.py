@@ -6,8 +6,8 @@ import json
 import pytest
 import yaml
 
-from asyncrl.analysis.runs import read_run, status_of
-from asyncrl.study.runner import decide, mismatches
+from asyncrl.lab.analysis.runs import read_run, status_of
+from asyncrl.lab.study.runner import decide, mismatches
 
 START = {"step": 0, "event": "start"}
 RESUME = {"step": 4, "event": "resume"}
@@ -61,7 +61,7 @@ def test_read_run_skips_a_half_written_line_and_finds_checkpoints(tmp_path):
 
 
 def test_series_skips_missing_and_non_finite_values_and_keeps_the_last_row_of_a_step():
-    from asyncrl.analysis.runs import series_of
+    from asyncrl.lab.analysis.runs import series_of
 
     rows = [{"step": 1, "m": 1.0}, {"step": 2, "m": None}, {"step": 3}, {"step": 4, "m": float("nan")},
             {"step": 5, "m": 2}, {"step": 5, "m": 3}]

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from asyncrl.analysis.arms import Arm  # noqa: E402
+from asyncrl.lab.analysis.arms import Arm  # noqa: E402
 
 SIZE_IN = (8.0, 4.5)
 DPI = 100

@@ -4,7 +4,7 @@ response positions, the LM head applied in chunks with the logits divided by the
 temperature (algo/token_stats.py), H_t over the whole vocabulary, averaged over all response
 tokens (token mean). The same pass gives each sampled token's logprob, which must equal the
 behaviour logprob vLLM reported for it: the gap is returned as a check that the engine really
-held this policy (tools/choose_checkpoint.py prints it). With rollout.top_p < 1 vLLM's logprobs
+held this policy (`asyncrl choose-checkpoint` prints it). With rollout.top_p < 1 vLLM's logprobs
 are those of the truncated distribution and the gap is no longer near zero; the entropy here is
 still the full distribution's, as the learner's is.
 """

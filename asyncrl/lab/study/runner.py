@@ -1,4 +1,4 @@
-"""Running a study's plan: each run is an ordinary `launch/run.py` process writing an ordinary run
+"""Running a study's plan: each run is an ordinary `asyncrl run` process writing an ordinary run
 directory, one after another or N at a time on one shared Ray cluster.
 
 Resuming: before anything starts, every run directory is read. A run whose events.jsonl ends with
@@ -6,11 +6,13 @@ a finished `end` is skipped. A run that was interrupted, failed or killed is res
 newest complete checkpoint (`resume=auto`) when it has one, else restarted: its directory is moved
 to <study dir>/_restarted/ and the run starts fresh. A run skipped or resumed must have in its
 config.yaml every field the plan sets for it; a mismatch stops the study before anything runs (the
-directory belongs to another setting). A run's console output goes to <study dir>/logs/<run>.log;
-its PYTHONPATH starts with this checkout, so the runs use the asyncrl the study imported.
+directory belongs to another setting). A run's console output goes to <study dir>/logs/<run>.log.
+Each run is `python -m asyncrl run` under this interpreter, with the directory holding the asyncrl
+the study imported (a source checkout) first on its PYTHONPATH, so the runs use that asyncrl.
 
-Evaluating (tools/study.py --evaluate): after the runs, every finished run's final/ is evaluated
-on the held-out data by tools/evaluate.py into its eval.json, which the report reads.
+Evaluating (`asyncrl study --evaluate`): after the runs, every finished run's final/ is evaluated
+on the held-out data by `asyncrl evaluate` (asyncrl/lab/offline/evaluate.py) into its eval.json,
+which the report reads.
 
 Stopping: the runs start in their own sessions, so a Ctrl-C reaches only this process, which
 sends each running run one SIGTERM (it stops after its step and writes a checkpoint, so the next
@@ -23,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import time
@@ -30,9 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from asyncrl.analysis.runs import RunStatus, config_value, read_run
+import asyncrl
 from asyncrl.config.load import ConfigError, load_config
-from asyncrl.study.plan import ROOT, ArmRun, StudyPlan
+from asyncrl.lab.analysis.runs import RunStatus, config_value, read_run
+from asyncrl.lab.study.plan import ArmRun, StudyPlan
 
 Action = Literal["skip", "start", "resume", "restart"]
 
@@ -176,13 +180,18 @@ class StudyRunner:
 
 
 def child_env() -> dict[str, str]:
-    """The environment of a study's child processes: this checkout first on PYTHONPATH."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    """The environment of a study's child processes: the directory holding this asyncrl first on
+    PYTHONPATH, unless it is an installed one (site-packages, which the same interpreter finds
+    anyway and which must not come before the standard library)."""
+    home = str(Path(asyncrl.__file__).resolve().parents[1])
+    installed = {str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    first = None if home in installed else home
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [first, os.environ.get("PYTHONPATH")])),
             "PYTHONUNBUFFERED": "1"}
 
 
 def evaluate_finals(plan: StudyPlan, log: Callable[[str], None] = print) -> int:
-    """`tools/evaluate.py --final-only` on every finished run of the plan, in one process (one vLLM
+    """`asyncrl evaluate --final-only` on every finished run of the plan, in one process (one vLLM
     engine for all, each run's policy pushed into it); output in logs/evaluate.log. Runs already
     evaluated with the same settings are not evaluated again. Returns its exit code."""
     runs = [str(r.run_dir) for r in plan.runs if read_run(r.run_dir).status == "finished"]
@@ -190,7 +199,7 @@ def evaluate_finals(plan: StudyPlan, log: Callable[[str], None] = print) -> int:
         return 0
     logs = plan.study_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "tools" / "evaluate.py"), *runs, "--final-only"]
+    cmd = [sys.executable, "-m", "asyncrl", "evaluate", *runs, "--final-only"]
     log(f"evaluating the final policy of {len(runs)} run(s); log: {logs / 'evaluate.log'}")
     t0 = time.monotonic()
     with open(logs / "evaluate.log", "a") as out:

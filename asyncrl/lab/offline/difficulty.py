@@ -1,5 +1,5 @@
 """The offline difficulty filter's rule: a prompt's pass rate under the initial policy, and which
-prompts to keep (tools/filter_difficulty.py samples and scores; this decides).
+prompts to keep (difficulty_filter.py samples and scores; this decides).
 
 A group whose n samples are all correct or all wrong has zero advantage under GRPO and teaches
 nothing, so such prompts only cost generation. Skywork-OR1 (section 6.2, model-aware difficulty

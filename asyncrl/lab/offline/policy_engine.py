@@ -23,7 +23,7 @@ from typing import IO, Any
 import torch
 
 from asyncrl.config import Config
-from asyncrl.offline.engine_log import default_log_path, output_to, vllm_logger_to
+from asyncrl.lab.offline.engine_log import default_log_path, output_to, vllm_logger_to
 from asyncrl.rollout.engine import Completion, SamplingSpec
 
 # config.json keys that say nothing about the weights' layout

@@ -1,7 +1,7 @@
 """A study's plan: which runs it makes, with which config fields, in which directory. Pure: no
-process is started here (asyncrl/study/runner.py does that).
+process is started here (asyncrl/lab/study/runner.py does that).
 
-Each run is `launch/run.py --config <base> field=value ...` with the fields merged in this order,
+Each run is `python -m asyncrl run --config <base> field=value ...` with the fields merged in this order,
 a later one replacing an earlier one: the study's `overrides`; under --quick `quick.overrides`;
 the arm's own overrides (its grid values included); total_steps (the study's or quick's, or the
 command line's, times the arm's steps_factor); the command line's overrides; and last seed, name
@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config.load import ConfigError, find_recipe, format_override, load_config, parse_override
-from asyncrl.config.study import StudyConfig
+from asyncrl.lab.study.config import StudyConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-RUN_PY = ROOT / "launch" / "run.py"
 RESERVED = ("seed", "name")
 
 
@@ -36,7 +34,7 @@ class ArmRun:
         return self.run_dir.name
 
     def argv(self, base: Path, *extra: str) -> list[str]:
-        return [sys.executable, str(RUN_PY), "--config", str(base),
+        return [sys.executable, "-m", "asyncrl", "run", "--config", str(base),
                 *(format_override(k, v) for k, v in self.fields.items()), *extra]
 
 

@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl.analysis.curves import Band, Series, aggregate, reindex
-from asyncrl.analysis.runs import RunRecord, read_run
-from asyncrl.analysis.verdict import stat_value
-from asyncrl.config.study import AnalysisSpec, Stat, StatRef
+from asyncrl.lab.analysis.curves import Band, Series, aggregate, reindex
+from asyncrl.lab.analysis.runs import RunRecord, read_run
+from asyncrl.lab.analysis.verdict import stat_value
+from asyncrl.lab.study.config import AnalysisSpec, Stat, StatRef
 
 SEED_SUFFIX = re.compile(r"-s\d+$")
 

@@ -1,7 +1,7 @@
-"""Verdicts: a study's findings (asyncrl/config/study.py) judged on the arms' seed-mean curves.
+"""Verdicts: a study's findings (asyncrl/lab/study/config.py) judged on the arms' seed-mean curves.
 
 Pure: the curves come in as a mapping arm -> metric -> Series (the mean over seeds per step,
-asyncrl/analysis/curves.py) and the verdict goes out as text with the numbers it was decided on.
+asyncrl/lab/analysis/curves.py) and the verdict goes out as text with the numbers it was decided on.
 A finding with a `source` (a paper's claim) is `reproduced` / `not reproduced`; one without (a new
 hypothesis) `holds` / `does not hold`; either is `inconclusive` when a number is missing (an arm
 that did not run, a metric it did not log, a statistic that needs more steps). A collapse step
@@ -15,9 +15,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from asyncrl.analysis import curves
-from asyncrl.analysis.curves import Series
-from asyncrl.config.study import AnalysisSpec, CompareCheck, Finding, OrderedCheck, StatRef
+from asyncrl.lab.analysis import curves
+from asyncrl.lab.analysis.curves import Series
+from asyncrl.lab.study.config import AnalysisSpec, CompareCheck, Finding, OrderedCheck, StatRef
 
 ArmCurves = Mapping[str, Mapping[str, Series]]
 

@@ -1,6 +1,6 @@
 """Reading run directories: metrics.jsonl (one row per step), events.jsonl (start, checkpoints,
-resets, ... and last `end`), config.yaml (the resolved config), eval.json when tools/evaluate.py
-has evaluated the run's saved policies (asyncrl/offline/run_policies.py). Only the standard library and
+resets, ... and last `end`), config.yaml (the resolved config), eval.json when `asyncrl evaluate`
+has evaluated the run's saved policies (asyncrl/lab/offline/run_policies.py). Only the standard library and
 PyYAML, so a finished run can be analysed anywhere, also while another is still writing (a half
 written last line is skipped)."""
 
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-from asyncrl.analysis.curves import Series
+from asyncrl.lab.analysis.curves import Series
 
 RunStatus = Literal["new", "finished", "interrupted", "failed", "unfinished"]
 

@@ -1,6 +1,6 @@
 """The study file: a grid of arms (each a name and dotted overrides on a base recipe) x seeds, what
 `--quick` shrinks, how the figures and the report are made, and the rules that turn the numbers
-into one verdict per finding. tools/study.py runs a study (asyncrl/study/); asyncrl/analysis/
+into one verdict per finding. `asyncrl study` runs a study (asyncrl/lab/study/); asyncrl/lab/analysis/
 reads the runs and applies the rules.
 
     name: skywork_sec4
@@ -19,7 +19,7 @@ reads the runs and applies the rules.
         checks:
           - {kind: ordered, arms: [nsgd1, nsgd4], stat: final, direction: decreasing}
 
-Every statistic a check reads is taken from the arm's seed-mean curve (asyncrl/analysis/curves.py
+Every statistic a check reads is taken from the arm's seed-mean curve (asyncrl/lab/analysis/curves.py
 defines each). A finding is reproduced when all its checks hold, not reproduced when one fails,
 inconclusive when a number is missing (an arm that did not run, a metric the runs do not log); a
 finding without a source is a hypothesis and reads holds / does not hold.

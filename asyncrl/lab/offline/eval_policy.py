@@ -1,5 +1,5 @@
-"""A saved policy evaluated outside training, on its run's data: what tools/evaluate.py and
-tools/sample_policy.py share.
+"""A saved policy evaluated outside training, on its run's data: what evaluate.py and sample.py
+share.
 
     policy dir ─► load_run_config (the config.yaml of the run it belongs to)
                ─► held_out_records (--data, else the run's own: eval_records)
@@ -10,8 +10,8 @@ tools/sample_policy.py share.
 
 The records, prompt tokenization, verifiers and metrics are the in-training evaluation's
 (orchestrator/evaluation.py), so the figures here and a run's eval/avg@n agree for the same policy
-up to sampling noise. tools/filter_difficulty.py and tools/choose_checkpoint.py sample and score
-through the same functions.
+up to sampling noise. difficulty_filter.py and checkpoint_entropy.py sample and score through the
+same functions.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ async def generate(cfg: Config, records: list[dict[str, Any]], items: list[Promp
     """n samples of each item, unscored, with their tokens' behaviour logprobs."""
     import asyncio
 
-    from asyncrl.offline.policy_engine import PolicyEngine
+    from asyncrl.lab.offline.policy_engine import PolicyEngine
 
     own_engine = engine is None
     if own_engine:

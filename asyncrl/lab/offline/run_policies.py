@@ -1,4 +1,4 @@
-"""The saved policies of a run directory, and eval.json, the file tools/evaluate.py writes beside them.
+"""The saved policies of a run directory, and eval.json, the file `asyncrl evaluate` writes beside them.
 
     runs/<name>/checkpoints/step_<N>/learner/policy/   one per complete checkpoint (newest `keep`)
     runs/<name>/final/                                 after the last step of a finished run

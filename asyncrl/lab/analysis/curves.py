@@ -1,7 +1,7 @@
 """Curves of one metric: aggregation over seeds and the statistics that reports and verdicts read.
 
 Everything here is pure (plain floats in, floats out) and float64. A curve is a `Series` of
-(step, value) pairs; one run gives one per metric (asyncrl/analysis/runs.py). `step` is the x
+(step, value) pairs; one run gives one per metric (asyncrl/lab/analysis/runs.py). `step` is the x
 value: the optimizer step, or another running column the curve was reindexed to (samples
 generated), and every statistic below is in those units. Definitions, with w the analysis window
 (StudyConfig.analysis.window):

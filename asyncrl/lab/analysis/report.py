@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.analysis.verdict import Verdict, fmt
+from asyncrl.lab.analysis.verdict import Verdict, fmt
 
 
 @dataclass(frozen=True)

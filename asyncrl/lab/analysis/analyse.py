@@ -1,5 +1,5 @@
 """From arms to files: figures/ (PNG + JSON sidecars), report.md and report.json in one directory.
-Used by tools/study.py after a study's runs and by tools/plot_runs.py on any run directories."""
+Used by `asyncrl study` after a study's runs and by `asyncrl plot` (plot_runs) on any run directories."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import json
 import math
 from pathlib import Path
 
-from asyncrl.analysis.arms import Arm, mean_curves, stat_with_spread
-from asyncrl.analysis.plots import plot_metric, plot_sweep
-from asyncrl.analysis.report import ArmRow, cell, render, table
-from asyncrl.analysis.runs import config_value
-from asyncrl.analysis.verdict import Verdict, fmt, judge
-from asyncrl.config.study import AnalysisSpec, Finding, SweepPlot
-from asyncrl.offline.run_policies import final_figure
+from asyncrl.config import ConfigError
+from asyncrl.lab.analysis.arms import Arm, arms_from_dirs, mean_curves, stat_with_spread
+from asyncrl.lab.analysis.plots import plot_metric, plot_sweep
+from asyncrl.lab.analysis.report import ArmRow, cell, render, table
+from asyncrl.lab.analysis.runs import config_value
+from asyncrl.lab.analysis.verdict import Verdict, fmt, judge
+from asyncrl.lab.offline.run_policies import final_figure
+from asyncrl.lab.study.config import AnalysisSpec, Finding, SweepPlot
 
 
 def definitions(analysis: AnalysisSpec) -> str:
@@ -45,7 +46,7 @@ def arm_rows(arms: list[Arm], analysis: AnalysisSpec, metrics: list[str], settin
 
 
 def eval_column(arms: list[Arm]) -> tuple[str, dict[str, str]] | None:
-    """The final policy's avg@n from each run's eval.json (tools/evaluate.py): the column's header
+    """The final policy's avg@n from each run's eval.json (`asyncrl evaluate`): the column's header
     and per arm its mean ± sample sd over the seeds that have one (None: no run has an eval.json)."""
     figures = {a.name: [final_figure(r.evaluation) for r in a.runs] for a in arms}
     keys = sorted({f[0] for found in figures.values() for f in found if f})
@@ -128,10 +129,20 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
         for row in rows:
             row.cells[header] = cells[row.arm]
         metrics = [*metrics, header]
-        notes.append(f"{header}: held-out avg@n of each run's final/ by tools/evaluate.py, mean ± sd over seeds.")
+        notes.append(f"{header}: held-out avg@n of each run's final/ by `asyncrl evaluate`, mean ± sd over seeds.")
     text = render(title, description, verdicts, rows, metrics, analysis.collapse_metric, definitions(analysis),
                   figures, sweeps, notes)
     report = out_dir / "report.md"
     report.write_text(text)
     write_json(out_dir / "report.json", verdicts, rows)
     return report
+
+
+def plot_runs(runs: list[str | Path], out_dir: Path, analysis: AnalysisSpec, group_seeds: bool = False) -> Path:
+    """Figures and a report (no verdicts: those need a study file) of any run directories, each
+    run one arm, or (group_seeds) each name without its -s<seed> suffix; returns report.md's path."""
+    missing = [str(r) for r in runs if not (Path(r) / "metrics.jsonl").exists()]
+    if missing:
+        raise ConfigError(f"no metrics.jsonl in {', '.join(missing)}")
+    arms = arms_from_dirs(runs, group_seeds=group_seeds)
+    return analyse(arms, out_dir, analysis, f"Runs: {', '.join(a.name for a in arms)}")

@@ -1,5 +1,5 @@
 """Choosing the SFT checkpoint to start RL from by its token entropy on the RL prompts
-(tools/choose_checkpoint.py measures; this decides).
+(checkpoint_entropy.py measures; this decides).
 
 What the papers did. Ring-lite (section 4.3.1-4.3.2) saw that the longer a model is distilled
 (more SFT epochs), the lower its entropy when RL starts and the sooner RL's reward collapses,

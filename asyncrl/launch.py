@@ -1,0 +1,109 @@
+"""One run, start to finish: `asyncrl run [--config <recipe>] [--print-config] [section.field=value ...]`
+(`python launch/run.py ...` and `python -m asyncrl run ...` are the same; asyncrl/cli/run.py parses).
+
+Starts a local Ray cluster, or joins the one `ray job submit` (or RAY_ADDRESS / ray.address)
+points at, then hands the config to the orchestrator. With no --config it runs the tiny CPU
+default, which trains the locally built tiny model on the built-in arithmetic task. Before Ray
+starts, the config, the model path, the lengths, the packages it needs and every data record are
+checked (asyncrl/preflight.py); `--print-config` prints the resolved config and exits.
+
+SIGTERM or SIGINT (Ctrl-C, `ray job stop`) stops the run cleanly: no new prompts, the running step
+finishes, a checkpoint is written, everything shuts down; `resume=auto` continues it. A second
+signal exits at once. Exit codes: 0 finished, 1 failed (learner lost: resume from the newest
+checkpoint; no optimizer step for observe.stall_timeout_s; a reward function failing on more than
+reward.max_error_frac of the samples), 2 bad config or data, 128 + signal number after a clean stop
+(130 for a Ctrl-C during start-up).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+
+def connect_ray(address: str | None, num_cpus: int | None, worker_logs: str) -> None:
+    """Workers' output goes to the driver's console only with observe.worker_logs=console; else
+    the learner and actors write it to the run's logs/ (components.py) and Ray keeps its own."""
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    common = {"log_to_driver": worker_logs == "console", "logging_level": logging.WARNING}
+    if address:
+        ray.init(address=address, **common)
+    else:  # "local": a cluster of our own even if `ray start` left one running on this machine
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **common)
+
+
+def launch(config: str | None, overrides: list[str], print_config: bool = False) -> int:
+    """Run `config` (a recipe path or a shipped recipe's name; None: the tiny CPU default) with the
+    dotted `overrides`; the exit code (see the module docstring)."""
+    try:
+        return _launch(config, overrides, print_config)
+    except KeyboardInterrupt:  # before the stop handlers are in place: nothing to save yet
+        print("\ninterrupted during start-up; nothing was trained", file=sys.stderr)
+        return 130
+
+
+def _launch(config: str | None, overrides: list[str], print_config: bool) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # A script's sys.path starts with its own directory (launch/, or bin/ for `asyncrl`), not the
+    # one it is run from; a user's reward module beside their data (or in a `ray job submit
+    # --working-dir`) is found there, and the reward workers inherit this path
+    sys.path.insert(1, os.getcwd())
+    from asyncrl.config import ConfigError, dump_config, load_config
+    from asyncrl.preflight import preflight, resolve
+
+    try:
+        cfg = load_config(config, overrides)
+        if print_config:
+            print(dump_config(resolve(cfg)), end="")
+            return 0
+        cfg = preflight(cfg)  # model, lengths, packages, data, reward functions: a second, not a traceback later
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    from asyncrl.compat import hide_broken_torch_extras
+    from asyncrl.orchestrator.orchestrator import Orchestrator
+    from asyncrl.types import RunFailed
+
+    hide_broken_torch_extras()  # before Ray starts: its workers inherit the environment
+    connect_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.observe.worker_logs)
+    try:
+        orch = Orchestrator(cfg)
+    except ConfigError as e:  # checks that need the data or imports: sources, reward functions
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stopped = install_stop_handlers(orch)
+    try:
+        orch.run()
+    except ConfigError as e:  # found at start: a checkpoint that does not fit this config, data sources
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RunFailed as e:  # a lost learner, a stall, a reward function that keeps failing
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        orch.shutdown()
+    return 128 + stopped[0] if stopped else 0
+
+
+def install_stop_handlers(orch) -> list[int]:
+    """First SIGTERM/SIGINT: a clean stop with a checkpoint; a second: exit now. Installed after
+    Ray starts, which sets its own SIGTERM handler in the driver."""
+    got: list[int] = []
+
+    def handler(signum, frame):
+        if got:
+            os._exit(128 + signum)
+        got.append(signum)
+        name = signal.Signals(signum).name
+        print(f"\n{name}: stopping after the running step and writing a checkpoint "
+              "(send it again to exit at once)", file=sys.stderr, flush=True)
+        orch.request_stop(name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return got
