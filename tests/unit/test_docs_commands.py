@@ -5,9 +5,10 @@ must be covered in one of three ways, or this test fails naming it:
 
 - run here, because it is cheap: `--help`, `tools/gen_config_reference.py --check`,
   `launch/scale.py` (it only writes a request file);
-- run here as a dry run: `python launch/run.py ...` with `--print-config` (the recipe, every
-  override and the model's lengths are resolved; nothing starts), `python tools/study.py ...`
-  with `--plan` (every run of the study is planned; none starts);
+- run here as a dry run: `asyncrl run ...` (or its shim `asyncrl run ...`) with
+  `--print-config` (the recipe, every override and the model's lengths are resolved; nothing
+  starts), `asyncrl study ...` (or `asyncrl study ...`) with `--plan` (every run of the
+  study is planned; none starts);
 - listed in RUN_BY with the tests or CI script that run it (expensive: installs, training runs,
   clusters, tools that start vLLM). This test checks that each named test exists, and that each
   `--flag` of a listed tool command is one its script defines.
@@ -48,19 +49,19 @@ RUN_BY = {
     "MODEL=$(python tools/build_tiny_model.py | head -1)": (FIRST_HOUR,),
     "python - <<'PY'": (FIRST_HOUR,),
     "cat > mine.yaml <<YAML": (FIRST_HOUR,),
-    "python launch/run.py --config mine.yaml --print-config | head -20": (PRINT_OWN,),
-    "python launch/run.py --config mine.yaml --print-config": (PRINT_OWN,),
-    "python launch/run.py --config mine.yaml total_steps=100": (FIRST_HOUR,),
-    "python tools/evaluate.py --model runs/mine/final": (RAY_JOB,),
+    "asyncrl run --config mine.yaml --print-config | head -20": (PRINT_OWN,),
+    "asyncrl run --config mine.yaml --print-config": (PRINT_OWN,),
+    "asyncrl run --config mine.yaml total_steps=100": (FIRST_HOUR,),
+    "asyncrl evaluate --model runs/mine/final": (RAY_JOB,),
     # the trained policy in the tools
-    "python tools/sample_policy.py --model runs/tiny-cpu/final": (RAY_JOB,),
-    "python tools/evaluate.py --model runs/tiny-cpu/final --n 8": (RAY_JOB,),
-    "python tools/evaluate.py runs/tiny-cpu": (f"{OFFLINE}::test_evaluate_a_run_writes_eval_json_with_one_engine",),
-    "python tools/filter_difficulty.py --config my.yaml --n 16 --out train.filtered.jsonl":
+    "asyncrl sample --model runs/tiny-cpu/final": (RAY_JOB,),
+    "asyncrl evaluate --model runs/tiny-cpu/final --n 8": (RAY_JOB,),
+    "asyncrl evaluate runs/tiny-cpu": (f"{OFFLINE}::test_evaluate_a_run_writes_eval_json_with_one_engine",),
+    "asyncrl filter-difficulty --config my.yaml --n 16 --out train.filtered.jsonl":
         (f"{OFFLINE}::test_filter_difficulty_keeps_the_sometimes_solved",),
-    "python tools/choose_checkpoint.py sft/epoch1 sft/epoch3 sft/epoch5 --config my.yaml --band 0.3 0.5":
+    "asyncrl choose-checkpoint sft/epoch1 sft/epoch3 sft/epoch5 --config my.yaml --band 0.3 0.5":
         (f"{OFFLINE}::test_choose_checkpoint_measures_log_v_for_a_uniform_policy",),
-    "python tools/plot_runs.py runs/a runs/b --out plots/": ("tests/e2e/test_study.py::test_study_resumes_skips_and_reports",),
+    "asyncrl plot runs/a runs/b --out plots/": ("tests/e2e/test_study.py::test_study_resumes_skips_and_reports",),
     "python tools/fault_matrix.py --steps 12": ("tests/integration/test_fault_matrix.py::test_every_fault_is_survived_and_accounted",),
     "touch runs/tiny-cpu/RESET_REFERENCE": ("tests/integration/test_algo_in_loop.py::"
                                             "test_reference_resets_zero_kl_and_restart_the_optimizer",),
@@ -82,6 +83,12 @@ def _module(path: Path):
     return module
 
 
+# the scripts in launch/ and tools/ that are shims over an `asyncrl` command (asyncrl/cli/)
+SHIMS = {"launch/run.py": "run", "launch/scale.py": "scale", "tools/study.py": "study",
+         "tools/evaluate.py": "evaluate", "tools/sample_policy.py": "sample", "tools/plot_runs.py": "plot",
+         "tools/filter_difficulty.py": "filter-difficulty", "tools/choose_checkpoint.py": "choose-checkpoint"}
+
+
 def _argv(cmd: Command, script: str) -> list[str] | None:
     """The arguments of `python <script> ...` when the command is exactly that, else None."""
     if any(op in cmd.text for op in ("|", "&&", ";", "$(", ">", "<")):
@@ -90,11 +97,23 @@ def _argv(cmd: Command, script: str) -> list[str] | None:
     return words[2:] if words[:2] == ["python", script] else None
 
 
-def _run_print_config(cmd: Command, capsys, monkeypatch) -> None:
+def _cli(cmd: Command, command: str) -> list[str] | None:
+    """The arguments of `asyncrl <command> ...` or of its shim script, else None."""
+    if any(op in cmd.text for op in ("|", "&&", ";", "$(", ">", "<")):
+        return None
+    words = shlex.split(cmd.text)
+    if words[:2] == ["asyncrl", command]:
+        return words[2:]
+    script = next((path for path, name in SHIMS.items() if name == command), None)
+    return _argv(cmd, script) if script else None
+
+
+def _run_print_config(cmd: Command, args: list[str], capsys, monkeypatch) -> None:
+    from asyncrl.cli import main
+
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # run.py puts the working directory on it
-    args = _argv(cmd, "launch/run.py")
-    rc = _module(ROOT / "launch/run.py").main([*args, *([] if "--print-config" in args else ["--print-config"])])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a run puts the working directory on it
+    rc = main(["run", *args, *([] if "--print-config" in args else ["--print-config"])])
     out, err = capsys.readouterr()
     assert rc == 0, f"{cmd.where()}: `{cmd.text}` --print-config: {err}"
     assert "total_steps:" in out
@@ -108,20 +127,20 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_every_command_in_the_docs_is_run(cmd, capsys, monkeypatch, tmp_path):
     if cmd.text in RUN_BY:
         return  # the named tests exist: test_run_by_names_existing_tests
-    if (args := _argv(cmd, "launch/run.py")) is not None:
-        _run_print_config(cmd, capsys, monkeypatch)
-    elif (args := _argv(cmd, "tools/study.py")) is not None:
-        proc = _run(["tools/study.py", *args, *([] if "--plan" in args else ["--plan"])], ROOT)  # writes nothing
-        assert proc.returncode == 0 and "launch/run.py" in proc.stdout, f"{cmd.where()}: {proc.stderr[-2000:]}"
-    elif (args := _argv(cmd, "launch/scale.py")) is not None:
+    if (args := _cli(cmd, "run")) is not None:
+        _run_print_config(cmd, args, capsys, monkeypatch)
+    elif (args := _cli(cmd, "study")) is not None:
+        proc = _run(["-m", "asyncrl", "study", *args, *([] if "--plan" in args else ["--plan"])], ROOT)  # writes nothing
+        assert proc.returncode == 0 and "-m asyncrl run" in proc.stdout, f"{cmd.where()}: {proc.stderr[-2000:]}"
+    elif (args := _cli(cmd, "scale")) is not None:
         run_dir = tmp_path / args[0]
         run_dir.mkdir(parents=True)
         (run_dir / "config.yaml").write_text("name: x\n")
-        proc = _run([str(ROOT / "launch/scale.py"), *args], tmp_path)
+        proc = _run(["-m", "asyncrl", "scale", *args], tmp_path)
         assert proc.returncode == 0, f"{cmd.where()}: {proc.stderr}"
         assert (run_dir / "SCALE_ACTORS").read_text().strip() == args[args.index("--actors") + 1]
-    elif (words := cmd.text.split())[:1] == ["python"] and words[-1] in ("--help", "--check"):
-        proc = _run(words[1:], ROOT)
+    elif (words := cmd.text.split())[:1] in (["python"], ["asyncrl"]) and words[-1] in ("--help", "--check"):
+        proc = _run(words[1:] if words[0] == "python" else ["-m", *words], ROOT)
         assert proc.returncode == 0, f"{cmd.where()}: `{cmd.text}` exit {proc.returncode}: {proc.stderr[-2000:]}"
     else:
         pytest.fail(f"{cmd.where()}: nothing runs `{cmd.text}`. Give it a test (and list it in RUN_BY), "
@@ -150,15 +169,23 @@ def test_flags_of_listed_tool_commands_exist():
     """The expensive commands are not run here: at least their options must be the script's."""
     for command in RUN_BY:
         for script, flags in _tool_uses(command):
-            source = (ROOT / script).read_text()
+            source = _source(script)
             for flag in flags:
                 assert f'"{flag}"' in source, f"{command!r}: {script} has no option {flag}"
 
 
+def _source(script: str) -> str:
+    """A script's source, and the `asyncrl` command's module behind it if it is a shim."""
+    name = SHIMS.get(script) or (script.split()[1] if script.startswith("asyncrl ") else None)
+    cli = ROOT / "asyncrl" / "cli" / f"{name.replace('-', '_')}.py" if name else None
+    return "".join(p.read_text() for p in (ROOT / script, cli) if p is not None and p.is_file())
+
+
 def _tool_uses(text: str) -> list[tuple[str, list[str]]]:
-    """(script path, its --flags) for each `tools/x.py` or `launch/x.py` in a command line."""
+    """(script path or `asyncrl <command>`, its --flags) for each `tools/x.py`, `launch/x.py` or
+    `asyncrl <command>` in a command line."""
     out = []
-    for m in re.finditer(r"((?:tools|launch)/\w+\.py)([^|&;`]*)", text):
+    for m in re.finditer(r"((?:tools|launch)/\w+\.py|(?<![\w/.-])asyncrl [a-z][\w-]*)([^|&;`]*)", text):
         out.append((m.group(1), re.findall(r"(?<!\S)(--[\w-]+)", m.group(2))))
     return out
 
@@ -168,8 +195,8 @@ def test_tools_named_in_the_docs_exist():
     for path in doc_files():
         for code in re.findall(r"`([^`\n]+)`", path.read_text()):
             for script, flags in _tool_uses(code):
-                assert (ROOT / script).is_file(), f"{path.relative_to(ROOT)}: `{code}`: no {script}"
-                source = (ROOT / script).read_text()
+                source = _source(script)
+                assert source, f"{path.relative_to(ROOT)}: `{code}`: no {script}"
                 for flag in flags:
                     assert f'"{flag}"' in source, f"{path.relative_to(ROOT)}: `{code}`: {script} has no {flag}"
 
