@@ -111,6 +111,8 @@ _KINDS = {"str": str, "int": int, "float": float, "float | None": float, "dict[s
 SAMPLE_COLUMNS: list[tuple[str, Any]] = [(f.name, _KINDS[f.type]) for f in fields(Sample)]
 ACTOR_SCORED = ("reward", "reward_info", "reward_latency_s")
 """Columns only a frame of samples scored by their actor carries (reward.placement: actor)."""
+_FRAME_COLUMNS = {scored: [(n, k) for n, k in SAMPLE_COLUMNS if scored or n not in ACTOR_SCORED]
+                  for scored in (False, True)}
 
 
 def _encode_column(values: list, kind: Any) -> Any:
@@ -136,9 +138,8 @@ def encode_samples(samples: list[Sample]) -> bytes:
     if len(scored) > 1:
         raise ValueError("a frame's samples must be all scored by their actor or none")
     frame: dict[str, Any] = {"v": FORMAT_VERSION, "kind": "samples", "count": len(samples)}
-    for name, kind in SAMPLE_COLUMNS:
-        if scored == {True} or name not in ACTOR_SCORED:
-            frame[name] = _encode_column(list(map(attrgetter(name), samples)), kind)
+    for name, kind in _FRAME_COLUMNS[scored == {True}]:
+        frame[name] = _encode_column(list(map(attrgetter(name), samples)), kind)
     return msgpack.packb(frame, use_bin_type=True)
 
 
@@ -146,9 +147,10 @@ def decode_samples(frame: bytes) -> list[Sample]:
     """The samples of one frame, validated as a whole: any bad record rejects the frame."""
     obj = _load_map(frame, "samples")
     k = _count(obj)
-    lengths = list(map(len, _int_seqs(obj, "response_ids", k)))
-    wanted = [(n, kind) for n, kind in SAMPLE_COLUMNS if "reward" in obj or n not in ACTOR_SCORED]
-    col = {name: _decode_column(obj, name, kind, k, lengths) for name, kind in wanted}
+    response_ids = _int_seqs(obj, "response_ids", k)
+    lengths = list(map(len, response_ids))
+    col = {name: response_ids if name == "response_ids" else _decode_column(obj, name, kind, k, lengths)
+           for name, kind in _FRAME_COLUMNS["reward" in obj]}
     if list(map(len, col["versions"])) != lengths:
         raise FrameError("a sample's versions and response tokens disagree in length")
     if not all(col["prompt_ids"]):
