@@ -8,6 +8,9 @@ fails. asyncrl uses none of them. When one cannot be imported it is marked absen
 in sys.modules, which transformers' and vLLM's availability checks honour) in this process, and
 through the environment (`child_env`) in every process started from it: vLLM spawns fresh
 interpreters for its engine core and workers, and Ray starts its own workers.
+
+`check_gpu_visibility`: Ray 2.60 no longer hides GPUs from actors that asked for none, so each
+learner rank and engine checks, where it starts, that it sees CUDA only if it asked for a GPU.
 """
 
 from __future__ import annotations
@@ -53,3 +56,14 @@ def child_env() -> dict[str, str]:
     if SITE_DIR not in path.split(os.pathsep):
         path = os.pathsep.join(p for p in (SITE_DIR, path) if p)
     return {"ASYNCRL_HIDE_MODULES": ",".join(_hidden), "PYTHONPATH": path}
+
+
+def check_gpu_visibility(component: str, field: str, num_gpus: float) -> None:
+    """A component that asked for no GPU must see none. Ray 2.60 no longer hides GPUs from actors
+    with num_gpus=0, so otherwise every such learner rank and engine lands on cuda:0 of its node."""
+    import torch
+
+    if num_gpus == 0 and torch.cuda.is_available():
+        raise RuntimeError(
+            f"{component} asked for no GPU ({field}=0) but sees {torch.cuda.device_count()} CUDA device(s), which "
+            f"Ray no longer hides: set {field} (e.g. 1) to give it one, or CUDA_VISIBLE_DEVICES=\"\" to keep it on CPU")

@@ -11,8 +11,8 @@ found here costs the user one line (exit 2), not 20 s of start-up and a tracebac
   needs (data/records.py), and user reward functions import (reward/registry.py).
 - GPUs (config load, schema.py): a CUDA learner (learner.num_gpus > 0) pushes over NCCL, not gloo.
 
-`check_gpu_visibility` runs where a component starts (learner rank, vLLM engine), not here:
-what a process sees depends on the node and the Ray bundle it lands on, not on the driver.
+`compat.check_gpu_visibility` runs where a component starts (learner rank, vLLM engine), not
+here: what a process sees depends on the node and the Ray bundle it lands on, not on the driver.
 
 `resolve` is the part a run cannot do without (the context length); the orchestrator calls it
 too, so a config built in code needs no preflight.
@@ -143,17 +143,6 @@ def _check(path, prompt_field, answer_field, verifier_of) -> None:
         check_file(path, prompt_field, answer_field, verifier_of)
     except RecordError as e:
         raise ConfigError(str(e)) from None
-
-
-def check_gpu_visibility(component: str, field: str, num_gpus: float) -> None:
-    """A component that asked for no GPU must see none. Ray 2.60 no longer hides GPUs from actors
-    with num_gpus=0, so otherwise every such learner rank and engine lands on cuda:0 of its node."""
-    import torch
-
-    if num_gpus == 0 and torch.cuda.is_available():
-        raise RuntimeError(
-            f"{component} asked for no GPU ({field}=0) but sees {torch.cuda.device_count()} CUDA device(s), which "
-            f"Ray no longer hides: set {field} (e.g. 1) to give it one, or CUDA_VISIBLE_DEVICES=\"\" to keep it on CPU")
 
 
 def preflight(cfg: Config) -> Config:

@@ -40,7 +40,7 @@ import torch
 from asyncrl.algo.aggregation import StepCounts
 from asyncrl.algo.kl import should_reset_reference
 from asyncrl.buffer.packing import micro_batches
-from asyncrl.compat import hide_broken_torch_extras
+from asyncrl.compat import check_gpu_visibility, hide_broken_torch_extras
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import collectives
 from asyncrl.learner import make_backend
@@ -53,7 +53,6 @@ from asyncrl.learner.policy_step import MoeStep, forward_backward, fractions, me
 from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
-from asyncrl.preflight import check_gpu_visibility
 from asyncrl.sync.protocol import WeightSyncError
 from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import decode_batch

@@ -71,7 +71,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         hide_broken_torch_extras()
         if self.num_gpus is not None:
-            from asyncrl.preflight import check_gpu_visibility
+            from asyncrl.compat import check_gpu_visibility
 
             check_gpu_visibility("rollout engine", "rollout.num_gpus_per_actor", self.num_gpus)
         one_engine_process_on_cpu()

@@ -89,7 +89,7 @@ def group_address(port):
 
 
 def learner_cfg(backend, stage, world, **kw):
-    # a rank that sees CUDA must have asked for a GPU (preflight.check_gpu_visibility)
+    # a rank that sees CUDA must have asked for a GPU (compat.check_gpu_visibility)
     return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=kw.pop("lr", 1e-3),
                          micro_batch_tokens=kw.pop("micro_batch_tokens", 24),
                          num_gpus=1 if torch.cuda.is_available() else 0, **kw)

@@ -95,7 +95,7 @@ def test_data_of_the_run_its_stages_and_its_eval_is_checked(tmp_path):
 def test_a_component_that_asked_for_no_gpu_but_sees_one_is_stopped(monkeypatch):
     import torch
 
-    from asyncrl.preflight import check_gpu_visibility
+    from asyncrl.compat import check_gpu_visibility
 
     check_gpu_visibility("learner rank", "learner.num_gpus", 0)  # no CUDA here: nothing to say
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
