@@ -229,12 +229,15 @@ class LearnerRank:
         counts = StepCounts(batch.num_loss_tokens_global, batch.num_sequences_global, batch.token_budget)
         step_measured, moe = self._measure(mbs, pad, counts.num_tokens, self.entropy.exact and batch.role == "own")
         alpha, ctl_metrics = self.entropy.coef(batch.role, measured if batch.role == "open" else step_measured)
+        # the padding first: forward_backward ends in an all-reduce of the step's metrics, which a
+        # rank with fewer micro-batches would otherwise enter while the others still run forwards
+        # and backwards, whose collectives (FSDP2, ZeRO-3 gathers) it would never join: a hang
+        self._padding(pad, grad=True)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
                                    ref_logprobs=self._reference_logprobs if self.reference else None,
                                    proximal=self.proximal.lookup if batch.role != "own" else None,
                                    moe=moe, backward=self.backend.backward,
                                    reduce=collectives.all_reduce_tally if self.distributed else None)
-        self._padding(pad, grad=True)
         self.entropy.observe(metrics["entropy/learner"], metrics["learner/loss_tokens"])
         return {**metrics, **ctl_metrics, **self._rank_metrics(batch.chunks),
                 "entropy/coef": alpha, "learner/opens_rollout_batch": float(batch.role != "continue"),

@@ -19,6 +19,7 @@ import time
 from collections import deque
 
 import torch
+from torch.distributed import ProcessGroupGloo, TCPStore
 
 from asyncrl.sync.buckets import copy_bytes, is_direct, pack_bucket, plan_buckets, specs_of
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError

@@ -12,7 +12,7 @@ import traceback
 import pytest
 import torch
 
-from asyncrl.buffer.packing import rank_batches, split_for_ranks
+from asyncrl.buffer.packing import micro_batches, rank_batches, split_for_ranks
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.sync.wire import free_port
@@ -386,3 +386,19 @@ def test_deepspeed_bf16_masters_are_the_loaded_float32_weights(tied_model, stage
     assert set(got) == set(want)
     for name, weight in want.items():
         assert got[name].dtype == torch.float32 and torch.equal(got[name], weight.detach()), name
+
+
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 2), ("deepspeed", 3)],
+                         ids=["fsdp2", "zero2", "zero3"])
+def test_ranks_with_unequal_micro_batch_counts_neither_hang_nor_change_the_gradient(tmp_path, tied_model, single,
+                                                                                   backend, stage):
+    """Ranks balance tokens, not micro-batches: with 32 tokens a micro-batch rank 0 runs 2 and rank
+    1 runs 1 (and pads). The padding must run before the step's metrics are all-reduced, or rank 1
+    waits there while rank 0's forwards wait for it (a hang until the batch timeout)."""
+    counts = [[len([m for m in micro_batches(p, 32) if sum(c.num_loss_tokens for c in m)])
+               for p in split_for_ranks(step_chunks(step), 2)] for step in range(1, STEPS + 2)]
+    assert all(a != b for a, b in counts), counts
+    two = run_ranks(tmp_path, 2, tied_model, backend, stage, 32)
+    for mode in MODES:
+        assert_close(two["grads"][mode], single["grads"][mode], f"{backend}-{stage} gradient, {mode}")
+    assert_close(two["params"], single["params"], f"{backend}-{stage} parameters after {STEPS} steps")
