@@ -11,7 +11,6 @@ chosen, 1 none in the band (the error says which side each fell on), 2 bad argum
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 SUMMARY = "the SFT checkpoint whose token entropy on the RL prompts is in a band"
@@ -44,21 +43,20 @@ def measure(args: argparse.Namespace, engine=None):
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import asyncio
 
-    from asyncrl.compat import hide_broken_torch_extras
+    from asyncrl.cli.engine_work import run_engine_work
     from asyncrl.config import ConfigError
     from asyncrl.lab.offline.checkpoint_entropy import entropy_table
     from asyncrl.lab.offline.entropy_band import NoneInBand, choose
 
-    hide_broken_torch_extras()  # before transformers and vLLM load
-    try:
+    def work():
         if not args.band[0] < args.band[1]:
             raise ConfigError(f"--band: LOW must be below HIGH, got {args.band}")
-        measured = asyncio.run(measure(args))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        return asyncio.run(measure(args))
+
+    measured = run_engine_work(work)
+    if measured is None:
         return 2
     print(entropy_table(measured))
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 SUMMARY = "avg@n and pass@k of a run's saved policies (-> eval.json) or of one policy"
@@ -52,22 +51,18 @@ def main(argv: list[str]) -> int:
     if bool(args.model) == bool(args.runs):
         print("error: give run directories or --model (one policy), not both or neither", file=sys.stderr)
         return 2
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import asyncio
 
-    from asyncrl.compat import hide_broken_torch_extras
-    from asyncrl.config import ConfigError
+    from asyncrl.cli.engine_work import run_engine_work
     from asyncrl.lab.offline.evaluate import evaluate_model, evaluate_runs, model_report
 
-    hide_broken_torch_extras()  # before transformers and vLLM load
-    try:
-        if args.runs:
-            for path in asyncio.run(evaluate_runs(args.runs, options(args))):
-                print(path)
-            return 0
-        result = asyncio.run(evaluate_model(args.model, options(args), args.out))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if args.runs:
+        paths = run_engine_work(lambda: asyncio.run(evaluate_runs(args.runs, options(args))))
+        for path in paths or []:
+            print(path)
+        return 0 if paths is not None else 2
+    result = run_engine_work(lambda: asyncio.run(evaluate_model(args.model, options(args), args.out)))
+    if result is None:
         return 2
     print(json.dumps(result) if args.json else model_report(result))
     return 0

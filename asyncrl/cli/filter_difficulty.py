@@ -11,8 +11,6 @@ Exit codes: 0 done, 2 bad arguments, config or data.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 SUMMARY = "drop the prompts the initial policy always or never solves"
 
@@ -49,17 +47,12 @@ def measure(args: argparse.Namespace, engine=None):
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import asyncio
 
-    from asyncrl.compat import hide_broken_torch_extras
-    from asyncrl.config import ConfigError
+    from asyncrl.cli.engine_work import run_engine_work
 
-    hide_broken_torch_extras()  # before transformers and vLLM load
-    try:
-        r = asyncio.run(measure(args))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    r = run_engine_work(lambda: asyncio.run(measure(args)))
+    if r is None:
         return 2
     rates = sorted(r["pass_rates"].values())
     mean = sum(rates) / len(rates) if rates else float("nan")

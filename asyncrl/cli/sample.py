@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 SUMMARY = "a policy's samples on a few prompts of its run's data, and its accuracy"
 
@@ -27,16 +25,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from asyncrl.compat import hide_broken_torch_extras
-    from asyncrl.config import ConfigError
+    from asyncrl.cli.engine_work import run_engine_work
     from asyncrl.lab.offline.sample import sample_policy
 
-    hide_broken_torch_extras()  # before transformers and vLLM load
-    try:
-        result = sample_policy(args.model, args.num, args.temperature, args.max_tokens, args.seed)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    result = run_engine_work(lambda: sample_policy(args.model, args.num, args.temperature, args.max_tokens, args.seed))
+    if result is None:
         return 2
     if args.json:
         print(json.dumps(result))
