@@ -46,6 +46,16 @@ class ModelConfig(_Section):
     config.json before anything starts; a larger value is an error)."""
 
 
+def check_group_size(n: int | None) -> int | None:
+    # every estimator (grpo, drgrpo, rloo) compares a response with the rest of its group: alone,
+    # its advantage is 0, every group is dropped as signal-free and the run stalls without a step
+    if n is not None and n < 2:
+        raise ValueError(f"must be at least 2: the advantage estimators (grpo, drgrpo, rloo) compare each "
+                         f"response with the others of its group, so a group of {n} has no learning signal "
+                         "(8 is usual)")
+    return n
+
+
 class DataConfig(_Section):
     type: Literal["tiny_arith", "jsonl"] = "tiny_arith"
     """Prompt source: the built-in synthetic task, or a jsonl file."""
@@ -89,7 +99,7 @@ class StageConfig(_Section):
     max_tokens: int | None = Field(None, gt=0)
     """Longest response in this stage (rollout.max_tokens when None)."""
     group_size: int | None = Field(None, ge=1)
-    """Samples per prompt in this stage (rollout.group_size when None)."""
+    """Samples per prompt in this stage, at least 2 (rollout.group_size when None)."""
     temperature: float | None = Field(None, gt=0)
     """Sampling temperature in this stage (rollout.temperature when None)."""
     token_budget: int | None = Field(None, gt=0)
@@ -98,6 +108,11 @@ class StageConfig(_Section):
     """On entering this stage, drop prompts whose pass rate in the previous stage was 1
     (Skywork-OR1 section 3.1); prompts not seen in the previous stage stay."""
 
+    @field_validator("group_size")
+    @classmethod
+    def _a_group(cls, v: int | None) -> int | None:
+        return check_group_size(v)
+
 
 class RolloutConfig(_Section):
     engine: Literal["vllm", "fake"] = "vllm"
@@ -105,7 +120,7 @@ class RolloutConfig(_Section):
     num_actors: int = Field(1, ge=1)
     """Rollout actors, each owning one engine; raise it to raise throughput, no learner change."""
     group_size: int = Field(8, ge=1)
-    """Samples per prompt (n); advantages are computed within each group."""
+    """Samples per prompt (n), at least 2; advantages are computed within each group."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the learner scales logits by the same value."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -126,6 +141,11 @@ class RolloutConfig(_Section):
     """vLLM's enforce_eager (no CUDA graphs); None: on for CPU engines, off on GPU (graphs decode faster)."""
     max_in_flight_prompts: int = Field(64, ge=1)
     """Cap on prompts an actor generates at once, on top of admission control."""
+
+    @field_validator("group_size")
+    @classmethod
+    def _a_group(cls, v: int) -> int:
+        return check_group_size(v)
 
 
 class EntropyControlConfig(_Section):

@@ -124,6 +124,8 @@ def test_override_indexes_a_list_of_sections():
     (["reward.by_source={cc: code}", "reward.code.sandbox.wall_time_s=29"], "reward.timeout_s"),
     (["reward.type=grader"], "reward.type"),
     (["reward.by_source={gpqa: mcq}"], "gpqa"),
+    (["rollout.group_size=1"], "rollout.group_size: must be at least 2"),
+    (["stages=[{group_size: 1}]"], "stages.0.group_size: must be at least 2"),
 ])
 def test_inconsistent_algorithm_switches_fail_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
