@@ -6,11 +6,17 @@ or the project, or a name in configs/ such as `grpo`): the base's sections are m
 field under the recipe's, lists (stages) are replaced whole, and a base may have a base of its own.
 A recipe to load may be named the same way (recipe_file), so the shipped ones work in any install.
 Fields no recipe sets take the schema's defaults, which are the default run's values, so a recipe
-of four lines behaves like the demo except where it says otherwise."""
+of four lines behaves like the demo except where it says otherwise. Relative file paths in a recipe
+(data.path, eval.data, a stage's data, model.path) are found beside the recipe first, then in the
+working directory, and kept absolute; on the command line they are the working directory's.
+`reward.import_path`, when not given, is the recipe's directory and the working directory: where
+user reward modules are found by the run and, from its config.yaml, by the offline tools."""
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 from pathlib import Path
 from typing import Any, get_args
 
@@ -36,6 +42,12 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node: Any = tree
     for depth, k in enumerate(keys):
         last = depth == len(keys) - 1
+        if not last and keys[depth + 1].isdigit() and isinstance(node, dict) and not isinstance(node.get(k), list):
+            # `stages.1.max_tokens=12` on a recipe without stages would otherwise make `stages` a
+            # mapping, which validation reports as "stages: Input should be a valid list"
+            raise ConfigError(f"override {dotted!r}: {'.'.join(keys[:depth + 1])!r} has no list to index "
+                              f"(the recipe gives none); set the whole list first, e.g. "
+                              f"{'.'.join(keys[:depth + 1])}=[{{...}}, {{...}}]")
         if isinstance(node, list):
             if not k.isdigit() or int(k) >= len(node):
                 raise ConfigError(f"override {dotted!r}: {k!r} is not an index of a list of {len(node)}")
@@ -163,7 +175,15 @@ def find_recipe(name: str, recipe: Path) -> Path:
     for c in candidates:
         if c.is_file():
             return c.resolve()
-    raise ConfigError(f"{recipe}: base {name!r} not found (looked for {', '.join(map(str, candidates))})")
+    close = difflib.get_close_matches(name.removesuffix(".yaml"), shipped_recipes(), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f" (shipped recipes: {', '.join(shipped_recipes())})"
+    raise ConfigError(f"{recipe}: base {name!r} not found{hint} (looked for "
+                      f"{', '.join(str(c.absolute()) for c in candidates)})")
+
+
+def shipped_recipes() -> list[str]:
+    """The names `base:` and --config accept for the recipes shipped in configs/ (`grpo`, `studies/...`)."""
+    return sorted(str(p.relative_to(CONFIGS_DIR).with_suffix("")) for p in CONFIGS_DIR.rglob("*.yaml"))
 
 
 def recipe_file(path: str | Path) -> Path:
@@ -184,16 +204,47 @@ def read_yaml(path: Path) -> Any:
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+        with open(path, encoding="utf-8") as f:  # a stream, so YAML's error marks name the file
+            return yaml.load(f, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
 
 
+def _path_fields(tree: dict) -> list[tuple[dict, str, str]]:
+    """(section, key, dotted name) of every field of a recipe tree that names a file or directory."""
+    found = [(tree[sec], key, f"{sec}.{key}") for sec, key in (("data", "path"), ("eval", "data"), ("model", "path"))
+             if isinstance(tree.get(sec), dict) and isinstance(tree[sec].get(key), str)]
+    for i, stage in enumerate(tree.get("stages") or []):
+        for j, mix in enumerate((stage.get("data") or []) if isinstance(stage, dict) else []):
+            if isinstance(mix, dict) and isinstance(mix.get("path"), str):
+                found.append((mix, "path", f"stages.{i}.data.{j}.path"))
+    return found
+
+
+def _anchor_paths(tree: dict, recipe: Path) -> None:
+    """Relative paths in a recipe name files beside the recipe (as `base:` does), else in the working
+    directory; either way they become absolute, so the run's config.yaml means the same from any
+    directory (the offline tools read it). A data file found in neither is an error naming both."""
+    for section, key, dotted in _path_fields(tree):
+        value = section[key]
+        if value.startswith("builtin:") or Path(value).expanduser().is_absolute():
+            continue
+        beside, here = (recipe.parent / value).absolute(), Path(value).absolute()
+        if beside.exists():
+            section[key] = str(beside.resolve())
+        elif here.exists():
+            section[key] = str(here.resolve())
+        elif dotted != "model.path":  # a model path may be a Hugging Face hub id
+            raise ConfigError(f"{recipe}: {dotted} {value!r} does not exist (looked beside the recipe, {beside}, "
+                              f"and in the working directory, {here})")
+
+
 def read_recipe(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
-    """A recipe's tree with its bases merged underneath."""
+    """A recipe's tree with its bases merged underneath and its paths anchored (_anchor_paths)."""
     tree = read_yaml(path)
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
+    _anchor_paths(tree, path)
     base = tree.pop(BASE_KEY, None)
     if base is None:
         return tree
@@ -208,7 +259,8 @@ def read_recipe(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load YAML (the tiny CPU default when path is None) with its bases, apply dotted overrides
     (each field at most once), validate."""
-    tree = read_recipe(recipe_file(path) if path else DEFAULT_CONFIG)
+    recipe = recipe_file(path) if path else DEFAULT_CONFIG
+    tree = read_recipe(recipe)
     given: dict[str, str] = {}
     for text in overrides or []:
         key, value = parse_override(text)
@@ -216,7 +268,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"override {key!r} is given twice ({given[key]!r} and {text!r})")
         given[key] = text
         _set_dotted(tree, key, value)
+    _add_import_path(tree, recipe)
     return config_from_dict(tree)
+
+
+def _add_import_path(tree: dict, recipe: Path) -> None:
+    """reward.import_path, unless the recipe (or a run's config.yaml) states it: the recipe's
+    directory (not for a shipped recipe) and the working directory."""
+    reward = tree.setdefault("reward", {})
+    if not isinstance(reward, dict) or "import_path" in reward:
+        return  # as given (validation names a mistake)
+    dirs = [] if recipe.resolve().is_relative_to(CONFIGS_DIR) else [str(recipe.resolve().parent)]
+    reward["import_path"] = list(dict.fromkeys([*dirs, os.getcwd()]))
 
 
 def dump_config(cfg: Config) -> str:

@@ -60,6 +60,10 @@ class RewardConfig(_Section):
     """Hard limit per sample: a verifier still running is killed, the sample gets reward 0."""
     code: CodeRewardConfig = CodeRewardConfig()
     """The code verifier and its sandbox."""
+    import_path: list[str] = []
+    """Directories searched first for the modules of `import:` reward functions. When a recipe does
+    not say, loading it fills in its directory and the working directory, so the reward workers, the
+    actors and the offline tools (which load the run's config.yaml) import the module the run did."""
     max_error_frac: float = Field(0.01, ge=0, le=1)
     """Stop the run (exit 1) when more than this fraction of the scored samples made the verifier
     raise or return something that is not a reward; checked once 50 samples have been scored.

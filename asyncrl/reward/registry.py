@@ -29,6 +29,8 @@ import functools
 import importlib
 import math
 import numbers
+import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -62,16 +64,21 @@ class CustomReward:
         return result, {"outcome": "custom"}
 
 
-def load_function(path: str) -> Callable[..., Any]:
-    """The callable named by `package.module:function` (the attribute may be dotted); raises
-    ValueError naming the path when it cannot be imported or is not callable."""
+def load_function(path: str, import_path: Iterable[str] = ()) -> Callable[..., Any]:
+    """The callable named by `package.module:function` (the attribute may be dotted), its module
+    searched in `import_path` (reward.import_path) first; raises ValueError naming the path when it
+    cannot be imported or is not callable."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"reward function {path!r}: expected package.module:function")
+    for directory in reversed(list(import_path)):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as e:  # ImportError, or any error raised while the module runs
-        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r}: {e!r}") from e
+        where = f" (looked in {', '.join(import_path)} first)" if import_path else ""
+        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r}{where}: {e!r}") from e
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"reward function {path!r}: {module_name!r} has no attribute {attr!r}")
@@ -98,7 +105,7 @@ def build_verifier(name: str, cfg: RewardConfig) -> RewardFn:
         return MultipleChoiceReward()
     if name.startswith(IMPORT_PREFIX):
         path = name[len(IMPORT_PREFIX):]
-        return CustomReward(load_function(path), path)
+        return CustomReward(load_function(path, cfg.import_path), path)
     raise ValueError(f"unknown verifier {name!r} (allowed: {', '.join(BUILTIN_VERIFIERS)}, "
                      f"or {IMPORT_PREFIX}package.module:function)")
 
@@ -127,9 +134,54 @@ def check_functions(cfg: RewardConfig) -> None:
     for where, name in fields:
         if name is not None and name.startswith(IMPORT_PREFIX):
             try:
-                load_function(name[len(IMPORT_PREFIX):])
+                load_function(name[len(IMPORT_PREFIX):], cfg.import_path)
             except ValueError as e:
                 raise ConfigError(f"{where}: {e}") from e
+
+
+class _ReadLog(dict):
+    """Metadata that notes which keys a function looked at."""
+
+    def __init__(self, data: dict[str, Any]):
+        super().__init__(data)
+        self.read: set[Any] = set()
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def reads_answer(cfg: RewardConfig, timeout_s: float = 2.0) -> set[str]:
+    """The `import:` verifier names whose function reads metadata["answer"] when called once on an
+    empty response (in a thread, given up after `timeout_s`): their records need an answer, checked
+    before the run like the built-in verifiers' (a missing label would score 0 forever). A function
+    that raises before it reads the answer is not counted: the check is a probe, not a proof."""
+    names = {cfg.type, *cfg.by_source.values()} - {None}
+    found = set()
+    for name in sorted(n for n in names if n.startswith(IMPORT_PREFIX)):
+        fn = load_function(name[len(IMPORT_PREFIX):], cfg.import_path)
+        meta = _ReadLog({"answer": "0", "data_source": "unknown", "record_key": "preflight/0"})
+
+        def call(fn=fn, meta=meta):
+            try:
+                fn("", meta)
+            except Exception:  # an empty response may well be refused; what it read so far counts
+                pass
+
+        probe = threading.Thread(target=call, name="reads-answer", daemon=True)
+        probe.start()
+        probe.join(timeout_s)
+        if "answer" in meta.read:
+            found.add(name)
+    return found
 
 
 def _source_of(metadata: Any) -> Any:

@@ -1,6 +1,7 @@
 """The reward pool with real worker processes: results come back, hangs are cut at the timeout,
 crashes and exceptions cost one sample's reward, workers are replaced, nothing is lost."""
 
+import json
 import time
 
 import pytest
@@ -220,3 +221,48 @@ def test_a_code_sample_past_the_timeout_takes_its_sandbox_down_with_the_worker()
         assert collect(pool, 1)["next"].reward == 1.0  # the replacement runs code
     finally:
         pool.close()
+
+
+OFFLINE_SCORE = """
+import json, sys
+from pathlib import Path
+from asyncrl.lab.offline.eval_policy import load_run_config, reward_pool
+cfg, _ = load_run_config(sys.argv[1], say=lambda _: None)
+pool = reward_pool(cfg, [])
+pool.submit(0, "12", {"answer": "12", "data_source": "unknown"})
+pool.submit(1, "13", {"answer": "12", "data_source": "unknown"})
+got = []
+while len(got) < 2:
+    got += pool.poll(1.0)
+pool.close()
+print(json.dumps({r.key: [r.reward, r.info["outcome"]] for r in got}))
+"""
+
+
+def test_an_offline_tool_imports_the_reward_module_the_run_imported(tmp_path, tiny_model_path):
+    """A reward module beside the user's recipe: the run finds it there (reward.import_path in its
+    config.yaml), and so does an offline tool loading a saved policy from another directory, with no
+    PYTHONPATH, in its reward worker processes."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from asyncrl.config import load_config, write_resolved
+
+    task = tmp_path / "mytask"
+    task.mkdir()
+    (task / "my_reward.py").write_text("def score(response, metadata):\n"
+                                       "    ok = response == metadata['answer']\n"
+                                       "    return float(ok), {'outcome': 'mine' if ok else 'not mine'}\n")
+    (task / "sub.yaml").write_text("name: sub\nreward:\n  type: import:my_reward:score\n")
+    run = tmp_path / "runs/sub"
+    write_resolved(load_config(task / "sub.yaml"), run)  # what a run writes
+    shutil.copytree(tiny_model_path, run / "final")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", OFFLINE_SCORE, str(run / "final")], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"0": [1.0, "mine"], "1": [0.0, "not mine"]}

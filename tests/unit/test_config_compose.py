@@ -1,6 +1,7 @@
 """Recipes that build on a base, overrides given once, and schema defaults that are the demo's."""
 
 import json
+import os
 
 import pytest
 
@@ -17,14 +18,54 @@ def test_schema_defaults_are_the_default_run():
     # a recipe of four lines must behave like the demo, so every default is the demo's value
     demo = json.loads(resolve(load_config()).model_dump_json())
     bare = json.loads(resolve(Config()).model_dump_json())
+    assert demo["reward"].pop("import_path") == [os.getcwd()]  # filled in by loading, like max_model_len
+    assert bare["reward"].pop("import_path") == []
     assert bare == demo
 
 
 def test_minimal_recipe_gets_the_demo_values(tmp_path):
     recipe = _write(tmp_path / "mine.yaml", "model:\n  path: builtin:tiny\ndata:\n  type: jsonl\n  path: x.jsonl\n")
+    _write(tmp_path / "x.jsonl", "")
     cfg = resolve(load_config(recipe))
     assert cfg.learner.lr == 3e-4 and cfg.total_steps == 300 and cfg.model.max_model_len == 64
-    assert cfg.data.path == "x.jsonl" and cfg.rollout.max_tokens == 16
+    assert cfg.data.path == str(tmp_path / "x.jsonl") and cfg.rollout.max_tokens == 16
+
+
+def test_paths_in_a_recipe_are_found_beside_it_then_in_the_working_directory(tmp_path, monkeypatch):
+    task, here = tmp_path / "task", tmp_path / "here"
+    (task / "stage2").mkdir(parents=True)
+    here.mkdir()
+    for f in (task / "train.jsonl", task / "stage2/b.jsonl", here / "heldout.jsonl"):
+        _write(f, "")
+    (task / "model").mkdir()
+    base = _write(task / "base.yaml", "data:\n  type: jsonl\n  path: train.jsonl\n")
+    recipe = _write(task / "sub.yaml", "base: base.yaml\nmodel:\n  path: model\neval:\n  data: heldout.jsonl\n"
+                                       "stages:\n  - data: [{type: jsonl, path: stage2/b.jsonl}]\n")
+    monkeypatch.chdir(here)
+    cfg = load_config(recipe)
+    assert cfg.data.path == str(task / "train.jsonl")  # beside the base recipe that names it
+    assert cfg.model.path == str(task / "model") and cfg.stages[0].data[0].path == str(task / "stage2/b.jsonl")
+    assert cfg.eval.data == str(here / "heldout.jsonl")  # not beside the recipe: the working directory's
+    assert cfg.reward.import_path == [str(task), str(here)]
+    assert load_config(recipe, ["data.path=elsewhere.jsonl"]).data.path == "elsewhere.jsonl"  # the command line's
+    assert load_config(base, ["model.path=Qwen/Qwen2.5-0.5B"]).model.path == "Qwen/Qwen2.5-0.5B"  # a hub id
+    stated = _write(task / "own.yaml", "base: base.yaml\nreward:\n  import_path: [/opt/rewards]\n")
+    assert load_config(stated).reward.import_path == ["/opt/rewards"]  # stated: kept as it is
+    (here / "heldout.jsonl").unlink()
+    with pytest.raises(ConfigError, match=f"eval.data 'heldout.jsonl' does not exist \\(looked beside the recipe, "
+                                          f"{task / 'heldout.jsonl'}, and in the working directory, {here / 'heldout.jsonl'}\\)"):
+        load_config(recipe)
+
+
+def test_config_mistakes_name_the_file_and_the_near_miss(tmp_path):
+    dup = _write(tmp_path / "dup.yaml", "name: a\nseed: 1\nname: b\n")
+    with pytest.raises(ConfigError, match=f"^{dup}, line 3: field 'name' is given twice$"):
+        load_config(dup)
+    typo = _write(tmp_path / "typo.yaml", "base: grpoo\n")
+    with pytest.raises(ConfigError, match="base 'grpoo' not found; did you mean 'grpo'\\?"):
+        load_config(typo)
+    with pytest.raises(ConfigError, match="'stages' has no list to index .* stages=\\[\\{...\\}, \\{...\\}\\]"):
+        load_config(None, ["stages.1.max_tokens=12"])
 
 
 def test_base_is_inherited_field_by_field_and_overridable(tmp_path):
