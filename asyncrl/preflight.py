@@ -8,7 +8,8 @@ found here costs the user one line (exit 2), not 20 s of start-up and a tracebac
   `observe.wandb_project`, DeepSpeed for its backend), naming the extra that installs it.
 - resources: the learner ranks and rollout actors fit a local Ray's `ray.num_cpus`.
 - data: every jsonl record the run and its evaluation will read has the fields its verifier
-  needs (data/records.py), and user reward functions import (reward/registry.py).
+  needs (data/records.py), and user reward functions import (reward/registry.py); a user function
+  seen reading metadata["answer"] makes the answer field required like a built-in verifier's.
 - GPUs (config load, schema.py): a CUDA learner (learner.num_gpus > 0) pushes over NCCL, not gloo.
 
 `compat.check_gpu_visibility` runs where a component starts (learner rank, vLLM engine), not
@@ -26,7 +27,7 @@ import os
 from pathlib import Path
 
 from asyncrl.config import Config, ConfigError
-from asyncrl.data.records import RecordError, check_file
+from asyncrl.data.records import NEEDS_ANSWER, RecordError, check_file
 from asyncrl.data.stages import resolve_stages, stage_mixture
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -126,21 +127,22 @@ def check_resources(cfg: Config) -> None:
 def check_data(cfg: Config) -> None:
     from functools import partial
 
-    from asyncrl.reward.registry import check_functions, route
+    from asyncrl.reward.registry import check_functions, reads_answer, route
 
     check_functions(cfg.reward)
     verifier_of = partial(route, cfg.reward)
+    needs = {*NEEDS_ANSWER, *reads_answer(cfg.reward)}
     for st in resolve_stages(cfg):
         for data in stage_mixture(st, cfg.data):
             if data.type == "jsonl":
-                _check(data.path, data.prompt_field, data.answer_field, verifier_of)
+                _check(data.path, data.prompt_field, data.answer_field, verifier_of, needs)
     if cfg.eval.data and cfg.eval.every_steps:
-        _check(cfg.eval.data, cfg.data.prompt_field, cfg.data.answer_field, verifier_of)
+        _check(cfg.eval.data, cfg.data.prompt_field, cfg.data.answer_field, verifier_of, needs)
 
 
-def _check(path, prompt_field, answer_field, verifier_of) -> None:
+def _check(path, prompt_field, answer_field, verifier_of, needs) -> None:
     try:
-        check_file(path, prompt_field, answer_field, verifier_of)
+        check_file(path, prompt_field, answer_field, verifier_of, needs)
     except RecordError as e:
         raise ConfigError(str(e)) from None
 

@@ -61,6 +61,13 @@ class PromptSource:
             return None
         return {data_source_of(rec) for rec in self._records}
 
+    def answers_missing(self) -> tuple[int, int]:
+        """(records without an answer, records), (0, 0) for a streamed source: why every group of a
+        run can score alike when the label field is misnamed for a reward function."""
+        if not isinstance(self._records, list):
+            return 0, 0
+        return sum(rec.get("answer", rec.get("ground_truth")) is None for rec in self._records), len(self._records)
+
     def exclude(self, keys: Iterable[str]) -> int:
         """Never hand out these records again (this epoch included); returns how many were newly
         excluded. Keys of other sources are ignored, so a mixture can pass every key to every source."""
@@ -218,6 +225,10 @@ class MixturePromptSource:
     def data_sources(self) -> set[str] | None:
         found = [s.data_sources() for s in self.sources]
         return None if any(f is None for f in found) else set().union(*found)
+
+    def answers_missing(self) -> tuple[int, int]:
+        counts = [s.answers_missing() for s in self.sources]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def next(self) -> PromptItem:
         live = [i for i, s in enumerate(self.sources) if s.num_available != 0]

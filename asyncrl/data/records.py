@@ -2,9 +2,10 @@
 
 A record needs a prompt (the `data.prompt_field`, default `prompt`, or a `messages` chat list) and
 what its verifier reads: the reference answer (`data.answer_field`, default `answer`, or
-`ground_truth`) for math_verify, answer_tag and multiple_choice, a `tests` list for code; a user
-function (`import:`) gets the whole record as metadata and needs nothing in particular. Which
-verifier a record gets depends on its `data_source` (or `domain`), as in reward/registry.py.
+`ground_truth`) for math_verify, answer_tag and multiple_choice, a `tests` list for code, and the
+answer for a user function (`import:`) seen reading `metadata["answer"]` when preflight calls it
+once (reward/registry.py `reads_answer`). Which verifier a record gets depends on its `data_source`
+(or `domain`), as in reward/registry.py.
 
 Every problem is reported as `file:line: what is missing`, with the closest field the record does
 have, so `{"prompt": ..., "solution": ...}` says: no 'answer' field; did you mean 'solution'? set
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,11 @@ def _missing(where: str, rec: dict[str, Any], field: str, known: tuple[str, ...]
 
 
 def normalize(rec: Any, where: str, prompt_field: str = "prompt", answer_field: str = "answer",
-              verifier_of: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+              verifier_of: Callable[[str], str | None] | None = None,
+              needs_answer: Collection[str] = NEEDS_ANSWER) -> dict[str, Any]:
     """The record with its prompt under `prompt` and its answer under `answer`, or RecordError.
-    `verifier_of(data_source)` names the verifier that will score it (None: no answer check)."""
+    `verifier_of(data_source)` names the verifier that will score it (None: no answer check);
+    the verifiers in `needs_answer` need the answer (user functions seen reading it, among them)."""
     if not isinstance(rec, dict):
         raise RecordError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
     out = dict(rec)
@@ -79,9 +82,11 @@ def normalize(rec: Any, where: str, prompt_field: str = "prompt", answer_field: 
         answer = rec.get("ground_truth")
     out["answer"] = answer
     verifier = verifier_of(data_source_of(rec)) if verifier_of else None
-    if verifier in NEEDS_ANSWER and answer is None:
-        raise _missing(where, rec, answer_field, ANSWER_NAMES, "data.answer_field",
-                       f", which the {verifier} verifier of data source {data_source_of(rec)!r} needs")
+    if verifier in needs_answer and answer is None:
+        who = (f"the reward function {verifier.partition(':')[2]} reads as metadata['answer']"
+               if verifier.startswith("import:") else f"the {verifier} verifier of data source "
+               f"{data_source_of(rec)!r} needs")
+        raise _missing(where, rec, answer_field, ANSWER_NAMES, "data.answer_field", f", which {who}")
     if verifier == "code" and not rec.get("tests"):
         raise RecordError(f"{where}: no 'tests' field (a non-empty list), which the code verifier of "
                           f"data source {data_source_of(rec)!r} needs")
@@ -106,12 +111,12 @@ def iter_jsonl(path: str | Path, limit: int | None = None) -> Iterator[tuple[int
 
 def read_records(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
                  verifier_of: Callable[[str], str | None] | None = None,
-                 limit: int | None = None) -> list[dict[str, Any]]:
+                 limit: int | None = None, needs_answer: Collection[str] = NEEDS_ANSWER) -> list[dict[str, Any]]:
     """Every record of a jsonl file (or the first `limit`), normalized and checked."""
     path = Path(path)
     if not path.is_file():
-        raise RecordError(f"data file {path} does not exist")
-    records = [normalize(rec, f"{path}:{lineno}", prompt_field, answer_field, verifier_of)
+        raise RecordError(f"data file {path.absolute()} does not exist")
+    records = [normalize(rec, f"{path}:{lineno}", prompt_field, answer_field, verifier_of, needs_answer)
                for lineno, rec in iter_jsonl(path, limit)]
     if not records:
         raise RecordError(f"{path}: no records (an empty file)")
@@ -119,11 +124,12 @@ def read_records(path: str | Path, prompt_field: str = "prompt", answer_field: s
 
 
 def check_file(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
-               verifier_of: Callable[[str], str | None] | None = None) -> int:
+               verifier_of: Callable[[str], str | None] | None = None,
+               needs_answer: Collection[str] = NEEDS_ANSWER) -> int:
     """Check a data file before anything starts: all of it up to FULL_CHECK_BYTES, else its first
     SAMPLE_RECORDS records. Returns how many records were checked."""
     path = Path(path)
     if not path.is_file():
-        raise RecordError(f"data file {path} does not exist")
+        raise RecordError(f"data file {path.absolute()} does not exist")
     limit = None if path.stat().st_size <= FULL_CHECK_BYTES else SAMPLE_RECORDS
-    return len(read_records(path, prompt_field, answer_field, verifier_of, limit))
+    return len(read_records(path, prompt_field, answer_field, verifier_of, limit, needs_answer))

@@ -102,6 +102,11 @@ def stall_diagnosis(orch: Orchestrator) -> str:
         cause = ("every complete group had equal rewards (after the truncation mask), so none has a learning "
                  "signal: the task is too hard or too easy for this model, or the verifier gives every "
                  "response the same reward")
+        missing, records = driver.stages.source.answers_missing()
+        if missing:  # the likelier cause: a label field the reward function reads is misnamed
+            cause = (f"answer is None on {missing} of {records} records (data.answer_field="
+                     f"{orch.cfg.data.answer_field!r}), so a reward that compares with it scores every "
+                     f"response alike; else {cause}")
     elif pool.num_pending and pool.stats.completed == 0:
         cause = "no reward has come back: the verifiers are stuck or too slow (reward.timeout_s, reward.num_workers)"
     else:

@@ -137,3 +137,44 @@ def test_enforce_eager_defaults_to_the_platform(monkeypatch):
     assert VLLMEngine("m", enforce_eager=False).engine_kwargs()["enforce_eager"] is False
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
     assert VLLMEngine("m").engine_kwargs()["enforce_eager"] is False  # CUDA graphs on GPU
+
+
+USER_REWARDS = '''
+def reads_it(response, metadata):
+    return float(metadata["answer"] in response)
+
+
+def reads_it_with_get(response, metadata):
+    gold = metadata.get("answer")
+    return float(bool(gold) and gold in response)
+
+
+def ignores_it(response, metadata):
+    return float(len(response) % 2)
+
+
+def refuses_empty(response, metadata):
+    if not response:
+        raise ValueError("empty")
+    return float(metadata["answer"] in response)
+'''
+
+
+@pytest.mark.parametrize("fn, needs", [("reads_it", True), ("reads_it_with_get", True), ("ignores_it", False),
+                                       ("refuses_empty", False)])
+def test_a_label_a_user_reward_reads_is_checked_like_a_builtin_verifiers(tmp_path, fn, needs):
+    """A user function seen reading metadata["answer"] (called once on an empty response) makes
+    every record need a label, with the near miss named; one that raises first is not seen."""
+    (tmp_path / "probe_rewards.py").write_text(USER_REWARDS)
+    data = tmp_path / "d.jsonl"
+    # the first record has its label, the second calls it something else: scored 0 forever unchecked
+    data.write_text(json.dumps({"q": "1+1=", "target": "2"}) + "\n" + json.dumps({"q": "2+2=", "solution": "4"}) + "\n")
+    cfg = load_config(None, ["data.type=jsonl", f"data.path={data}", "data.prompt_field=q", "data.answer_field=target",
+                             f"reward.type=import:probe_rewards:{fn}", f"reward.import_path=[{tmp_path}]"])
+    if not needs:
+        preflight.check_data(cfg)
+        return
+    with pytest.raises(ConfigError) as e:
+        preflight.check_data(cfg)
+    assert str(e.value) == (f"{data}:2: no 'target' field, which the reward function probe_rewards:{fn} reads as "
+                            "metadata['answer']; did you mean 'solution'? set data.answer_field=solution")

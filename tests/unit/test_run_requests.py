@@ -52,3 +52,38 @@ def test_a_bad_scale_request_is_warned_and_removed(tmp_path):
     req.apply_scale(pool, Ledger(), step=1)
     assert not (tmp_path / SCALE_FILE).exists() and pool.calls == [] and metrics.events == []
     assert len(said) == 1 and "'zero'" in said[0]
+
+
+def test_a_stall_with_labels_missing_names_them_before_the_task(tmp_path):
+    """Every group dropped with equal rewards while the records carry no answer: the diagnosis
+    names the misnamed label first (a reward comparing with None scores everything alike)."""
+    import json
+    from types import SimpleNamespace
+
+    from asyncrl.config import load_config
+    from asyncrl.observe.metrics import MetricsWriter
+    from asyncrl.orchestrator.driver import build_driver
+    from asyncrl.orchestrator.requests import stall_diagnosis
+    from asyncrl.tiny.tokenizer import save_tokenizer
+
+    save_tokenizer(tmp_path)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", **({"target": "x"} if a < 1 else {})}) + "\n"
+                            for a in range(4)))
+    cfg = load_config(None, ["data.type=jsonl", f"data.path={data}", "data.answer_field=target", "eval.every_steps=0",
+                             "reward.type=import:asyncrl.reward.fault_injection:by_response_hash",
+                             "reward.num_workers=1", "observe.tensorboard=false", "model.max_model_len=64"])
+    driver = build_driver(cfg, str(tmp_path), MetricsWriter(tmp_path / "run", tensorboard=False), say=lambda _: None)
+    try:
+        stats = driver.ledger.assembler.stats
+        stats.groups_complete = stats.groups_zero_variance = 5
+        orch = SimpleNamespace(driver=driver, cfg=cfg, samples=SimpleNamespace(num_received=40),
+                               pool=SimpleNamespace(ids=[0]))
+        said = stall_diagnosis(orch)
+        assert said.startswith("answer is None on 3 of 4 records (data.answer_field='target'), so a reward that "
+                               "compares with it scores every response alike; else every complete group had equal "
+                               "rewards"), said
+        stats.groups_zero_variance = 4  # some group had a signal: the labels are not the stall's cause
+        assert "answer is None" not in stall_diagnosis(orch)
+    finally:
+        driver.rewards.close()
