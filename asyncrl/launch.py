@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 
 def connect_ray(address: str | None, num_cpus: int | None, worker_logs: str) -> None:
@@ -67,16 +68,23 @@ def _launch(config: str | None, overrides: list[str], print_config: bool) -> int
 
     from asyncrl.compat import hide_broken_torch_extras
     from asyncrl.orchestrator.orchestrator import Orchestrator
+    from asyncrl.orchestrator.run_lock import claim_run_dir
     from asyncrl.types import RunFailed
 
+    try:  # one live run per directory, and none started over a finished one without resume=
+        lock = claim_run_dir(cfg.run_dir.resolve(), cfg.resume)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     hide_broken_torch_extras()  # before Ray starts: its workers inherit the environment
     connect_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.observe.worker_logs)
     try:
-        orch = Orchestrator(cfg)
+        orch = Orchestrator(cfg, run_lock=lock)
     except ConfigError as e:  # checks that need the data or imports: sources, reward functions
         print(f"error: {e}", file=sys.stderr)
         return 2
-    stopped = install_stop_handlers(orch)
+    finished = threading.Event()  # the run has shut down: Ray's daemons exiting now is no news
+    stopped = install_stop_handlers(orch, finished)
     try:
         orch.run()
     except ConfigError as e:  # found at start: a checkpoint that does not fit this config, data sources
@@ -87,10 +95,11 @@ def _launch(config: str | None, overrides: list[str], print_config: bool) -> int
         return 1
     finally:
         orch.shutdown()
+        finished.set()
     return 128 + stopped[0] if stopped else 0
 
 
-def install_stop_handlers(orch) -> list[int]:
+def install_stop_handlers(orch, finished: threading.Event) -> list[int]:
     """First SIGTERM/SIGINT: a clean stop with a checkpoint; a second: exit now. Installed after
     Ray starts, which sets its own SIGTERM handler in the driver."""
     got: list[int] = []
@@ -103,7 +112,42 @@ def install_stop_handlers(orch) -> list[int]:
         print(f"\n{name}: stopping after the running step and writing a checkpoint "
               "(send it again to exit at once)", file=sys.stderr, flush=True)
         orch.request_stop(name)
+        threading.Thread(target=_exit_if_ray_is_gone, args=(orch, signum, finished), daemon=True).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
     return got
+
+
+def _exit_if_ray_is_gone(orch, signum: int, finished: threading.Event) -> None:
+    """A signal sent to the whole process group (`kill -- -<pgid>`, `timeout`, a batch scheduler)
+    reaches the local Ray cluster this driver started too: Ray puts its daemons in the driver's
+    process group and blocks only SIGINT in them. With the GCS gone nothing can be saved, and the
+    driver's Ray client would wait 60 s for it and print its own errors; say so in one line instead."""
+    while not finished.wait(0.25):  # until the clean stop is done, or this ends the process
+        gone = local_ray_exited()
+        if gone and not finished.is_set():
+            newest = orch.checkpoints.newest()
+            where = f"the newest checkpoint is {newest}" if newest else "no checkpoint was written"
+            print(f"{signal.Signals(signum).name} reached this run's Ray processes too ({', '.join(gone)} exited: the "
+                  f"whole process group was signalled), so no checkpoint can be written; {where}; continue with "
+                  "resume=auto (signal the driver's pid alone for a clean stop)", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+
+
+# Without these the run can do nothing more (the dashboard's processes may exit on their own).
+ESSENTIAL_DAEMONS = ("gcs_server", "raylet")
+
+
+def local_ray_exited() -> list[str]:
+    """The kinds of Ray daemon (gcs_server, raylet...) of the local cluster this driver started that
+    have exited; [] on a cluster joined by address, or when Ray's node object cannot tell."""
+    try:
+        from ray._private import worker  # Ray's own record of the processes ray.init started
+
+        node = worker._global_node
+        if node is None or not node.head:
+            return []
+        return sorted({kind for kind, _ in node.dead_processes()} & set(ESSENTIAL_DAEMONS))
+    except Exception:  # a Ray without this internal: no early exit, Ray's own timeout applies
+        return []

@@ -59,6 +59,7 @@ from asyncrl.orchestrator.driver import BOOKKEEPING_S, Driver, build_driver
 from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
 from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
+from asyncrl.orchestrator.run_lock import RunLock, claim_run_dir
 from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.transport.codec import decode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
@@ -81,7 +82,7 @@ class Orchestrator:
     requests: RunRequests | None
     collector: ScheduledCollector
 
-    def __init__(self, cfg: Config, log_fn: Say = print):
+    def __init__(self, cfg: Config, log_fn: Say = print, run_lock: RunLock | None = None):
         self.cfg, self.say = preflight.resolve(cfg), log_fn  # max_model_len from the model when unset
         self.run_dir = self.cfg.run_dir.resolve()
         self.version = self.step = 0
@@ -94,6 +95,7 @@ class Orchestrator:
         self.driver = self.samples = self.learner = self.pool = self.weight_sync = None
         self.rpc_dir = self.metrics = self.requests = None
         self.collector = ScheduledCollector()
+        self.run_lock = run_lock  # launch takes it before Ray starts; else `start` does
         self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn, on_commit=self._on_checkpoint)
 
     def _on_checkpoint(self, step: int, **info: Any) -> None:
@@ -101,6 +103,8 @@ class Orchestrator:
 
     def start(self) -> None:
         cfg = self.cfg
+        if self.run_lock is None:
+            self.run_lock = claim_run_dir(self.run_dir, cfg.resume)
         resume = self.checkpoints.find_resume()
         write_resolved(cfg, self.run_dir)
         hide_broken_torch_extras()
@@ -328,3 +332,5 @@ class Orchestrator:
         if self.rpc_dir is not None:
             shutil.rmtree(self.rpc_dir, ignore_errors=True)
         self.collector.release()
+        if self.run_lock is not None:
+            self.run_lock.release()

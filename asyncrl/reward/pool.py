@@ -113,8 +113,13 @@ def _worker_main(conn: Connection, factory: Callable[[], RewardFn], progress) ->
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C reaches every process of the terminal's group; the driver stops the run and then
+    # this pool, so a worker's own KeyboardInterrupt would only print a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _serve(conn, factory, progress)
+    except (EOFError, OSError):  # the pool's process is gone: nothing to answer, nothing to say
+        pass
     finally:
         _release_sandboxes()
 
