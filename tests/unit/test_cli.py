@@ -78,7 +78,8 @@ def test_every_commands_help_says_what_it_does_in_full_sentences(command, capsys
     assert description, f"asyncrl {command} --help has no description"
     # a sentence ends in . ! or ?, maybe inside a closing bracket or quote; a description cut at its
     # first line (`asyncrl scale` once) ends mid-sentence
-    assert re.search(r"[.!?][)`'\"]*$", description), f"asyncrl {command} --help ends mid-sentence: ...{description[-80:]!r}"
+    assert re.search(r"[.!?][)`'\"]*$", description), \
+        f"asyncrl {command} --help ends mid-sentence: ...{description[-80:]!r}"
     doc = COMMANDS[command].__doc__ or ""
     if command != "run":  # run's help is asyncrl/launch.py's docstring
         assert " ".join(doc.split()) in " ".join(description.split())

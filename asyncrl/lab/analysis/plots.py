@@ -123,8 +123,8 @@ def plot_metric(arms: list[Arm], metric: str, out_dir: Path, x_axis: str = "step
     colours = {a.name: to_hex(f"C{i % 10}") for i, a in enumerate(with_data)}
     curves = {a.name: a.curve(metric, x_axis) for a in with_data}
     outliers = outlier_arms({name: (min(c.values), max(c.values)) for name, c in curves.items() if len(c)})
-    groups = [g for g in ([a for a in with_data if a.name not in outliers], [a for a in with_data if a.name in outliers])
-              if g]
+    main = [a for a in with_data if a.name not in outliers]
+    groups = [g for g in (main, [a for a in with_data if a.name in outliers]) if g]
     fig, grid = plt.subplots(1, len(groups), figsize=(SIZE_IN[0] * (1 + 0.6 * (len(groups) - 1)), SIZE_IN[1]),
                              squeeze=False)
     axes = list(grid[0])
