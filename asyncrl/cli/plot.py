@@ -6,11 +6,11 @@ table and collapse steps (asyncrl/lab/analysis/analyse.py).
     asyncrl plot runs/mystudy/*-s* --group-seeds --out plots/ --x rollout/samples_total
     asyncrl plot runs/a runs/b --metrics reward/mean eval/avg@8 --smooth 0
 
-Each figure draws the seed mean faint and its centred mean over 2 x --smooth + 1 points bold, the
-held-out eval/avg@n and eval/pass@k the runs logged (one point per evaluation, at the policy's
-step), vertical marks at resumes, reference resets, rescaling, stage changes and lost actors
-(events.jsonl), and an arm that would flatten the others in a panel of its own. The report's
-settings column lists the config.yaml fields that differ between the arms.
+Every curve is the seed mean, faint, under its centred mean over 2 x --smooth + 1 points, bold.
+The held-out eval/avg@n and eval/pass@k the runs logged get figures too (one point per evaluation,
+at the evaluated policy's step). Vertical lines mark resumes, reference resets, rescaling, stage
+changes and lost actors (events.jsonl); an arm that would flatten the others gets a panel of its
+own. The report's settings column lists the config.yaml fields that differ between the arms.
 
 Writes <out>/figures/<metric>.png (+ a .json sidecar with the legend, the plotted data, the marks
 and the panels), <out>/report.md and <out>/report.json; no verdicts (those need a study file,
