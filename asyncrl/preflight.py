@@ -53,6 +53,12 @@ def _config_json(path: str) -> Path:
                       "name in the local Hugging Face cache; nothing is downloaded at run time)")
 
 
+def model_directory(path: str) -> Path:
+    """The model's directory: `path` itself, or a hub id's snapshot in the local Hugging Face cache
+    (ConfigError when neither is here)."""
+    return _config_json(path).parent
+
+
 def model_context(path: str) -> int | None:
     """The model's context length in tokens (None when its config does not say)."""
     if path.startswith("builtin:"):

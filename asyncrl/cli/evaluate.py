@@ -1,6 +1,6 @@
 """`asyncrl evaluate`: policies on held-out data, avg@n and pass@k (asyncrl/lab/offline/evaluate.py).
 
-    asyncrl evaluate runs/tiny-cpu                  # final/ and every checkpoint -> runs/tiny-cpu/eval.json
+    asyncrl evaluate runs/tiny-cpu                  # start, every checkpoint, final/ -> runs/tiny-cpu/eval.json
     asyncrl evaluate runs/study/*-s0 --final-only   # several runs, one vLLM engine for all
     asyncrl evaluate --model runs/tiny-cpu/final
     asyncrl evaluate --model runs/tiny-cpu/checkpoints/step_100/learner/policy --n 16 --k 1 4 16
@@ -21,7 +21,8 @@ SUMMARY = "avg@n and pass@k of a run's saved policies (-> eval.json) or of one p
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="asyncrl evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="*", help="run directories: evaluate final/ and every checkpoint, write eval.json")
+    p.add_argument("runs", nargs="*",
+                   help="run directories: evaluate the start (model.path), every checkpoint and final/, write eval.json")
     p.add_argument("--model", default=None, help="one policy directory (or builtin:tiny) instead of runs")
     p.add_argument("--final-only", action="store_true", help="with run directories: final/ only")
     p.add_argument("--config", default=None, help="config YAML (default: the run's config.yaml)")

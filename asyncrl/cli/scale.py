@@ -18,7 +18,8 @@ SUMMARY = "change the number of rollout actors of a running run"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="asyncrl scale", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="asyncrl scale", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, help="the run's directory, runs/<name>")
     p.add_argument("--actors", type=int, required=True, help="rollout actors wanted (>= 1)")
     return p.parse_args(argv)

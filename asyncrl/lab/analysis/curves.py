@@ -9,6 +9,9 @@ generated), and every statistic below is in those units. Definitions, with w the
 - seed aggregate: at each step, the mean over the seeds that logged the metric at that step and
   their sample standard deviation (n - 1; 0 for one seed) -> `Band`;
 - smoothed: the trailing mean, s_i = mean(y_{max(0, i-w+1)} .. y_i);
+- drawn smoothed (figures only, never a statistic): the centred mean over h points either side,
+  c_i = mean(y_{max(0, i-h)} .. y_{min(n-1, i+h)}), fewer at the ends; centred so that a peak or a
+  collapse is drawn at the step it happened, not h steps late as a trailing mean or EMA would;
 - mean: of all values; initial / final: mean of the first / last w values;
 - peak / min: max / min of the smoothed curve;
 - collapse step: the first step i (counting from the w-th value on) at which s_i < fraction x
@@ -27,6 +30,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+SMOOTH_HALF_WIDTH = 5
+"""Points either side of the centred mean drawn over each curve (11 steps), unless told otherwise."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,15 @@ def smooth(values: tuple[float, ...] | list[float], window: int) -> list[float]:
     out = []
     for i in range(len(values)):
         part = values[max(0, i - window + 1): i + 1]
+        out.append(math.fsum(part) / len(part))
+    return out
+
+
+def centred_mean(values: tuple[float, ...] | list[float], half_width: int) -> list[float]:
+    """Mean over `half_width` values either side (fewer at the ends); half_width 0 is the curve itself."""
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - half_width): i + half_width + 1]
         out.append(math.fsum(part) / len(part))
     return out
 

@@ -44,14 +44,23 @@ def status_of(events: list[dict]) -> RunStatus:
     return events[last_end].get("status", "failed")
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def series_of(rows: list[dict], metric: str) -> Series:
     """The metric per step; rows without it (or with null / non-finite values) are skipped, and a
-    step logged twice keeps its last row."""
+    step logged twice keeps its last row.
+
+    An `eval/` metric stands at the step of the policy it measured (the row's `eval/step`), not at
+    the step whose row it landed in: an evaluation finishes some steps after it started, a number
+    that differs between seeds, so only the policy's step lines seeds (and checkpoints) up."""
+    x_key = "eval/step" if metric.startswith("eval/") and metric != "eval/step" else "step"
     by_step: dict[float, float] = {}
     for r in rows:
-        v = r.get(metric)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and "step" in r:
-            by_step[r["step"]] = float(v)
+        v, x = r.get(metric), r.get(x_key, r.get("step"))
+        if _number(v) and _number(x):
+            by_step[x] = float(v)
     steps = sorted(by_step)
     return Series(tuple(float(s) for s in steps), tuple(by_step[s] for s in steps))
 

@@ -9,10 +9,12 @@ data section), else the run's held-out set: eval.data, or the built-in task's he
 Sampling defaults to the run's eval settings (eval.n, eval.pass_k, eval.temperature, else the last
 stage's temperature and max_tokens).
 
-Run directories (evaluate_runs): every saved policy of each run (run_policies.py:
-checkpoints/step_N/learner/policy oldest first, then final/) is evaluated with the run's
-config.yaml and written to <run>/eval.json, one entry per policy (step, avg@n, pass@k, per data
-source), with a table on stderr. One vLLM engine serves every policy of every run given: each
+Run directories (evaluate_runs): the policy each run started from (its config.yaml's model.path,
+as step 0) and every saved policy (run_policies.py: checkpoints/step_N/learner/policy oldest
+first, then final/) is evaluated with the run's config.yaml and written to <run>/eval.json, one
+entry per policy (step, avg@n, pass@k, per data source), with a table on stderr. A start whose
+model is not on this machine (a hub id missing from the local cache, a relative directory given
+from elsewhere) is named and skipped. One vLLM engine serves every policy of every run given: each
 later policy's weights are pushed into it over the run's gloo weight sync (policy_engine.py), a
 new engine starting only for a policy of another architecture. Policies already in eval.json with
 the same settings are kept, not evaluated again, so a study (or a resumed run) costs only the new ones.
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config, ConfigError
+from asyncrl.lab.offline.run_policies import START, SavedPolicy
 from asyncrl.rollout.engine import SamplingSpec
 
 NUM_EXAMPLES = 5
@@ -99,10 +102,29 @@ async def evaluate_model(model: str, opts: EvalOptions, samples_out: str | None 
             **summarize(samples, n, ks), "examples": examples}
 
 
+def locate_start(cfg: Config, policies: list[SavedPolicy]) -> list[SavedPolicy]:
+    """The policies with the start's model.path (builtin:tiny, a hub id, a directory) made its
+    directory, as the run's own start resolved it; the start left out, and said, when it is not here."""
+    from asyncrl.orchestrator.components import resolve_model_path
+    from asyncrl.preflight import model_directory
+
+    out = []
+    for p in policies:
+        if p.name == START:
+            start_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(p.path)})})
+            try:
+                p = replace(p, path=model_directory(resolve_model_path(start_cfg, log=say)))
+            except ConfigError as e:
+                say(f"the run's start is not evaluated: {e}")
+                continue
+        out.append(p)
+    return out
+
+
 async def evaluate_runs(runs: list[str | Path], opts: EvalOptions, engine=None) -> list[Path]:
-    """Every saved policy of each run into its eval.json, one engine for all (`engine`: a
-    PolicyEngine to use and leave running); the paths written. A run with no saved policy is
-    named and skipped."""
+    """The start and every saved policy of each run into its eval.json, one engine for all
+    (`engine`: a PolicyEngine to use and leave running); the paths written. A run with no saved
+    policy is named and skipped."""
     from asyncrl.lab.offline.eval_policy import load_run_config, reward_pool, sample_and_score, summarize
     from asyncrl.lab.offline.policy_engine import PolicyEngine
     from asyncrl.lab.offline.run_policies import (
@@ -118,7 +140,7 @@ async def evaluate_runs(runs: list[str | Path], opts: EvalOptions, engine=None) 
             cfg, _ = load_run_config(str(policies[-1].path), opts.config, say)
             records, n, ks, spec, settings = setup(cfg, opts)
             kept = reusable(read_eval(run), settings)
-            todo = [p for p in policies if (p.name, p.step) not in kept]
+            todo = locate_start(cfg, [p for p in policies if (p.name, p.step) not in kept])
             say(f"{run}: {len(todo)} of {len(policies)} policies to evaluate ({len(records)} prompts x {n} "
                 f"samples at T={spec.temperature})")
             entries = []

@@ -1,18 +1,21 @@
 """The saved policies of a run directory, and eval.json, the file `asyncrl evaluate` writes beside them.
 
+    runs/<name>/config.yaml  model.path                the policy the run started from (step 0)
     runs/<name>/checkpoints/step_<N>/learner/policy/   one per complete checkpoint (newest `keep`)
     runs/<name>/final/                                 after the last step of a finished run
     runs/<name>/eval.json                              {"run", "settings", "policies": [entry, ...]}
 
-An entry is one policy's figures: `policy` (final or checkpoints/step_N), `step`, `avg@n`,
+An entry is one policy's figures: `policy` (start, checkpoints/step_N or final), `step`, `avg@n`,
 `pass@k`, `by_source` (the same per data source), `num_prompts`, `mean_response_tokens`. Entries
-are ordered by step, final last. A run checkpoints its last step too, so the checkpoint of the
-final step holds final/'s weights; it is not evaluated twice (the final entry stands for both).
+are ordered by step, final last. The start is the baseline every later policy is read against, so
+it is evaluated with them (not with --final-only, nor for a run that saved nothing). A run
+checkpoints its last step too, so the checkpoint of the final step holds final/'s weights; it is
+not evaluated twice (the final entry stands for both).
 
 A later evaluation with the same settings keeps the entries it can (same policy, same step) and
 evaluates only the rest, so re-running after more checkpoints, or on a whole study, costs only
 the new ones; entries of checkpoints since deleted (`checkpoint.keep`) stay in the file.
-Pure: the standard library only.
+Pure: the standard library and PyYAML.
 """
 
 from __future__ import annotations
@@ -22,18 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 EVAL_FILE = "eval.json"
 FINAL = "final"
+START = "start"
 
 
 @dataclass(frozen=True)
 class SavedPolicy:
     name: str
-    """`final` or `checkpoints/step_<N>`: the entry's key in eval.json."""
+    """`start`, `checkpoints/step_<N>` or `final`: the entry's key in eval.json."""
     step: int | None
-    """The optimizer step it was saved after (None: final/ of a run whose last step is unknown)."""
+    """The optimizer step it was saved after (0 for start; None: final/ of a run whose last step is unknown)."""
     path: Path
-    """The Hugging Face model directory."""
+    """The Hugging Face model directory; for start, model.path as config.yaml gives it (a directory,
+    a hub id or builtin:tiny), which the evaluation resolves."""
 
 
 def final_step(run_dir: Path) -> int | None:
@@ -65,8 +72,17 @@ def checkpoint_policies(run_dir: Path) -> list[SavedPolicy]:
     return sorted(found, key=lambda p: p.step)
 
 
+def start_policy(run_dir: Path) -> SavedPolicy | None:
+    """The policy the run started from: config.yaml's model.path, at step 0 (None without one)."""
+    config = run_dir / "config.yaml"
+    tree = yaml.safe_load(config.read_text()) if config.is_file() else None
+    path = ((tree or {}).get("model") or {}).get("path")
+    return SavedPolicy(START, 0, Path(path)) if isinstance(path, str) and path else None
+
+
 def run_policies(run_dir: str | Path, final_only: bool = False) -> list[SavedPolicy]:
-    """The policies to evaluate, oldest first and final/ last; [] when the run saved none."""
+    """The policies to evaluate: the start, the checkpoints oldest first, final/ last; [] when the
+    run saved none."""
     run_dir = Path(run_dir)
     final = None
     if (run_dir / FINAL / "config.json").is_file():
@@ -76,7 +92,8 @@ def run_policies(run_dir: str | Path, final_only: bool = False) -> list[SavedPol
     policies = checkpoint_policies(run_dir)
     if final is not None:
         policies = [p for p in policies if p.step != final.step] + [final]
-    return policies
+    start = start_policy(run_dir)
+    return [start, *policies] if policies and start else policies
 
 
 def eval_entry(policy: SavedPolicy, figures: dict[str, Any]) -> dict[str, Any]:
