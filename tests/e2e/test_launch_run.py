@@ -1,6 +1,7 @@
 """The real entry point, as a user runs it: launch/run.py with the default config, very short,
-on the cluster path (`ray start --head`, then `ray job submit`); then the saved policy in the
-tools. launch/run.py starting a cluster of its own is what tests/e2e/test_recipe_runs.py and
+on the cluster path of docs/guides/ray-cluster.md (`ray start --head --block`, a wait for the job
+agent, `ray job submit`, the head stopped by a signal); then the saved policy in the tools.
+launch/run.py starting a cluster of its own is what tests/e2e/test_recipe_runs.py and
 test_first_hour.py run (the same entry point and run code), so this one run serves both checks."""
 
 import json
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,25 +19,68 @@ from asyncrl.tiny.task import TinyTaskSpec, all_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+RAY = shutil.which("ray", path=str(BIN)) or "ray"
+JOBS = "http://127.0.0.1:8271"  # the head's dashboard, where `ray job` commands go
+AGENT_WAIT_S = 240
 
 
 def ray_cli(*args, timeout=600, env=None):
-    ray = shutil.which("ray", path=str(BIN)) or "ray"
-    return subprocess.run([ray, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([RAY, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def submit_launch_run(*overrides):
+@contextmanager
+def ray_head(env, log: Path):
+    """`ray start --head --block` in the background, as the guide starts it. Its SIGTERM stops this
+    cluster's processes only; `ray stop` would stop every Ray on the machine, other runs' too."""
+    # the agent's HTTP port on a free one: another Ray on this machine (any run's ray.init) may
+    # hold the default 52365, and then this head's job agent never answers
+    with log.open("w") as out:
+        head = subprocess.Popen([RAY, "start", "--head", "--block", "--num-cpus", "4", "--port", "6391",
+                                 "--dashboard-port", JOBS.rsplit(":", 1)[1], "--dashboard-agent-listen-port", "0"],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield head
+    finally:
+        head.terminate()
+        try:
+            head.wait(timeout=90)  # it drains the node (up to 30 s), then stops its processes
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+
+
+def wait_for_job_agent(head: subprocess.Popen, log: Path, env, timeout_s: float = AGENT_WAIT_S) -> None:
+    """Until the head's job agent accepts a job (an empty one), as the guide waits: it answers some
+    seconds after `ray start` says the runtime started, and a `ray job submit` before that fails
+    with "No available agent to submit job". Fails the test, saying why, when it never answers."""
+    deadline, last = time.monotonic() + timeout_s, "no answer yet"
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            pytest.fail(f"`ray start --head` exited with {head.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            probe = ray_cli("job", "submit", "--address", JOBS, "--no-wait", "--", "true", timeout=60, env=env)
+        except subprocess.TimeoutExpired:
+            last = "`ray job submit` timed out after 60 s"
+            continue
+        if probe.returncode == 0:
+            return
+        last = ((probe.stderr.strip() or probe.stdout.strip()).splitlines() or ["(nothing)"])[-1]
+        time.sleep(2)
+    pytest.fail(f"the job agent of the Ray head at {JOBS} did not accept a job in {timeout_s:.0f} s; "
+                f"the last `ray job submit` said: {last}. The dashboard_agent.log in the head's session "
+                f"directory (/tmp/ray/session_*) says why, e.g. its HTTP port taken by another Ray; "
+                f"`ray start` printed:\n{log.read_text()[-2000:]}")
+
+
+def submit_launch_run(log: Path, *overrides):
     """`ray job submit` of launch/run.py to a `ray start --head` cluster; the CLI's result."""
     # Ray >= 2.5x turns on token auth for `ray start`; the job client must be told to use it.
     # the job's `python` must be this environment's, as it is for a user with the venv active
     env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    started = ray_cli("start", "--head", "--num-cpus", "4", "--port", "6391", "--dashboard-port", "8271", env=env)
-    assert started.returncode == 0, started.stderr[-2000:]
-    try:
-        return ray_cli("job", "submit", "--address", "http://127.0.0.1:8271", "--working-dir", ".", "--",
+    with ray_head(env, log) as head:
+        wait_for_job_agent(head, log, env)
+        return ray_cli("job", "submit", "--address", JOBS, "--working-dir", ".", "--",
                        "python", "launch/run.py", *overrides, env=env)
-    finally:
-        ray_cli("stop", "--force", env=env)
 
 
 def tool(name, *args):
@@ -45,7 +90,7 @@ def tool(name, *args):
 
 
 def test_launch_run_as_a_ray_job_trains_saves_and_the_policy_generates_in_vllm(tmp_path, tiny_model_path):
-    job = submit_launch_run("total_steps=3", "buffer.token_budget=64", "name=e2e",
+    job = submit_launch_run(tmp_path / "ray-head.log", "total_steps=3", "buffer.token_budget=64", "name=e2e",
                             f"observe.output_dir={tmp_path}", "observe.console=lines", "sync.probe_every=1")
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stdout + job.stderr

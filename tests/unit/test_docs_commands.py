@@ -65,12 +65,15 @@ RUN_BY = {
     "python tools/fault_matrix.py --steps 12": ("tests/integration/test_fault_matrix.py::test_every_fault_is_survived_and_accounted",),
     "touch runs/tiny-cpu/RESET_REFERENCE": ("tests/integration/test_algo_in_loop.py::"
                                             "test_reference_resets_zero_kl_and_restart_the_optimizer",),
-    # `ray start --head`, `ray job submit ... launch/run.py`, `ray stop`, with token auth
+    # `ray start --head --block` in the background, the wait for its job agent, `ray job submit ...
+    # launch/run.py`, the head stopped by a signal (not `ray stop`), with token auth
     "export RAY_AUTH_MODE=token": (RAY_JOB,),
-    "ray start --head --num-cpus 4": (RAY_JOB,),
+    "ray start --head --num-cpus 4 --block > /dev/null &": (RAY_JOB,),
+    "HEAD=$!": (RAY_JOB,),
+    "timeout 120 sh -c 'until ray job submit --no-wait -- true > /dev/null 2>&1; do sleep 2; done'": (RAY_JOB,),
     "ray job submit --working-dir . -- python launch/run.py --config configs/tiny_cpu.yaml "
     "observe.output_dir=$PWD/runs": (RAY_JOB,),
-    "ray stop": (RAY_JOB,),
+    "kill $HEAD": (RAY_JOB,),
 }
 
 COMMANDS = all_commands()
