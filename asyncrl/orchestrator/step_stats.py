@@ -15,11 +15,22 @@ The streaming TokenBuffer trains each token once, so its reuse lag is 0.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from typing import Any
 
 from asyncrl.types import Sample, SequenceChunk
+
+# Info keys the reward router sets or reports elsewhere (outcome fractions, errors, shaping terms).
+ROUTER_INFO = frozenset({"outcome", "verifier", "data_source", "error", "traceback", "shaping"})
+
+
+def own_info(info: dict[str, Any], max_chars: int = 200) -> dict[str, Any]:
+    """A verifier's info beyond what the router reports (a user function's own keys): kept with
+    the example completions in samples.jsonl, and its numbers averaged as reward/info/<key>."""
+    return {k: v for k, v in info.items()
+            if k not in ROUTER_INFO and not k.startswith("tests_") and len(repr(v)) <= max_chars}
 
 
 class StepStats:
@@ -46,9 +57,10 @@ class StepStats:
         self.by_source: dict[str, list[float]] = {}
         self.latencies: list[float] = []
         self.sandbox = Counter()
+        self.user_info: dict[str, list[float]] = {}  # key -> [sum, count]
 
     _WINDOW = ("rewards", "lengths", "finish", "outcomes", "lags", "async_lags", "reuse_lags", "shaping",
-               "by_source", "latencies", "sandbox")
+               "by_source", "latencies", "sandbox", "user_info")
 
     def state_dict(self) -> dict[str, Any]:
         """Running totals, the row schema, and what accumulated since the last row (so the next
@@ -79,7 +91,8 @@ class StepStats:
             self._examples.append({
                 "prompt_id": s.prompt_id, "prompt": prompt, "response": completion, "reward": reward,
                 "outcome": info.get("outcome"), "version": s.versions[0] if s.versions else None,
-                "finish_reason": s.finish_reason, "data_source": s.metadata.get("data_source")})
+                "finish_reason": s.finish_reason, "data_source": s.metadata.get("data_source"),
+                **({"info": extra} if (extra := own_info(info)) else {})})
         self.rewards.append(reward)
         self.by_source.setdefault(str(s.metadata.get("data_source", "unknown")), []).append(reward)
         self.latencies.append(latency_s)
@@ -91,6 +104,11 @@ class StepStats:
         self.outcomes[info.get("outcome", "unknown")] += 1
         for k, v in info.get("shaping", {}).items():
             self.shaping[k] = self.shaping.get(k, 0.0) + v
+        if str(info.get("verifier", "")).startswith("import:"):  # a user function's own numbers
+            for k, v in own_info(info).items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    total = self.user_info.setdefault(k, [0.0, 0])
+                    total[0], total[1] = total[0] + float(v), total[1] + 1
         self.total_samples += 1
         self.total_gen_tokens += len(s.response_ids)
 
@@ -143,6 +161,8 @@ class StepStats:
             out["reward/latency_max_s"] = max(self.latencies)
         for status, k in self.sandbox.items():
             out[f"reward/sandbox_tests_{status}"] = k
+        for key, (total, k) in self.user_info.items():
+            out[f"reward/info/{key}"] = total / k
         # One schema for every row, so a column never vanishes from metrics.jsonl or a plot: a
         # key seen before is a count of 0, an outcome fraction of 0, or None (no samples: no mean).
         for key in self._seen - out.keys():

@@ -145,3 +145,20 @@ def test_state_dict_keeps_the_lag_window_and_not_the_examples():
     assert fresh.take_examples() == []
     # lags 5 - [1, 2] = [4, 3]; async 3 - [1, 2] = [2, 1]; reuse 5 - 3 = 2
     assert staleness(fresh.flush(PIPELINE)) == (3.5, 4, 1.5, 2, 2)
+
+
+def test_a_user_functions_own_info_is_averaged_and_kept_with_the_examples():
+    stats = StepStats(examples_per_step=1)
+    mine = "import:my_reward:score"
+    stats.add_sample(sample("s"), 1.0, {"outcome": "custom", "verifier": mine, "format_ok": True, "dist": 0.5,
+                                        "parsed": "12"}, completion="12", prompt="3*4=")
+    stats.add_sample(sample("s"), 0.0, {"outcome": "custom", "verifier": mine, "format_ok": False, "dist": 2.0})
+    stats.add_sample(sample("s"), 0.0, {"outcome": "custom", "verifier": mine, "dist": float("nan")})
+    # a built-in verifier's numbers are not user metrics
+    stats.add_sample(sample("s"), 1.0, {"outcome": "verified", "verifier": "math_verify", "dist": 100.0})
+    row = stats.flush({})
+    assert row["reward/info/format_ok"] == 0.5 and row["reward/info/dist"] == 1.25  # (0.5 + 2) / 2, NaN left out
+    assert "reward/info/parsed" not in row  # not a number
+    [example] = stats.take_examples()
+    assert example["info"] == {"format_ok": True, "dist": 0.5, "parsed": "12"}
+    assert stats.flush({})["reward/info/dist"] is None  # a column seen before stays, empty
