@@ -40,10 +40,18 @@ def format_summary(s: dict[str, Any], run_dir: str) -> str:
     if s.get("max_reuse_lag_seen", 0) > 0:
         staleness += (f" ({s['max_reuse_lag_seen']} from reusing rollout batches, "
                       f"{s.get('max_async_staleness_seen', 0)} asynchronous)")
+    wall = f"{s['wall_s']}s"
+    if s.get("resumed_at_step") is not None:  # wall_s counts the parts before the resume too
+        wall += f" ({s['wall_s_since_resume']}s since the resume at step {s['resumed_at_step']})"
+    lost = s.get("actors_lost") or []
+    lost_line = (f"  rollout actors lost: {len(lost)} (" + "; ".join(
+        f"actor {a['actor']} at step {a['step']}: {str(a['reason'])[:100]}" for a in lost[:3])
+        + ("; ..." if len(lost) > 3 else "") + ")\n") if lost else ""
     return (
-        f"\nasyncrl run finished: {s['steps']} steps in {s['wall_s']}s\n"
+        f"\nasyncrl run finished: {s['steps']} steps in {wall}\n"
         f"  reward, first fifth of steps: {s['reward_first_fifth']:.3f}\n"
         f"  reward, last fifth of steps:  {s['reward_last_fifth']:.3f}  ({s['reward_gain']:+.3f})\n"
         f"  tokens trained: {s['tokens_trained']:,}   max staleness: {staleness}\n"
+        f"{lost_line}"
         f"  run directory: {run_dir}\n"
     )

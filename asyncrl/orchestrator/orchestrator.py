@@ -88,6 +88,9 @@ class Orchestrator:
         self.version = self.step = 0
         self.history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
+        # what the end summary tells beyond the metric rows: time before a resume, lost actors
+        self._t_start, self._elapsed_before, self._resumed_at = time.monotonic(), 0.0, None
+        self.actors_lost: list[dict[str, Any]] = []
         self._stop_deadline = 0.0
         self._train_ref: GroupCall | None = None
         self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
@@ -155,7 +158,7 @@ class Orchestrator:
     def _run(self) -> dict[str, Any]:
         self.start()
         display = ProgressDisplay(self.cfg.total_steps, self.cfg.observe.console)
-        t_start = time.monotonic()
+        self._t_start = time.monotonic()
         next_bookkeeping = 0.0
         try:
             while self.step < self.cfg.total_steps and not self._stopped():
@@ -194,7 +197,11 @@ class Orchestrator:
             self._end("interrupted", self.stop_reason)
             self.say(f"stopped at step {self.step} ({self.stop_reason}); continue with resume=auto")
             return {"steps": self.step, "stopped": self.stop_reason}
-        summary = summarize(self.history, time.monotonic() - t_start)
+        part_s = time.monotonic() - self._t_start
+        summary = summarize(self.history, self._elapsed_before + part_s)
+        if self._resumed_at is not None:
+            summary.update(resumed_at_step=self._resumed_at, wall_s_since_resume=round(part_s, 1))
+        summary["actors_lost"] = self.actors_lost
         if self.cfg.save_final:
             summary["final_policy"] = self.learner.save(str(self.run_dir / "final")).result()
         summary.update(eval_summary(self.history))
@@ -242,6 +249,7 @@ class Orchestrator:
         train_s = time.monotonic() - self._step_started
         joined = self.pool.admit_started()
         sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}
+        self._announce(joined)
         evaluator = self.driver.evaluator
         if sync:  # the actors now hold this version: its evaluation, if due
             evaluator.after_push(self.version, self.pool, self.driver.stages.current,
@@ -270,8 +278,17 @@ class Orchestrator:
         """Actors whose engines came up while no step runs join now, not at the next step
         boundary: with every actor lost there would be no next step. The push gives them the
         current weights (and rebuilds the group) before they get prompts."""
-        if self.pool.starting and self.pool.admit_started():
+        if self.pool.starting and (joined := self.pool.admit_started()):
             self._push()
+            self._announce(joined)
+
+    def _announce(self, joined: list[int]) -> None:
+        """Actors that started after the run did (scaled up, or replacing a lost one), once they
+        hold the current weights: a line and an `actor_joined` event each."""
+        for actor in joined:
+            self.metrics.event(self.step, "actor_joined", actor=actor, actors=len(self.pool.ids), version=self.version)
+            self.say(f"step {self.step}: rollout actor {actor} joined ({len(self.pool.ids)} generating, "
+                     f"weights of version {self.version})")
 
     def _push(self) -> dict[str, float]:
         """Drain push (and parity probe); lost actors are replaced, the push retried around the rest."""
@@ -291,6 +308,7 @@ class Orchestrator:
             requeued = self.driver.ledger.requeue_actor(actor)
             self.pool.replace(actor)
             self.metrics.event(self.step, "actor_lost", actor=actor, groups_requeued=requeued, reason=why)
+            self.actors_lost.append({"step": self.step, "actor": actor, "reason": why})
             self.say(f"step {self.step}: rollout actor {actor} lost ({why}); {requeued} groups requeued")
 
     def request_stop(self, reason: str, drain_s: float = 20.0) -> None:
@@ -305,13 +323,16 @@ class Orchestrator:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "version": self.version, "history": self.history,
-                "pushes": self.weight_sync.pushes, **self.driver.state_dict()}
+                "pushes": self.weight_sync.pushes, "actors_lost": self.actors_lost,
+                "elapsed_s": self._elapsed_before + time.monotonic() - self._t_start, **self.driver.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the learner loaded its part (the versions must agree)."""
         if state["version"] != self.version:
             raise RuntimeError(f"run state at version {state['version']}, learner at {self.version}")
         self.step, self.history = state["step"], state["history"]
+        self.actors_lost = state.get("actors_lost", [])  # checkpoints written before they were kept: none
+        self._elapsed_before, self._resumed_at = state.get("elapsed_s", 0.0), state["step"]
         self.weight_sync.pushes = state["pushes"]
         self.driver.load_state_dict(state)
 

@@ -88,6 +88,10 @@ def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model,
     b = load_file(run_dir / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [e["event"] for e in events(run_dir)].count("resume") == 1
+    # the summary's time is the whole run's, the part before the signal included
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_at_step"] == stopped_at and summary["wall_s"] > summary["wall_s_since_resume"] > 0
+    assert f"s since the resume at step {stopped_at})" in out
 
 
 def test_resume_with_another_model_exits_2_naming_the_field(tmp_path, plain_run):

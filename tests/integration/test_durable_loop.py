@@ -63,6 +63,10 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(ray_cluster, tmp_path,
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 120
     lost = [e for e in events if e["event"] == "actor_lost"]
     assert [e["actor"] for e in lost] == [1]
+    # its replacement joined once it held the weights, and the end summary names the loss
+    assert [(e["actor"], e["actors"]) for e in events if e["event"] == "actor_joined"] == [(1, 2)]
+    summary = json.loads((cfg.run_dir / "summary.json").read_text())
+    assert [(a["step"], a["actor"]) for a in summary["actors_lost"]] == [(lost[0]["step"], 1)]
     assert orch.history[-1]["rollout/actors"] == 2 and killed[0] not in {s["pid"] for s in stats}
     assert all(s["version"] == 120 for s in stats)  # the replacement got every later push
     counts = [h["rollout/actors"] for h in orch.history]
@@ -117,6 +121,8 @@ def test_the_pool_grows_and_shrinks_on_request_without_touching_the_learner(ray_
     orch, stats, events = run_with_operator(cfg, operator)
     scale = [e for e in events if e["event"] == "scale"]
     assert [(e["actors"], e["started"], e["stopped"]) for e in scale] == [(2, [1], []), (1, [], [1])]
+    joined = [e for e in events if e["event"] == "actor_joined"]
+    assert [(e["actor"], e["actors"]) for e in joined] == [(1, 2)] and joined[0]["step"] >= scale[0]["step"]
     counts = [h["rollout/actors"] for h in orch.history]
     assert 2 in counts and counts[-1] == 1 and len(orch.history) == 200
     assert len(stats) == 1 and stats[0]["version"] == 200

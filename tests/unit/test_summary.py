@@ -39,3 +39,13 @@ def test_progress_line_keeps_the_latest_heldout_score(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("held-out=-") and "reward=0.500" in lines[0]
     assert lines[1].endswith("held-out=0.250") and lines[2].endswith("held-out=0.250")
+
+
+def test_a_resumed_run_tells_both_times_and_a_lost_actor_is_named():
+    s = summarize([row(0.0, 1, 1, 0)], wall_s=100.0)
+    s.update(resumed_at_step=40, wall_s_since_resume=30.5,
+             actors_lost=[{"step": 12, "actor": 1, "reason": "the actor's process died"}])
+    text = format_summary(s, "runs/x")
+    assert "asyncrl run finished: 1 steps in 100.0s (30.5s since the resume at step 40)\n" in text
+    assert "  rollout actors lost: 1 (actor 1 at step 12: the actor's process died)\n" in text
+    assert "lost" not in format_summary(summarize([row(0.0, 1, 1, 0)], wall_s=1.0), "runs/x")
