@@ -35,7 +35,7 @@ def ray_cluster():
     cost 5-7 s more each on 2 cores (start, stop, and the run's first workers on a cold cluster)."""
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     yield
     ray.shutdown()
 

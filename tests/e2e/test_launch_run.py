@@ -47,6 +47,11 @@ def ray_head(env, log: Path):
         except subprocess.TimeoutExpired:
             head.kill()
             head.wait()
+        # a killed head leaves its address as the machine's "current cluster", which a plain
+        # ray.init() would then try to join (the tests' own start local clusters regardless)
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.is_file() and current.read_text().strip().endswith(":6391"):
+            current.unlink()
 
 
 def wait_for_job_agent(head: subprocess.Popen, log: Path, env, timeout_s: float = AGENT_WAIT_S) -> None:

@@ -43,7 +43,7 @@ def run(tmp_path_factory, tiny_model_path):
     ])
     # zero-variance groups are kept: an entropy bonus this strong can make every reward 0, and
     # dropping those groups would stall the run; what is tested here is the mechanisms
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     orch = Orchestrator(cfg)
     operator = threading.Thread(target=request_reset_when, args=(cfg.run_dir.resolve(), 2), daemon=True)
     operator.start()

@@ -25,7 +25,7 @@ def finished_run(tmp_path_factory, tiny_model_path):
         "sync.probe_every=1", "observe.console=off", "observe.tensorboard=false", "eval.every_steps=0",
         f"observe.output_dir={out}", "name=loop", "save_final=false",
     ])
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     orch = Orchestrator(cfg)
     try:
         summary = orch.run()

@@ -37,7 +37,7 @@ def run(tmp_path, model, name, reward_type):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_path):
     out = tmp_path_factory.mktemp("runs")
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     try:
         yield (run(out, tiny_model_path, "plain", "math_verify"),
                run(out, tiny_model_path, "hang", "import:asyncrl.reward.fault_injection:hang_on_some"))

@@ -22,7 +22,7 @@ def test_pushes_from_two_zero3_ranks_pass_the_parity_probe(tmp_path):
         "observe.console=off", "observe.tensorboard=false", "eval.every_steps=0", "ray.num_cpus=3",
         f"observe.output_dir={tmp_path}", "name=sharded", "save_final=false", "learner.lr=1e-2",
         "reward.type=import:asyncrl.reward.fault_injection:by_response_hash"])  # rewards that vary
-    ray.init(num_cpus=3, include_dashboard=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False)
     try:
         orch = Orchestrator(cfg)
         try:
