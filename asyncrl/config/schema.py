@@ -137,6 +137,11 @@ class RolloutConfig(_Section):
     """Logical Ray CPUs per actor."""
     num_gpus_per_actor: float = Field(0.0, ge=0)
     """Ray GPUs per actor (0 on CPU)."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources each actor asks for, e.g. {rollout_node: 1} to keep actors on the nodes
+    started with `ray start --resources '{"rollout_node": 8}'`; a run no node can place fails at start."""
+    spread: bool = False
+    """Place actors on different nodes where possible (Ray's SPREAD strategy) rather than packed."""
     enforce_eager: bool | None = None
     """vLLM's enforce_eager (no CUDA graphs); None: on for CPU engines, off on GPU (graphs decode faster)."""
     max_in_flight_prompts: int = Field(64, ge=1)
@@ -304,6 +309,9 @@ class LearnerConfig(_Section):
     """Logical Ray CPUs per learner rank."""
     num_gpus: float = Field(0.0, ge=0)
     """Ray GPUs per learner rank."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources each learner rank asks for, e.g. {learner_node: 1} to put the ranks on
+    the node started with `ray start --resources '{"learner_node": 8}'`."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Learner parameters, gradients and Adam moments (float32 masters keep updates below a bf16 ulp)."""
 

@@ -25,6 +25,8 @@ from typing import Any, ContextManager, Protocol
 
 import torch
 
+from asyncrl.sync.wire import interface_of
+
 NamedTensor = tuple[str, torch.Tensor]
 
 
@@ -73,9 +75,11 @@ class TrainBackend(Protocol):
         """The optimizer's step count (0 after a reset)."""
 
 
-def init_process_group(rank: int, world_size: int, address: str, timeout_s: float = 600.0) -> None:
+def init_process_group(rank: int, world_size: int, address: str, timeout_s: float = 600.0,
+                       local_host: str | None = None) -> None:
     """Join the learner group (the default process group): NCCL on GPUs, gloo on CPU. A single
-    rank needs none, but joins one too so every rank runs the same code."""
+    rank needs none, but joins one too so every rank runs the same code. `local_host`: this rank's
+    node address, which gloo's connections use (unless GLOO_SOCKET_IFNAME says otherwise)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -84,5 +88,11 @@ def init_process_group(rank: int, world_size: int, address: str, timeout_s: floa
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK="0" if torch.cuda.is_available() else str(rank))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo" and local_host and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # gloo otherwise advertises what the hostname resolves to (127.0.0.1 on many machines),
+        # and ranks on other nodes would dial themselves
+        iface = interface_of(local_host)
+        if iface:
+            os.environ["GLOO_SOCKET_IFNAME"] = iface
     dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))

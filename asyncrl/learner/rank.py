@@ -54,7 +54,7 @@ from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.sync.protocol import WeightSyncError
-from asyncrl.sync.wire import free_port
+from asyncrl.sync.wire import free_port, own_address
 from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import StepResult
@@ -66,8 +66,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class LearnerRank:
     def __init__(self, model_path: str, learner: LearnerConfig, algo: AlgoConfig, dtype: str = "float32",
-                 seed: int = 0, host: str = "127.0.0.1", batch_timeout_s: float = 600.0, rank: int = 0,
-                 world_size: int = 1, group_address: str | None = None):
+                 seed: int = 0, host: str | None = None, batch_timeout_s: float = 600.0, rank: int = 0,
+                 world_size: int = 1, group_address: str | None = None, tiny: Any = None):
         redirect_output()  # to the run's logs/ when the orchestrator asked
         hide_broken_torch_extras()
         check_gpu_visibility("learner rank", "learner.num_gpus", learner.num_gpus)
@@ -77,12 +77,18 @@ class LearnerRank:
         if not torch.cuda.is_available():
             torch.set_num_threads(learner.num_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if tiny is not None:  # the built-in model: this node's own build (see local_model_path)
+            from asyncrl.tiny.build import local_model_path
+
+            model_path = local_model_path(model_path, tiny)
         self.cfg, self.algo, self.model_path = learner, algo, model_path
         self.rank, self.world_size = rank, world_size
         # a single torch rank needs no process group; DeepSpeed always wants one
         self.distributed = world_size > 1 or learner.backend == "deepspeed"
+        host = host or own_address()  # every bind on this rank's own node (None: found here)
         if self.distributed:
-            init_process_group(rank, world_size, group_address or f"{host}:{free_port(host)}", batch_timeout_s)
+            init_process_group(rank, world_size, group_address or f"{host}:{free_port(host)}", batch_timeout_s,
+                               local_host=host)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine_dtype = DTYPES[dtype]  # compute and engine dtype; the parameters have their own
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[learner.param_dtype]).to(self.device)
@@ -317,6 +323,13 @@ class LearnerRank:
     @torch.no_grad()
     def param_fingerprint(self) -> float:
         return float(sum(p.double().abs().sum() for _, p in self.backend.named_full_params()))
+
+    def answer_storage_probe(self, probe: str, answer: str, token: str) -> str:
+        """Rank 0: if the file `probe` (the driver's) holds `token`, write it to `answer`; this
+        node's address either way (the storage contract, orchestrator/checkpoint.py)."""
+        if self.rank == 0 and Path(probe).is_file() and Path(probe).read_text() == token:
+            Path(answer).write_text(token)
+        return own_address()
 
     def save(self, path: str) -> str:
         """The policy in Hugging Face format (rank 0 writes; every rank helps gather)."""

@@ -22,6 +22,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from asyncrl.config import Config
 from asyncrl.orchestrator import components
+from asyncrl.orchestrator.placement import actor_resources, check_placeable
 from asyncrl.rollout.engine import EngineFailed, SamplingSpec
 from asyncrl.types import ActorCallFailed, PromptItem, Sample
 
@@ -31,8 +32,8 @@ PROCESS_DIED = "actor process died"
 
 
 class ActorPool:
-    def __init__(self, cfg: Config, model_path: str, sample_endpoint: str, rpc_dir: str | None = None):
-        self.cfg, self.model_path, self.endpoint, self.rpc_dir = cfg, model_path, sample_endpoint, rpc_dir
+    def __init__(self, cfg: Config, model_path: str, sample_endpoint: str):
+        self.cfg, self.model_path, self.endpoint = cfg, model_path, sample_endpoint
         self.actors: dict[int, Any] = {}  # live actors that hold the current weights: they get prompts
         self.starting: dict[int, tuple[Any, Any]] = {}  # id -> (handle, start ref)
         self._calls: dict[int, list[Any]] = {}  # refs of calls not yet seen to finish, per actor
@@ -44,13 +45,15 @@ class ActorPool:
 
     def start(self, num_actors: int) -> None:
         """Start `num_actors` actors and wait until their engines are up."""
+        check_placeable(actor_resources(self.cfg.rollout), "a rollout actor",
+                        "rollout.num_cpus_per_actor, rollout.num_gpus_per_actor or rollout.resources")
         for i in range(num_actors):
             self._spawn(i)
         ray.get([ref for _, ref in self.starting.values()])
         self.admit_started(block=True)
 
     def _spawn(self, actor_id: int) -> None:
-        handle = components.start_rollout_actor(self.cfg, self.model_path, self.endpoint, actor_id, self.rpc_dir)
+        handle = components.start_rollout_actor(self.cfg, self.model_path, self.endpoint, actor_id)
         self.starting[actor_id] = (handle, handle.start.remote())
 
     def admit_started(self, block: bool = False) -> list[int]:

@@ -13,12 +13,20 @@ A checkpoint is assembled in `.tmp_step_<N>/` and renamed into place once comple
 while writing leaves a temporary directory (removed by the next writer), never a half checkpoint
 under a real name. Only the newest `keep` are kept. Nothing here knows Ray: the orchestrator has
 the learner write its part into `learner/` of the temporary directory, then calls `commit`.
+
+The storage contract: the run directory is one directory that the driver and learner rank 0
+both see (the same machine, or storage every node mounts at the same path). The learner writes
+its checkpoint part, `final/` and its logs there and the driver renames, prunes and resumes from
+it, so a run checks at start that rank 0 reads a probe the driver wrote (`check_shared`, exit 2
+with the requirement otherwise); `commit` refuses a checkpoint whose learner part is not there,
+and `resume=auto` over checkpoints none of which is whole is an error, never a fresh start.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +41,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "run_state.msgpack"
 LEARNER_DIR = "learner"
+PROBE_FILE, PROBE_ANSWER = ".storage-probe", ".storage-probe-answer"  # check_shared
+LEARNER_FILES = (f"{LEARNER_DIR}/learner.pt", f"{LEARNER_DIR}/policy/config.json")  # the learner's part, written on its node
 
 # Fields a resumed run must share with the checkpoint: the weights, the buffer's layout and the
 # data cursor would otherwise mean something else. Everything else (lr, total_steps, actors,
@@ -57,8 +67,35 @@ def begin(run_dir: Path, step: int, state: dict[str, Any], cfg: Config) -> Path:
     return tmp
 
 
+def check_shared(run_dir: Path, answer: Callable[[str, str, str], str]) -> None:
+    """ConfigError unless learner rank 0 sees this run directory: the driver writes a probe, and
+    `answer(probe, answer_path, token)` (rank 0's, returning its node address) must read it and
+    write the token to the answer file, which the driver must then read."""
+    token = os.urandom(8).hex()
+    probe, reply = run_dir / PROBE_FILE, run_dir / PROBE_ANSWER
+    run_dir.mkdir(parents=True, exist_ok=True)
+    probe.write_text(token)
+    reply.unlink(missing_ok=True)
+    try:
+        node = answer(str(probe), str(reply), token)
+        answered = reply.is_file() and reply.read_text() == token
+    finally:
+        probe.unlink(missing_ok=True)
+        reply.unlink(missing_ok=True)
+    if not answered:
+        raise ConfigError(f"the run directory {run_dir} is not shared with learner rank 0's node ({node}): the learner writes checkpoints, final/ and its logs there "
+                          "and the driver must see them, or resume would silently lose the run. Put "
+                          "observe.output_dir on storage every node mounts at the same path (NFS, a shared volume), "
+                          "or run the learner on the driver's node (learner.resources)")
+
+
 def commit(tmp: Path, step: int, keep: int) -> Path:
-    """Mark the checkpoint complete, move it into place, delete all but the newest `keep`."""
+    """Mark the checkpoint complete, move it into place, delete all but the newest `keep`.
+    A learner part the driver cannot see (another node's disk) is an error, not a COMPLETE mark."""
+    missing = [need for need in LEARNER_FILES if not (tmp / need).is_file()]
+    if missing:
+        raise RuntimeError(f"checkpoint of step {step}: the learner reported its part written but {tmp} has no "
+                           f"{', '.join(missing)}: the run directory is not shared with the learner's node")
     (tmp / "COMPLETE").write_text(json.dumps({"step": step}))
     final = tmp.parent / f"step_{step}"
     if final.exists():
@@ -84,7 +121,7 @@ def validate(path: Path) -> dict[str, Any]:
     """The checkpoint's run state; raises ValueError saying what is missing or unreadable."""
     if not (path / "COMPLETE").is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no COMPLETE marker)")
-    for need in (STATE_FILE, "config.yaml", f"{LEARNER_DIR}/learner.pt", f"{LEARNER_DIR}/policy/config.json"):
+    for need in (STATE_FILE, "config.yaml", *LEARNER_FILES):
         if not (path / need).is_file():
             raise ValueError(f"{path} is missing {need}")
     try:

@@ -36,7 +36,12 @@ class Checkpointer:
         if resume is None:
             return None
         if resume == "auto":
-            found = checkpoint.find_resumable(self.run_dir, warn=lambda m: self.say(f"warning: {m}"))
+            skipped: list[str] = []
+            found = checkpoint.find_resumable(self.run_dir, warn=lambda m: (skipped.append(m), self.say(f"warning: {m}")))
+            if found is None and skipped:  # a fresh start would silently lose the run
+                raise ConfigError(f"resume=auto: none of the {len(skipped)} checkpoint(s) in {self.run_dir} can be "
+                                  f"resumed (newest: {skipped[0]}); give resume=<a checkpoint directory>, or a new "
+                                  "name to start over")
             if found is None:
                 self.say(f"resume=auto: no checkpoint in {self.run_dir}; starting fresh")
                 return None

@@ -8,6 +8,7 @@ travels, not an engine); on CPU the vLLM KV cache is sized through the actor's e
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -35,25 +36,49 @@ def resolve_model_path(cfg: Config, log: Callable[[str], None] = print) -> str:
     return cfg.model.path
 
 
+# What a learner rank or an actor on another node needs from the driver's environment: Ray starts
+# a remote node's workers with that node's own environment, not the driver's. Names ending in "_"
+# are prefixes. (Reward modules travel by reward.import_path in the config, not by PYTHONPATH.)
+FORWARDED_ENV = ("NCCL_", "TORCH_NCCL_", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HF_HOME", "HF_HUB_CACHE",
+                 "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONPATH")
+
+
+def process_env(cfg: Config, log_name: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The env_vars of a learner rank's or an actor's runtime_env: FORWARDED_ENV from the driver,
+    the torch-extras work-around (compat.child_env) and where its output goes (worker_logs)."""
+    environ = os.environ if environ is None else environ
+    forwarded = {k: v for k, v in environ.items()
+                 if any(k.startswith(name) if name.endswith("_") else k == name for name in FORWARDED_ENV)}
+    return {**forwarded, **child_env(), **log_env(cfg.run_dir, log_name, cfg.observe.worker_logs)}
+
+
+def tiny_spec(cfg: Config) -> Any:
+    """The built-in model's spec when the run trains it (each node builds its own copy from it:
+    tiny/build.py local_model_path), else None."""
+    if not cfg.model.path.startswith("builtin:"):
+        return None
+    from asyncrl.tiny.build import spec_for
+
+    return spec_for(cfg.model.tiny)
+
+
 def node_ip() -> str:
     """This node's address as Ray sees it (loopback on a single-machine cluster)."""
     return ray.util.get_node_ip_address()
 
 
-def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, actor_id: int,
-                        rpc_dir: str | None = None) -> Any:
-    """Create one actor (its engine starts with `actor.start.remote()`). `rpc_dir` keeps vLLM's
-    IPC sockets in the run's own directory, removed at shutdown, so a killed engine leaves none in /tmp."""
+def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, actor_id: int) -> Any:
+    """Create one actor (its engine starts with `actor.start.remote()`; the engine makes its own
+    directory for vLLM's IPC sockets, on its node: vllm_engine.own_rpc_dir)."""
     spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens)
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib), **child_env(),
-           "VLLM_LOGGING_LEVEL": cfg.observe.engine_log_level.upper(),
-           **log_env(cfg.run_dir, f"actor-{actor_id}", cfg.observe.worker_logs)}
-    if rpc_dir:
-        env["VLLM_RPC_BASE_PATH"] = rpc_dir
-    scorer = functools.partial(LocalRewards.build, cfg.reward, model_path) if cfg.reward.placement == "actor" else None
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib), "VLLM_LOGGING_LEVEL": cfg.observe.engine_log_level.upper(),
+           **process_env(cfg, f"actor-{actor_id}")}
+    scorer = (functools.partial(LocalRewards.build, cfg.reward, model_path, tiny=tiny_spec(cfg))
+              if cfg.reward.placement == "actor" else None)
     return ray.remote(RolloutActor).options(
         num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
+        resources=cfg.rollout.resources, scheduling_strategy="SPREAD" if cfg.rollout.spread else None,
         runtime_env={"env_vars": env}).remote(
-        actor_id, engine_factory(cfg, model_path, actor_id, cfg.rollout.num_gpus_per_actor), spec,
+        actor_id, engine_factory(cfg, model_path, actor_id, cfg.rollout.num_gpus_per_actor, tiny_spec(cfg)), spec,
         cfg.rollout.group_size, sample_endpoint,
         seed=cfg.seed, sync_mode=cfg.sync.mode, scorer=scorer)

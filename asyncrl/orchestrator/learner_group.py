@@ -23,10 +23,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.buffer.base import StepBatch
 from asyncrl.buffer.packing import rank_batches
-from asyncrl.compat import child_env
 from asyncrl.config import AlgoConfig, Config
 from asyncrl.learner.rank import LearnerRank
-from asyncrl.observe.worker_logs import log_env
+from asyncrl.orchestrator.components import process_env
+from asyncrl.orchestrator.placement import check_placeable, rank_resources
 from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
@@ -61,9 +61,10 @@ class GroupCall:
 
 
 class LearnerGroup:
-    def __init__(self, cfg: Config, model_path: str, host: str, ready_timeout_s: float = 120.0):
+    def __init__(self, cfg: Config, model_path: str, ready_timeout_s: float = 120.0, tiny: Any = None):
         lc = cfg.learner
-        bundle = {"CPU": lc.num_cpus, **({"GPU": lc.num_gpus} if lc.num_gpus else {})}
+        bundle = rank_resources(lc)
+        check_placeable(bundle, "a learner rank", "learner.num_cpus, learner.num_gpus or learner.resources")
         self.placement = placement_group([bundle] * lc.num_ranks, strategy="PACK")
         ready, _ = ray.wait([self.placement.ready()], timeout=ready_timeout_s)
         if not ready:
@@ -74,10 +75,10 @@ class LearnerGroup:
         address = ray.get(_rendezvous.options(scheduling_strategy=self._bundle(0)).remote())
         self.ranks = [
             ray.remote(LearnerRank).options(
-                num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, scheduling_strategy=self._bundle(r),
-                runtime_env={"env_vars": {**child_env(), **log_env(cfg.run_dir, _log_name(r), cfg.observe.worker_logs)}}
+                num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources, scheduling_strategy=self._bundle(r),
+                runtime_env={"env_vars": process_env(cfg, _log_name(r))}
             ).remote(
-                model_path, lc, cfg.algo, dtype=cfg.model.dtype, seed=cfg.seed, host=host, rank=r,
+                model_path, lc, cfg.algo, dtype=cfg.model.dtype, seed=cfg.seed, rank=r, tiny=tiny,
                 world_size=lc.num_ranks, group_address=address)
             for r in range(lc.num_ranks)]
         self._senders: list[FrameSender] | None = None  # created at the first step: ranks are still starting
@@ -133,6 +134,10 @@ class LearnerGroup:
         return self._all("param_fingerprint")
 
     # -- files ----------------------------------------------------------------------------------
+
+    def answer_storage_probe(self, probe: str, answer: str, token: str) -> str:
+        """Rank 0 copies `token` from the file `probe` to `answer` if it sees it; its node address."""
+        return self._all("answer_storage_probe", probe, answer, token).result()
 
     def save(self, path: str) -> GroupCall:
         """The policy in Hugging Face format at `path`; its result is the path."""

@@ -38,8 +38,6 @@ rebuilt weight-sync group (weight_sync.py), requests from the run directory and 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -75,7 +73,6 @@ class Orchestrator:
     learner: LearnerGroup | None
     pool: ActorPool | None
     weight_sync: WeightSync | None
-    rpc_dir: str | None
     # the run's files and the person running it
     metrics: MetricsWriter | None
     checkpoints: Checkpointer
@@ -96,7 +93,7 @@ class Orchestrator:
         self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
         self.model_path = ""
         self.driver = self.samples = self.learner = self.pool = self.weight_sync = None
-        self.rpc_dir = self.metrics = self.requests = None
+        self.metrics = self.requests = None
         self.collector = ScheduledCollector()
         self.run_lock = run_lock  # launch takes it before Ray starts; else `start` does
         self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn, on_commit=self._on_checkpoint)
@@ -122,16 +119,18 @@ class Orchestrator:
         self.driver = build_driver(cfg, self.model_path, self.metrics, self.say)
         host = components.node_ip()
         self.samples = FrameReceiver(decode_samples, host=host)
-        self.rpc_dir = tempfile.mkdtemp(prefix="asyncrl-vllm-rpc-")
         t0 = time.monotonic()
         self.say(f"starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend}) and "
                  f"{cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
-        self.learner = LearnerGroup(cfg, self.model_path, host)
+        # each rank binds on its own node, and builds the built-in model there if it has to
+        self.learner = LearnerGroup(cfg, self.model_path, tiny=None if resume else components.tiny_spec(cfg))
+        self.pool = ActorPool(cfg, base_model, self.samples.endpoint)
+        self.weight_sync = WeightSync(cfg.sync, self.learner, self.pool, fake_engines=cfg.rollout.engine == "fake")
+        self.pool.start(cfg.rollout.num_actors)  # the engines start while the ranks load the model
+        # the storage contract (checkpoint.py), before the learner reads or writes the run directory
+        checkpoint.check_shared(self.run_dir, self.learner.answer_storage_probe)
         if resume:
             self.version = self.learner.load_checkpoint(str(resume[0] / checkpoint.LEARNER_DIR)).result()
-        self.pool = ActorPool(cfg, base_model, self.samples.endpoint, self.rpc_dir)
-        self.weight_sync = WeightSync(cfg.sync, self.learner, self.pool, fake_engines=cfg.rollout.engine == "fake")
-        self.pool.start(cfg.rollout.num_actors)
         self.weight_sync.rebuild_group()
         if self.version > 0:  # a resumed run: the actors get the checkpoint's weights
             self.weight_sync.push(self.version, step=None)
@@ -337,8 +336,7 @@ class Orchestrator:
         self.driver.load_state_dict(state)
 
     def shutdown(self) -> None:
-        """Whatever the run started, in reverse (each part only if it got that far); the temporary
-        directory holds vLLM's sockets, killed engines' too."""
+        """Whatever the run started, in reverse (each part only if it got that far)."""
         if self.learner is not None:
             try:
                 self.learner.shutdown()
@@ -350,8 +348,6 @@ class Orchestrator:
             self.driver.rewards.close()
         if self.metrics is not None:
             self.metrics.close()
-        if self.rpc_dir is not None:
-            shutil.rmtree(self.rpc_dir, ignore_errors=True)
         self.collector.release()
         if self.run_lock is not None:
             self.run_lock.release()

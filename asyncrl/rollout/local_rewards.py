@@ -36,10 +36,16 @@ class LocalRewards:
         self.decode = batch_decoder(tokenizer)
 
     @classmethod
-    def build(cls, cfg, tokenizer_path: str, emit: Callable[[Sample], None]) -> LocalRewards:
+    def build(cls, cfg, tokenizer_path: str, emit: Callable[[Sample], None], tiny: Any = None) -> LocalRewards:
         """In the actor's process: the run's verifiers in a pool of reward.num_workers, and the
-        model's tokenizer for the response texts."""
+        model's tokenizer for the response texts (`tiny`: the built-in model's spec, built on this
+        node if the driver's cache is not here)."""
         from transformers import AutoTokenizer
+
+        if tiny is not None:
+            from asyncrl.tiny.build import local_model_path
+
+            tokenizer_path = local_model_path(tokenizer_path, tiny)
 
         from asyncrl.reward.registry import reward_pool
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from asyncrl.compat import hide_broken_torch_extras
@@ -26,6 +29,31 @@ CPU_STEP_TOKENS = 2048
 # process tree anyway. Killing after 1 s ends in the same state, 4 s sooner. On GPUs vLLM's own
 # grace stays: there a clean exit releases device memory.
 CPU_SHUTDOWN_GRACE_S = 1.0
+
+
+RPC_PREFIX = "asyncrl-vllm-rpc-"
+
+
+def own_rpc_dir() -> str:
+    """A directory for this engine's IPC sockets (VLLM_RPC_BASE_PATH), made on the engine's own
+    node: vLLM never creates it, and one made by the driver does not exist on other nodes. Named
+    with the pid, so the directories of engines killed before their shutdown (whose processes are
+    gone) are removed here, by the next engine on the node."""
+    for old in Path(tempfile.gettempdir()).glob(f"{RPC_PREFIX}*"):
+        pid = old.name.removeprefix(RPC_PREFIX).split("-", 1)[0]
+        if pid.isdecimal() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{RPC_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def one_engine_process_on_cpu() -> None:
@@ -51,10 +79,10 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 128,
                  max_num_seqs: int = 256, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5,
                  sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0,
-                 enforce_eager: bool | None = None, num_gpus: float | None = None):
+                 enforce_eager: bool | None = None, num_gpus: float | None = None, tiny: Any = None):
         # enforce_eager None: on for CPU engines, off on GPU (rollout.enforce_eager); num_gpus: what
         # the actor asked Ray for, checked against what it sees at start (None: not checked)
-        self.model_path = model_path
+        self.model_path, self.tiny = model_path, tiny  # tiny: the built-in model's spec (resolved at start)
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -66,15 +94,23 @@ class VLLMEngine:
         self.enforce_eager, self.num_gpus = enforce_eager, num_gpus
         self.llm = None
         self._templates: dict[tuple, Any] = {}
+        self._rpc_dir: str | None = None
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        if "VLLM_RPC_BASE_PATH" not in os.environ:  # the user's choice stands
+            self._rpc_dir = own_rpc_dir()
+            os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_dir
         hide_broken_torch_extras()
         if self.num_gpus is not None:
             from asyncrl.compat import check_gpu_visibility
 
             check_gpu_visibility("rollout engine", "rollout.num_gpus_per_actor", self.num_gpus)
         one_engine_process_on_cpu()
+        if self.tiny is not None:  # on this node: the driver's cache path may not exist here
+            from asyncrl.tiny.build import local_model_path
+
+            self.model_path = local_model_path(self.model_path, self.tiny)
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -170,3 +206,6 @@ class VLLMEngine:
 
             self.llm.shutdown(timeout=CPU_SHUTDOWN_GRACE_S if current_platform.is_cpu() else None)
             self.llm = None
+        if self._rpc_dir is not None:
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            self._rpc_dir = None

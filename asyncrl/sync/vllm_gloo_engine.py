@@ -51,6 +51,7 @@ class GlooInitInfo(WeightTransferInitInfo):
     rank_offset: int
     world_size: int
     timeout_s: float = 300.0
+    local_host: str | None = None  # the receiving actor's node address, which its connections bind
 
 
 @dataclass
@@ -84,7 +85,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.where = (f"gloo weight-sync group {init_info.host}:{init_info.port} "
                       f"(rank {rank} of {init_info.world_size})")
         self.group, self.store = open_gloo_group(
-            init_info.host, init_info.port, rank, init_info.world_size, init_info.timeout_s)
+            init_info.host, init_info.port, rank, init_info.world_size, init_info.timeout_s, init_info.local_host)
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload

@@ -52,8 +52,11 @@ async def init_receiver(llm, host: str, port: int, rank: int, world_size: int,
     run it concurrently with them. `bucket_bytes` (NCCL only) must equal the sender's.
     """
     if kind == "gloo":
-        init_info = {"host": host, "port": port, "rank_offset": rank,
-                     "world_size": world_size, "timeout_s": timeout_s}
+        from asyncrl.sync.wire import own_address
+
+        # found here, in the actor: the engine's worker process is not a Ray worker
+        init_info = {"host": host, "port": port, "rank_offset": rank, "world_size": world_size,
+                     "timeout_s": timeout_s, "local_host": own_address()}
     elif kind == "nccl":
         from asyncrl.sync.wire import NUM_BUFFERS
 

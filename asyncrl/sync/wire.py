@@ -44,9 +44,12 @@ def check_header(received: torch.Tensor, plan: list[dict], version: int, where: 
 
 
 def open_gloo_group(
-    host: str, port: int, rank: int, world_size: int, timeout_s: float
+    host: str, port: int, rank: int, world_size: int, timeout_s: float, local_host: str | None = None
 ) -> tuple[ProcessGroupGloo, TCPStore]:
     """Join the weight-sync group; rank 0 hosts the TCPStore. Blocks until all ranks join.
+    `local_host`: this member's own node address, which its gloo connections bind and advertise
+    (default: rank 0's is the rendezvous host; the others' what the hostname resolves to, which is
+    127.0.0.1 on many machines and would send peers on other nodes to themselves).
 
     Returns the gloo backend (ranks are group ranks) and the store, which must outlive it.
     """
@@ -55,7 +58,9 @@ def open_gloo_group(
     options = ProcessGroupGloo._Options()
     options._timeout = timeout
     options._threads = GLOO_THREADS
-    options._devices = [ProcessGroupGloo.create_default_device() for _ in range(GLOO_CONNECTIONS)]
+    local_host = local_host or (host if rank == 0 else None)
+    options._devices = [ProcessGroupGloo.create_device(hostname=local_host) if local_host
+                        else ProcessGroupGloo.create_default_device() for _ in range(GLOO_CONNECTIONS)]
     try:
         store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
                          wait_for_workers=False)
@@ -71,6 +76,31 @@ def broadcast(group: ProcessGroupGloo, tensor: torch.Tensor):
     opts.rootRank = 0
     opts.rootTensor = 0
     return group.broadcast([tensor], opts)
+
+
+def own_address() -> str:
+    """The address this process binds and is reached at: its Ray node's IP inside a Ray worker
+    (the one other nodes reach it by), 127.0.0.1 in a process outside Ray (tests, tools)."""
+    import ray  # lazily: the engines' receivers import this module without needing Ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface whose (primary) IPv4 address is `address`, None if none is: for
+    GLOO_SOCKET_IFNAME, the only way to put a torch.distributed gloo group on a chosen address."""
+    import fcntl
+    import struct
+
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # SIOCGIFADDR: the interface's address, bytes 20-24 of the ifreq it returns
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))[20:24]
+            except OSError:  # no IPv4 address on it
+                continue
+        if socket.inet_ntoa(packed) == address:
+            return name
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

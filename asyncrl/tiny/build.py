@@ -106,6 +106,15 @@ def spec_for(cfg: TinyModelConfig) -> TinyModelSpec:
     )
 
 
+def local_model_path(path: str, spec: TinyModelSpec | None) -> str:
+    """`path` where it exists in this process's filesystem; else, for the built-in model (`spec`
+    given), this node's build of it: deterministic, so the weights the driver's build has. A
+    learner rank or engine on another node has its own cache, not the driver's."""
+    if spec is None or Path(path).exists():
+        return path
+    return str(ensure_tiny_model(spec, log=lambda _: None))
+
+
 def cache_root() -> Path:
     """Where built models live: ``$ASYNCRL_CACHE`` or ``~/.cache/asyncrl``."""
     return Path(os.environ.get("ASYNCRL_CACHE") or Path.home() / ".cache" / "asyncrl")
