@@ -52,3 +52,46 @@ def test_resume_refuses_a_different_model_but_allows_a_longer_run(tmp_path):
         checkpoint.check_compatible(path, load_config(None, ["model.path=/elsewhere/model"]))
     with pytest.raises(ConfigError, match="algo.kl.needs_reference"):
         checkpoint.check_compatible(path, load_config(None, ["algo.kl.coef=0.001"]))
+
+
+def test_a_checkpoint_whose_learner_part_the_driver_cannot_see_is_never_complete(tmp_path):
+    """The learner said it wrote its part, but it went to its own node's disk: no COMPLETE mark."""
+    cfg = load_config(None, [])
+    tmp = checkpoint.begin(tmp_path, 7, {"step": 7, "version": 7}, cfg)
+    with pytest.raises(RuntimeError, match="has no learner/learner.pt, learner/policy/config.json: the run directory "
+                                           "is not shared with the learner's node"):
+        checkpoint.commit(tmp, 7, keep=2)
+    assert checkpoint.list_complete(checkpoint.checkpoints_dir(tmp_path)) == []
+
+
+def test_resume_auto_over_only_broken_checkpoints_is_an_error_not_a_fresh_start(tmp_path):
+    from asyncrl.orchestrator.checkpointer import Checkpointer
+
+    cfg = load_config(None, ["resume=auto"])
+    path = write(tmp_path, 5, cfg)
+    (path / "learner" / "learner.pt").unlink()  # what a learner on a private disk leaves
+    said = []
+    with pytest.raises(ConfigError, match="resume=auto: none of the 1 checkpoint\\(s\\) in .* can be resumed "
+                                          "\\(newest: .*learner.pt"):
+        Checkpointer(cfg, tmp_path, say=said.append).find_resume()
+    # with no checkpoint at all, resume=auto starts fresh (and says so)
+    assert Checkpointer(cfg, tmp_path / "empty", say=said.append).find_resume() is None
+    assert said[-1].startswith("resume=auto: no checkpoint in")
+
+
+def test_the_storage_probe_passes_when_rank_0_sees_the_run_directory_and_names_the_node_when_not(tmp_path):
+    from pathlib import Path
+
+    def shared(probe, answer, token):  # rank 0 on the driver's filesystem
+        Path(answer).write_text(Path(probe).read_text())
+        return "10.0.0.7"
+
+    checkpoint.check_shared(tmp_path / "run", shared)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == []  # the probe files are gone
+
+    def private(probe, answer, token):  # rank 0 on a node with its own disk: sees no probe
+        return "10.0.0.7"
+
+    with pytest.raises(ConfigError, match=f"the run directory {tmp_path / 'run'} is not shared with learner rank 0's "
+                                          "node \\(10.0.0.7\\): .* Put observe.output_dir on storage every node mounts"):
+        checkpoint.check_shared(tmp_path / "run", private)
