@@ -137,6 +137,9 @@ class RolloutConfig(_Section):
     """Logical Ray CPUs per actor."""
     num_gpus_per_actor: float = Field(0.0, ge=0)
     """Ray GPUs per actor (0 on CPU)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs each actor's vLLM engine spans (tensor parallel); with more than 1, set
+    rollout.num_gpus_per_actor to the same number. Every TP worker joins the weight-sync group."""
     resources: dict[str, float] = {}
     """Custom Ray resources each actor asks for, e.g. {rollout_node: 1} to keep actors on the nodes
     started with `ray start --resources '{"rollout_node": 8}'`; a run no node can place fails at start."""
@@ -151,6 +154,14 @@ class RolloutConfig(_Section):
     @classmethod
     def _a_group(cls, v: int) -> int:
         return check_group_size(v)
+
+    @model_validator(mode="after")
+    def _tp_has_its_gpus(self) -> "RolloutConfig":
+        if self.tensor_parallel_size > 1 and self.num_gpus_per_actor != self.tensor_parallel_size:
+            raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs per actor: "
+                             f"set rollout.num_gpus_per_actor={self.tensor_parallel_size} "
+                             f"(it is {self.num_gpus_per_actor:g})")
+        return self
 
 
 class EntropyControlConfig(_Section):

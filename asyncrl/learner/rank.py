@@ -287,6 +287,9 @@ class LearnerRank:
         if kind == "gloo" and self.device.type == "cuda":
             raise ValueError("sync.type=gloo cannot push from a CUDA learner: gloo sends CPU tensors; "
                              "use sync.type=nccl")
+        if self.sender is not None:  # a rebuilt group: the old communicator is released, not leaked
+            self.sender.close()
+            self.sender = None
         self.sender = make_sender(kind, host=host, port=port, world_size=world_size,
                                   timeout_s=timeout_s, bucket_bytes=bucket_bytes)
         self.sender.connect()

@@ -125,7 +125,8 @@ class Orchestrator:
         # each rank binds on its own node, and builds the built-in model there if it has to
         self.learner = LearnerGroup(cfg, self.model_path, tiny=None if resume else components.tiny_spec(cfg))
         self.pool = ActorPool(cfg, base_model, self.samples.endpoint)
-        self.weight_sync = WeightSync(cfg.sync, self.learner, self.pool, fake_engines=cfg.rollout.engine == "fake")
+        self.weight_sync = WeightSync(cfg.sync, self.learner, self.pool, fake_engines=cfg.rollout.engine == "fake",
+                                      tensor_parallel_size=cfg.rollout.tensor_parallel_size)
         self.pool.start(cfg.rollout.num_actors)  # the engines start while the ranks load the model
         # the storage contract (checkpoint.py), before the learner reads or writes the run directory
         checkpoint.check_shared(self.run_dir, self.learner.answer_storage_probe)

@@ -43,14 +43,16 @@ class WeightSync:
     learner: LearnerGroup
     pool: ActorPool
     members: list[int]
-    """The actors in the current group, in rank order (rank r + 1 for members[r])."""
+    """The actors in the current group, in rank order (ranks 1 + TP * r ... for members[r])."""
     pushes: int
     """Completed pushes, for sync.probe_every (saved in the run's checkpoint)."""
     before_push: list[Callable[[int], None]]
     """Called with the version before each push attempt (tracing; tools/fault_matrix.py injects faults)."""
 
-    def __init__(self, cfg: SyncConfig, learner: LearnerGroup, pool: ActorPool, fake_engines: bool = False):
+    def __init__(self, cfg: SyncConfig, learner: LearnerGroup, pool: ActorPool, fake_engines: bool = False,
+                 tensor_parallel_size: int = 1):
         self.cfg, self.learner, self.pool = cfg, learner, pool
+        self.tensor_parallel_size = tensor_parallel_size  # each engine's workers, all in the group
         self.fake_engines = fake_engines  # fake engines load nothing: no group, no bytes
         self.members, self.pushes, self.before_push = [], 0, []
         self._weight_meta: dict[str, Any] = {}
@@ -62,10 +64,11 @@ class WeightSync:
             self.members = ids
             return
         host, port = self.learner.weight_sync_address()
-        world = 1 + len(ids)
+        tp = self.tensor_parallel_size  # every TP worker of an engine is a member: rank offset + its TP rank
+        world = 1 + tp * len(ids)
         refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, self.cfg.timeout_s,
                                               self.cfg.bucket_mb << 20)]
-        refs += [self.pool.actors[a].init_weight_sync.remote(host, port, r + 1, world, self.cfg.timeout_s)
+        refs += [self.pool.actors[a].init_weight_sync.remote(host, port, 1 + tp * r, world, self.cfg.timeout_s)
                  for r, a in enumerate(ids)]
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.timeout_s + 30)
         lost = self._remove_lost(ids, refs[1:], waiting)
@@ -147,10 +150,14 @@ class WeightSync:
         """After a collective call (`refs[i]` on actor `ids[i]`): the members it lost, with why,
         removed from the pool. Gone: see `why_gone`; hung: still `waiting`, killed, since a member
         that hangs in a collective cannot be trusted again. A call that raised inside a live actor
-        (a survivor's receive, broken by a dead peer) loses nothing: the retry on a new group decides."""
+        (a survivor's receive, broken by a dead peer) loses nothing with gloo: the retry on a new
+        group decides. With NCCL it loses the actor: vLLM's NCCL receiver leaves a failed layerwise
+        reload unfinished, so that engine is replaced rather than pushed to again."""
         lost = {}
         for a, ref in zip(ids, refs):
             why = self.pool.why_gone(a) or why_gone(ref) or ("timed out" if ref in waiting else None)
+            if why is None and self.cfg.type == "nccl":
+                why = _raised(ref)
             if why:
                 lost[a] = why
                 self.pool.remove(a, kill=why != PROCESS_DIED)
@@ -173,3 +180,13 @@ class WeightSync:
                     "the pushed weights")
         return max(gaps, default=0.0)
 
+
+def _raised(ref: Any) -> str | None:
+    """Why a finished call raised inside its (live) actor, None if it did not."""
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayTaskError as e:
+        return f"its NCCL receive failed ({type(e.cause).__name__}: {str(e.cause)[:200]})"
+    except Exception:  # not finished, or gone (why_gone's case)
+        return None
+    return None

@@ -79,7 +79,8 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 128,
                  max_num_seqs: int = 256, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5,
                  sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0,
-                 enforce_eager: bool | None = None, num_gpus: float | None = None, tiny: Any = None):
+                 enforce_eager: bool | None = None, num_gpus: float | None = None, tiny: Any = None,
+                 tensor_parallel_size: int = 1):
         # enforce_eager None: on for CPU engines, off on GPU (rollout.enforce_eager); num_gpus: what
         # the actor asked Ray for, checked against what it sees at start (None: not checked)
         self.model_path, self.tiny = model_path, tiny  # tiny: the built-in model's spec (resolved at start)
@@ -92,9 +93,11 @@ class VLLMEngine:
         self.bucket_bytes = bucket_bytes
         self.seed = seed
         self.enforce_eager, self.num_gpus = enforce_eager, num_gpus
+        self.tensor_parallel_size = tensor_parallel_size
         self.llm = None
         self._templates: dict[tuple, Any] = {}
         self._rpc_dir: str | None = None
+        self._joined = False  # in a weight-sync group
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
@@ -127,6 +130,7 @@ class VLLMEngine:
         eager = current_platform.is_cpu() if self.enforce_eager is None else self.enforce_eager
         kwargs = dict(model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len,
                       max_num_seqs=self.max_num_seqs, enforce_eager=eager, seed=self.seed,
+                      tensor_parallel_size=self.tensor_parallel_size,
                       gpu_memory_utilization=self.gpu_memory_utilization,
                       logprobs_mode="processed_logprobs", disable_log_stats=True)
         if current_platform.is_cpu():
@@ -192,8 +196,11 @@ class VLLMEngine:
                                timeout_s: float) -> None:
         from asyncrl.sync import vllm_receiver
 
+        if self._joined:  # a rebuilt group: release the old communicator first (else it leaks)
+            await self.llm.shutdown_weight_transfer_engine()
         await vllm_receiver.init_receiver(self.llm, host, port, rank, world_size, timeout_s,
                                           kind=self.sync_type, bucket_bytes=self.bucket_bytes)
+        self._joined = True
 
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
         from asyncrl.sync import vllm_receiver

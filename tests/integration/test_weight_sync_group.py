@@ -1,0 +1,86 @@
+"""The weight-sync group as WeightSync forms it, on real Ray actors that record what they are
+told: every tensor-parallel worker of every engine is a member, and an actor whose NCCL receive
+failed is replaced (vLLM leaves its reload unfinished) while a gloo one is pushed to again."""
+
+import pytest
+import ray
+
+from asyncrl.config import SyncConfig
+from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
+
+
+@ray.remote
+class Member:
+    """An engine's side of the group: records its joins; its receive fails when told to."""
+
+    def __init__(self, fail_receive: bool = False):
+        self.joins, self.fail_receive = [], fail_receive
+
+    def init_weight_sync(self, host, port, rank, world_size, timeout_s):
+        self.joins.append((rank, world_size))
+
+    def update_weights(self, metadata, version):
+        if self.fail_receive:
+            raise RuntimeError("NCCL error: remote process exited")
+        return {"sync/load_s": 0.01}
+
+    def recorded(self):
+        return self.joins
+
+
+class Learner:
+    """LearnerGroup's weight-sync calls: rank 0 joins at rank 0 of the world it is given."""
+
+    def __init__(self):
+        self.worlds = []
+
+    def weight_sync_address(self):
+        return "127.0.0.1", 29999
+
+    def init_weight_sync(self, kind, host, port, world_size, timeout_s, bucket_bytes):
+        self.worlds.append(world_size)
+        return ray.put(None)
+
+    def weight_metadata(self):
+        return {}  # no plan: the learner sends nothing
+
+
+class Pool:
+    def __init__(self, actors):
+        self.actors, self.removed = dict(enumerate(actors)), []
+
+    @property
+    def ids(self):
+        return sorted(self.actors)
+
+    def why_gone(self, actor_id):
+        return None
+
+    def remove(self, actor_id, kill=False):
+        self.actors.pop(actor_id)
+        self.removed.append((actor_id, kill))
+
+
+def test_every_tensor_parallel_worker_of_every_engine_is_a_member(ray_cluster):
+    members = [Member.remote() for _ in range(3)]
+    learner, pool = Learner(), Pool(members)
+    WeightSync(SyncConfig(), learner, pool, tensor_parallel_size=2).rebuild_group()
+    # 1 learner rank + 3 engines x 2 TP workers; engine r's workers are ranks 1 + 2r and 2 + 2r
+    assert learner.worlds == [7]
+    assert [ray.get(m.recorded.remote()) for m in members] == [[(1, 7)], [(3, 7)], [(5, 7)]]
+
+
+@pytest.mark.parametrize("kind, replaced", [("nccl", True), ("gloo", False)])
+def test_an_actor_whose_receive_failed_is_replaced_with_nccl_only(ray_cluster, kind, replaced):
+    members = [Member.remote(), Member.remote(fail_receive=True)]
+    pool = Pool(members)
+    sync = WeightSync(SyncConfig(type=kind), Learner(), pool)
+    sync.rebuild_group()
+    if replaced:
+        with pytest.raises(PushFailed, match="its NCCL receive failed \\(RuntimeError: NCCL error") as e:
+            sync.push(3, step=3)
+        assert e.value.dead == [1] and pool.removed == [(1, True)] and pool.ids == [0]
+    else:  # a survivor's gloo receive broken by a peer: the actor stays; the caller sees the error
+        with pytest.raises(ray.exceptions.RayTaskError):
+            sync.push(3, step=3)
+        assert pool.removed == [] and pool.ids == [0, 1]
