@@ -10,6 +10,7 @@ C extensions and the engine processes vLLM spawns write there too) at that file.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -39,4 +40,16 @@ def redirect_output() -> str | None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # which node wrote what follows: on a cluster the processes of one run are on several
+    print(f"--- {Path(path).stem}: pid {os.getpid()} on {socket.gethostname()} "
+          f"({os.environ.get('RAY_NODE_IP_ADDRESS') or _node_ip()})", flush=True)
     return path
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else "no Ray"
+    except Exception:  # a log line must not fail the process it describes
+        return "unknown address"
