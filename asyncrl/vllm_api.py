@@ -4,8 +4,8 @@ asyncrl reaches into parts of vLLM that change between minor versions without a 
 period: the weight-transfer engines, layerwise reload, the CPU GEMM dispatch, the engine
 arguments. When one of them is renamed, the failure comes late. It shows at the first weight
 push, minutes into a run, or, on the NCCL path, only on GPUs, which CI never has. SURFACE
-lists the names; `check` compares one of them with the installed vLLM, on CPU, in
-milliseconds. tests/unit/test_vllm_api_conformance.py runs it for every entry and scans
+lists the names; `check` compares one of them with the installed vLLM, on CPU, without
+starting an engine. tests/unit/test_vllm_api_conformance.py runs it for every entry and scans
 asyncrl/ so that no call into vLLM is left out of the table. pyproject.toml pins the `cpu` and
 `gpu` extras to the minor version that test passed on.
 
@@ -81,7 +81,8 @@ SURFACE: list[VllmName] = [
     VllmName("vllm.inputs.engine:TokensInput", "rollout/vllm_engine.py (generate)", attrs=("type", "prompt_token_ids")),
     VllmName("vllm.inputs:TokensPrompt", "rollout/vllm_engine.py (prompt_logprobs)", attrs=("prompt_token_ids",)),
     VllmName("vllm.outputs:RequestOutput", "rollout/vllm_engine.py", attrs=("outputs", "prompt_logprobs")),
-    VllmName("vllm.outputs:CompletionOutput", "rollout/vllm_engine.py", attrs=("token_ids", "logprobs", "finish_reason")),
+    VllmName("vllm.outputs:CompletionOutput", "rollout/vllm_engine.py",
+             attrs=("token_ids", "logprobs", "finish_reason")),
     VllmName("vllm.logprobs:Logprob", "rollout/vllm_engine.py", attrs=("logprob",)),
     VllmName("vllm.platforms:current_platform", "rollout/vllm_engine.py, sync/vllm_gloo_engine.py",
              methods={"is_cpu": ()}),

