@@ -187,3 +187,29 @@ def test_prorl():
     lengths = stage_max_tokens(cfg)
     assert lengths[-1] > lengths[0]
     assert not any(s.online_filter for s in cfg.stages)
+
+
+GPU_RECIPES = ["gpu_single_node", "gpu_multi_node"]
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_gpu_recipes_give_each_rank_and_engine_a_gpu_and_push_over_nccl(name):
+    cfg = recipe(name)
+    assert cfg.learner.num_gpus == 1 and cfg.rollout.num_gpus_per_actor == 1
+    assert cfg.sync.type == "nccl" and (cfg.model.dtype, cfg.learner.param_dtype) == ("bfloat16", "float32")
+    # a real model, with its lengths set so that --print-config resolves without it in the cache
+    assert cfg.model.path != "builtin:tiny" and cfg.rollout.max_tokens < cfg.model.max_model_len
+    # DAPO's algorithm, L_cache rescaled to the new L_max with the paper's ratio
+    dapo = recipe("dapo").algo
+    assert cfg.algo.model_copy(update={"overlong_buffer": dapo.overlong_buffer}) == dapo
+    assert cfg.algo.overlong_buffer / cfg.rollout.max_tokens == pytest.approx(0.2, abs=0.01)
+    assert n_sgd(cfg) == 16 and cfg.buffer.max_staleness == 0
+
+
+def test_gpu_recipes_fill_one_4_gpu_node_or_a_learner_node_and_rollout_nodes():
+    from asyncrl.preflight import check_resources
+
+    single, multi = recipe("gpu_single_node"), recipe("gpu_multi_node")
+    assert single.learner.num_ranks + single.rollout.num_actors == 4 and single.ray.address is None
+    check_resources(single)  # the ranks and actors fit the local Ray it starts
+    assert multi.learner.num_ranks == 8 and multi.rollout.num_actors % 8 == 0 and multi.ray.address == "auto"
