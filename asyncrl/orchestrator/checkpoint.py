@@ -36,6 +36,7 @@ import msgpack
 import yaml
 
 from asyncrl.config import Config, ConfigError
+from asyncrl.types import RunFailed
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,11 @@ def check_shared(run_dir: Path, answer: Callable[[str, str, str], str]) -> None:
         probe.unlink(missing_ok=True)
         reply.unlink(missing_ok=True)
     if not answered:
-        raise ConfigError(f"the run directory {run_dir} is not shared with learner rank 0's node ({node}): the learner writes checkpoints, final/ and its logs there "
-                          "and the driver must see them, or resume would silently lose the run. Put "
-                          "observe.output_dir on storage every node mounts at the same path (NFS, a shared volume), "
-                          "or run the learner on the driver's node (learner.resources)")
+        raise ConfigError(f"the run directory {run_dir} is not shared with learner rank 0's node ({node}): the "
+                          "learner writes checkpoints, final/ and its logs there and the driver must see them, or "
+                          "resume would silently lose the run. Put observe.output_dir on storage every node mounts "
+                          "at the same path (NFS, a shared volume), or run the learner on the driver's node "
+                          "(learner.resources)")
 
 
 def commit(tmp: Path, step: int, keep: int) -> Path:
@@ -94,7 +96,7 @@ def commit(tmp: Path, step: int, keep: int) -> Path:
     A learner part the driver cannot see (another node's disk) is an error, not a COMPLETE mark."""
     missing = [need for need in LEARNER_FILES if not (tmp / need).is_file()]
     if missing:
-        raise RuntimeError(f"checkpoint of step {step}: the learner reported its part written but {tmp} has no "
+        raise RunFailed(f"checkpoint of step {step}: the learner reported its part written but {tmp} has no "
                            f"{', '.join(missing)}: the run directory is not shared with the learner's node")
     (tmp / "COMPLETE").write_text(json.dumps({"step": step}))
     final = tmp.parent / f"step_{step}"
