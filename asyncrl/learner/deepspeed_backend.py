@@ -22,6 +22,11 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
 - ZeRO-3 gathers a layer's parameters only inside that module's forward. The LM head is applied
   to the loss positions outside the model's forward (model_forward.py), so the head's weight is
   registered as an external parameter of a `TokenHead` module attached to the model.
+- ZeRO-3 records the order of its parameter gathers, forward and backward, and checks it with
+  the other ranks (a broadcast) on the first forwards and whenever a step's order differs from
+  the record. A backward gathers a module once per output of it that gets a gradient, so a
+  padding micro-batch's loss reaches the same outputs as a real one's (`padding_loss` in
+  policy_step.py); otherwise its rank alone checks while the others reduce: a hang.
 - Full tensors (pushes, checkpoints, tests) come from the partitions one parameter at a time
   (`GatheredParameters`, `safe_get_full_*`); optimizer state is saved as full tensors by name,
   so it loads on any number of ranks and in the torch backend.

@@ -169,6 +169,20 @@ def forward_backward(
     return _metrics(tally, scalars, ref_logprobs is not None, algo.decoupled, moe is not None)
 
 
+def padding_loss(out: TokenForward, algo: AlgoConfig, moe: MoeStep | None = None) -> torch.Tensor:
+    """Zero, over a padding micro-batch (a rank with fewer micro-batches than the busiest one), from
+    the same outputs of the forward that a real micro-batch's loss uses: logprobs, entropies and,
+    when an MoE loss trains, the router logits. ZeRO-3 gathers a module's parameters in backward
+    once for each of its outputs that gets a gradient, and records the order of those gathers; a
+    padding backward that skipped one (e.g. the token head's entropies) records another order on
+    its rank, which then checks the order with the other ranks (a broadcast) while they reduce
+    gradients: a hang."""
+    loss = out.logprobs.sum() + out.entropy.sum()
+    if out.router_logits is not None and moe is not None and (algo.moe_z_loss_coef > 0 or algo.moe_aux_loss_coef > 0):
+        loss = loss + sum(r.sum() for r in out.router_logits)
+    return loss * 0.0
+
+
 def _moe_terms(router_logits, mb: MicroBatch, moe: MoeStep, algo: AlgoConfig, tally: Tally,
                scalars: dict[str, float]) -> torch.Tensor:
     """This micro-batch's part of c_lb * L_lb + c_z * L_z; its routing sums go to the tally."""

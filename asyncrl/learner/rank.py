@@ -49,7 +49,8 @@ from asyncrl.learner.collate import collate, empty_chunk
 from asyncrl.learner.entropy_schedule import EntropySchedule
 from asyncrl.learner.hf_files import meta_params, save_hf_model
 from asyncrl.learner.model_forward import is_moe, policy_forward
-from asyncrl.learner.policy_step import MoeStep, forward_backward, fractions, measure_pass, routed_positions
+from asyncrl.learner.policy_step import (MoeStep, forward_backward, fractions, measure_pass, padding_loss,
+                                         routed_positions)
 from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.observe.worker_logs import redirect_output
@@ -130,13 +131,14 @@ class LearnerRank:
         self.backend.expect_backwards(len(mbs) + pad)
         return mbs, pad
 
-    def _padding(self, count: int, grad: bool) -> None:
-        """`count` forwards (and backwards) that change nothing, in step with the other ranks."""
+    def _padding(self, count: int, grad: bool, moe: MoeStep | None = None) -> None:
+        """`count` forwards (and backwards) that change nothing, in step with the other ranks; each
+        backward's graph is a real micro-batch's (`padding_loss`; `moe` as forward_backward gets it)."""
         for _ in range(count):
             with torch.set_grad_enabled(grad):
                 out = self._forward(collate([empty_chunk(self.pad_id)], self.pad_id))
             if grad:
-                self.backend.backward(out.logprobs.sum() * 0.0)
+                self.backend.backward(padding_loss(out, self.algo, moe))
 
     @torch.no_grad()
     def _open_rollout_batch(self, batch) -> float | None:
@@ -238,7 +240,7 @@ class LearnerRank:
         # the padding first: forward_backward ends in an all-reduce of the step's metrics, which a
         # rank with fewer micro-batches would otherwise enter while the others still run forwards
         # and backwards, whose collectives (FSDP2, ZeRO-3 gathers) it would never join: a hang
-        self._padding(pad, grad=True)
+        self._padding(pad, grad=True, moe=moe)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
                                    ref_logprobs=self._reference_logprobs if self.reference else None,
                                    proximal=self.proximal.lookup if batch.role != "own" else None,

@@ -9,7 +9,7 @@ from asyncrl.buffer.packing import micro_batches
 from asyncrl.config import AlgoConfig
 from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import TokenForward
-from asyncrl.learner.policy_step import forward_backward
+from asyncrl.learner.policy_step import MoeStep, forward_backward, padding_loss
 from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.types import ResponseSpan, SequenceChunk
 
@@ -236,3 +236,40 @@ def test_proximal_table_keeps_the_previous_batch_for_its_carried_tail_and_slices
         prox.lookup(collate([tail]))
     with pytest.raises(ValueError):
         prox.open([ResponseSpan("d", 0, 0, 2)], torch.zeros(3))
+
+
+def reached_outputs(loss_of):
+    """Which outputs of a forward (logprobs, entropy, each layer's router logits) `loss_of(out)`
+    sends a gradient to."""
+    mb = collate(chunks()[:2])
+    width = mb.input_ids.numel()
+    outs = {"logprobs": torch.randn(mb.num_loss_tokens), "entropy": torch.rand(mb.num_loss_tokens),
+            "router0": torch.randn(width, 4), "router1": torch.randn(width, 4)}
+    for t in outs.values():
+        t.requires_grad_(True)
+    loss_of(TokenForward(outs["logprobs"], outs["entropy"], (outs["router0"], outs["router1"])), mb)
+    return {name for name, t in outs.items() if t.grad is not None}
+
+
+@pytest.mark.parametrize("z_coef,aux_coef", [(0.0, 0.0), (0.05, 0.0), (0.0, 0.5)])
+@pytest.mark.parametrize("with_moe", [False, True])
+def test_padding_loss_is_zero_and_reaches_the_outputs_a_real_loss_reaches(z_coef, aux_coef, with_moe):
+    """ZeRO-3 gathers a module's parameters in backward once per output of it that gets a gradient,
+    and every rank must gather in the same order: a padding micro-batch's backward must reach what a
+    real one's does (ZeRO-3 ranks with unequal micro-batch counts hung when it reached only the
+    logprobs)."""
+    algo = AlgoConfig(aggregation="token_mean", moe_z_loss_coef=z_coef, moe_aux_loss_coef=aux_coef)
+    moe = MoeStep(2, 4, 40, torch.full((2, 4), 0.25)) if with_moe else None
+
+    def real(out, mb):
+        counts = StepCounts.from_sequence_lengths([c.num_loss_tokens for c in chunks()[:2]], token_budget=64)
+        forward_backward(lambda _: out, [mb], algo, counts, moe=moe)
+
+    def padding(out, mb):
+        loss = padding_loss(out, algo, moe)
+        assert float(loss) == 0.0
+        loss.backward()
+
+    reached = reached_outputs(padding)
+    assert reached == reached_outputs(real)
+    assert {"logprobs", "entropy"} <= reached
