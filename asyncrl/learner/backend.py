@@ -25,7 +25,7 @@ from typing import Any, ContextManager, Protocol
 
 import torch
 
-from asyncrl.sync.wire import interface_of
+from asyncrl.sync.wire import interface_of, store_at
 
 NamedTensor = tuple[str, torch.Tensor]
 
@@ -94,5 +94,7 @@ def init_process_group(rank: int, world_size: int, address: str, timeout_s: floa
         iface = interface_of(local_host)
         if iface:
             os.environ["GLOO_SOCKET_IFNAME"] = iface
-    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    host, port = address.rsplit(":", 1)  # rank 0's node: its store listens there alone (store_at)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, store=store_at(host, int(port), world_size, rank == 0, timeout), rank=rank,
+                            world_size=world_size, timeout=timeout)

@@ -1,6 +1,6 @@
-"""What both ends of a weight push share: the rendezvous port, the push header, the gloo group
-and its settings, and the NCCL packed-buffer count. The senders (learner side) and the receivers
-(engine side) import these from here, never from each other.
+"""What both ends of a weight push share: the rendezvous port and store, the push header, the
+gloo group and its settings, and the NCCL packed-buffer count. The senders (learner side) and the
+receivers (engine side) import these from here, never from each other.
 
 Gloo push wire format: a 4 x int64 header [magic, version, num_buckets, num_bytes]
 (`push_header`), then one uint8 broadcast per bucket of the plan from `buckets.plan_buckets`.
@@ -62,12 +62,28 @@ def open_gloo_group(
     options._devices = [ProcessGroupGloo.create_device(hostname=local_host) if local_host
                         else ProcessGroupGloo.create_default_device() for _ in range(GLOO_CONNECTIONS)]
     try:
-        store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
-                         wait_for_workers=False)
+        store = store_at(host, port, world_size, rank == 0, timeout)
         group = ProcessGroupGloo(PrefixStore("asyncrl/weights", store), rank, world_size, options)
-    except RuntimeError as exc:  # torch raises DistStoreError (a RuntimeError) on timeout
+    except (RuntimeError, OSError) as exc:  # torch: DistStoreError (a RuntimeError) on timeout; the port taken
         raise WeightSyncError(f"could not join {where} within {timeout_s:.0f}s: {exc}") from exc
     return group, store
+
+
+def store_at(host: str, port: int, world_size: int, is_master: bool, timeout: timedelta) -> TCPStore:
+    """The TCPStore of a group that meets at host:port; the master's server listens on `host`
+    alone. torch's own server listens on every address of the machine, so a node with several
+    networks would take the rendezvous on all of them."""
+    if not is_master:
+        return TCPStore(host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
+    listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        store = TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the socket now
+    return store
 
 
 def broadcast(group: ProcessGroupGloo, tensor: torch.Tensor):
