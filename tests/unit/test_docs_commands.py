@@ -37,6 +37,8 @@ RAY_JOB = "tests/e2e/test_launch_run.py::test_launch_run_as_a_ray_job_trains_sav
 FIRST_HOUR = "tests/e2e/test_first_hour.py::test_own_model_and_data_in_a_minimal_recipe_trains_like_the_demo"
 PRINT_OWN = "tests/e2e/test_first_hour.py::test_print_config_resolves_a_base_recipe_and_overrides"
 OFFLINE = "tests/integration/test_offline_tools.py"
+MULTI_NODE_TESTS = "tests/integration/test_multi_node.py"
+MULTI_NODE = f"{MULTI_NODE_TESTS}::test_every_process_listens_on_its_own_node_address"
 
 # command as the docs show it -> what runs it (a test as path::function, or a CI script)
 RUN_BY = {
@@ -74,6 +76,16 @@ RUN_BY = {
     "ray job submit --working-dir . -- python launch/run.py --config configs/tiny_cpu.yaml "
     "observe.output_dir=$PWD/runs": (RAY_JOB,),
     "kill $HEAD": (RAY_JOB,),
+    # several nodes: a head with 0 CPUs and nodes tagged with custom resources (a Ray cluster of
+    # loopback addresses, one node started by `ray start --address ... --resources ... --block`),
+    # the learner and the actor placed by learner.resources / rollout.resources, launch/run.py
+    # joining it; the job submission itself is RAY_JOB's
+    "ray start --head --num-cpus 0 --port 6379": (MULTI_NODE,),
+    "ray start --address $HEAD_IP:6379 --resources '{\"learner_node\": 8}'": (MULTI_NODE,),
+    "ray start --address $HEAD_IP:6379 --resources '{\"rollout_node\": 8}'": (MULTI_NODE,),
+    "ray job submit --address http://$HEAD_IP:8265 --working-dir . -- python launch/run.py "
+    "'learner.resources={learner_node: 1}' 'rollout.resources={rollout_node: 1}' observe.output_dir=/shared/runs":
+        (f"{MULTI_NODE_TESTS}::test_a_run_directory_every_node_sees_resumes_after_sigterm", RAY_JOB),
 }
 
 COMMANDS = all_commands()
