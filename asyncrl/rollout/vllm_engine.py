@@ -97,12 +97,16 @@ class VLLMEngine:
         self.llm = None
         self._templates: dict[tuple, Any] = {}
         self._rpc_dir: str | None = None
+        self._rpc_env_before: str | None = None
         self._joined = False  # in a weight-sync group
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
-        if "VLLM_RPC_BASE_PATH" not in os.environ:  # the user's choice stands
-            self._rpc_dir = own_rpc_dir()
+        given = os.environ.get("VLLM_RPC_BASE_PATH")
+        if not given or Path(given).name.startswith(RPC_PREFIX):  # a user's own choice stands; not
+            # another engine's directory, inherited from a process that ran one (Ray workers get
+            # the environment of the driver that started the cluster)
+            self._rpc_dir, self._rpc_env_before = own_rpc_dir(), given
             os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_dir
         hide_broken_torch_extras()
         if self.num_gpus is not None:
@@ -215,4 +219,8 @@ class VLLMEngine:
             self.llm = None
         if self._rpc_dir is not None:
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            if self._rpc_env_before is None:  # what the process had before this engine
+                os.environ.pop("VLLM_RPC_BASE_PATH", None)
+            else:
+                os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_env_before
             self._rpc_dir = None
