@@ -24,7 +24,7 @@ from asyncrl.config import Config
 from asyncrl.orchestrator import components
 from asyncrl.orchestrator.placement import actor_resources, check_placeable
 from asyncrl.rollout.engine import EngineFailed, SamplingSpec
-from asyncrl.types import ActorCallFailed, PromptItem, Sample
+from asyncrl.types import ActorCallFailed, PromptItem, RunFailed, Sample
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,10 @@ class ActorPool:
                         "rollout.num_cpus_per_actor, rollout.num_gpus_per_actor or rollout.resources")
         for i in range(num_actors):
             self._spawn(i)
-        ray.get([ref for _, ref in self.starting.values()])
+        try:
+            ray.get([ref for _, ref in self.starting.values()])
+        except ray.exceptions.RayError as e:  # e.g. an engine that sees a GPU it did not ask for
+            raise RunFailed(f"a rollout actor could not start: {components.start_failure(e)}") from None
         self.admit_started(block=True)
 
     def _spawn(self, actor_id: int) -> None:

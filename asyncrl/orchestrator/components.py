@@ -62,6 +62,16 @@ def tiny_spec(cfg: Config) -> Any:
     return spec_for(cfg.model.tiny)
 
 
+def start_failure(error: BaseException) -> str:
+    """What made a learner rank or an actor fail to start, as one line (the exception its
+    constructor or start raised, e.g. a GPU it sees but did not ask for), not Ray's traceback."""
+    cause = getattr(error, "cause", None)
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else repr(error)
+
+
 def node_ip() -> str:
     """This node's address as Ray sees it (loopback on a single-machine cluster)."""
     return ray.util.get_node_ip_address()

@@ -25,7 +25,7 @@ from asyncrl.buffer.base import StepBatch
 from asyncrl.buffer.packing import rank_batches
 from asyncrl.config import AlgoConfig, Config
 from asyncrl.learner.rank import LearnerRank
-from asyncrl.orchestrator.components import process_env
+from asyncrl.orchestrator.components import process_env, start_failure
 from asyncrl.orchestrator.placement import check_placeable, rank_resources
 from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import encode_batch
@@ -136,8 +136,12 @@ class LearnerGroup:
     # -- files ----------------------------------------------------------------------------------
 
     def answer_storage_probe(self, probe: str, answer: str, token: str) -> str:
-        """Rank 0 copies `token` from the file `probe` to `answer` if it sees it; its node address."""
-        return self._all("answer_storage_probe", probe, answer, token).result()
+        """Rank 0 copies `token` from the file `probe` to `answer` if it sees it; its node address.
+        The run's first wait on the ranks: one that could not start is a one-line RunFailed here."""
+        try:
+            return self._all("answer_storage_probe", probe, answer, token).result()
+        except ray.exceptions.RayError as e:
+            raise RunFailed(f"a learner rank could not start: {start_failure(e)}") from None
 
     def save(self, path: str) -> GroupCall:
         """The policy in Hugging Face format at `path`; its result is the path."""

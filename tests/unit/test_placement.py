@@ -52,3 +52,17 @@ def test_a_remote_process_gets_the_forwarded_variables_and_not_the_drivers_devic
     assert {k: v for k, v in env.items() if k not in own} == {
         "NCCL_SOCKET_IFNAME": "eth0", "TORCH_NCCL_BLOCKING_WAIT": "1", "GLOO_SOCKET_IFNAME": "eth0",
         "HF_HOME": "/data/hf", "HF_HUB_OFFLINE": "1"}  # Ray sets each process's own CUDA_VISIBLE_DEVICES
+
+
+def test_a_component_that_could_not_start_is_told_in_one_line():
+    from asyncrl.orchestrator.components import start_failure
+
+    class TaskError(Exception):  # a failed start() call: Ray keeps the exception as `cause`
+        cause = RuntimeError("rollout engine asked for no GPU (rollout.num_gpus_per_actor=0) but sees 1 CUDA device(s)")
+
+    assert start_failure(TaskError()) == ("RuntimeError: rollout engine asked for no GPU "
+                                          "(rollout.num_gpus_per_actor=0) but sees 1 CUDA device(s)")
+    # a constructor's failure comes as the actor's death, its traceback in the message
+    died = Exception("The actor died because of an error raised in its creation task\n  File \"rank.py\", "
+                     "line 74\nRuntimeError: learner rank asked for no GPU (learner.num_gpus=0)\n")
+    assert start_failure(died) == "RuntimeError: learner rank asked for no GPU (learner.num_gpus=0)"
