@@ -158,7 +158,8 @@ class RolloutConfig(_Section):
     @model_validator(mode="after")
     def _tp_has_its_gpus(self) -> "RolloutConfig":
         if self.tensor_parallel_size > 1 and self.num_gpus_per_actor != self.tensor_parallel_size:
-            raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs per actor: "
+            raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs per "
+                             "actor: "
                              f"set rollout.num_gpus_per_actor={self.tensor_parallel_size} "
                              f"(it is {self.num_gpus_per_actor:g})")
         return self

@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 STATE_FILE = "run_state.msgpack"
 LEARNER_DIR = "learner"
 PROBE_FILE, PROBE_ANSWER = ".storage-probe", ".storage-probe-answer"  # check_shared
-LEARNER_FILES = (f"{LEARNER_DIR}/learner.pt", f"{LEARNER_DIR}/policy/config.json")  # the learner's part, written on its node
+# the learner's part of a checkpoint, written on the learner's node
+LEARNER_FILES = (f"{LEARNER_DIR}/learner.pt", f"{LEARNER_DIR}/policy/config.json")
 
 # Fields a resumed run must share with the checkpoint: the weights, the buffer's layout and the
 # data cursor would otherwise mean something else. Everything else (lr, total_steps, actors,

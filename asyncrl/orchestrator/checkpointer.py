@@ -37,7 +37,11 @@ class Checkpointer:
             return None
         if resume == "auto":
             skipped: list[str] = []
-            found = checkpoint.find_resumable(self.run_dir, warn=lambda m: (skipped.append(m), self.say(f"warning: {m}")))
+            def warn(message: str) -> None:
+                skipped.append(message)
+                self.say(f"warning: {message}")
+
+            found = checkpoint.find_resumable(self.run_dir, warn=warn)
             if found is None and skipped:  # a fresh start would silently lose the run
                 raise ConfigError(f"resume=auto: none of the {len(skipped)} checkpoint(s) in {self.run_dir} can be "
                                   f"resumed (newest: {skipped[0]}); give resume=<a checkpoint directory>, or a new "

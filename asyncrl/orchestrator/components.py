@@ -81,8 +81,8 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
     """Create one actor (its engine starts with `actor.start.remote()`; the engine makes its own
     directory for vLLM's IPC sockets, on its node: vllm_engine.own_rpc_dir)."""
     spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens)
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib), "VLLM_LOGGING_LEVEL": cfg.observe.engine_log_level.upper(),
-           **process_env(cfg, f"actor-{actor_id}")}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib),
+           "VLLM_LOGGING_LEVEL": cfg.observe.engine_log_level.upper(), **process_env(cfg, f"actor-{actor_id}")}
     scorer = (functools.partial(LocalRewards.build, cfg.reward, model_path, tiny=tiny_spec(cfg))
               if cfg.reward.placement == "actor" else None)
     return ray.remote(RolloutActor).options(
