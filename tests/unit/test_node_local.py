@@ -40,9 +40,10 @@ def test_gloo_connections_bind_the_members_own_address():
     for t in threads:
         t.join(60)
     assert set(groups) == {0, 1}
-    # rank 0's gloo devices on the rendezvous host (its own address), rank 1's on the address it was
-    # given: one listening socket per connection (the store listens on every address, torch's choice)
-    assert len(seen[0]) == len(seen[1]) == GLOO_CONNECTIONS
+    # rank 0's store and gloo devices on the rendezvous host (its own address), rank 1's devices on
+    # the address it was given: one listening socket per connection, and the store's port
+    assert port in seen[0] and len(seen[0]) == GLOO_CONNECTIONS + 1
+    assert len(seen[1]) == GLOO_CONNECTIONS
 
 
 def test_own_address_outside_ray_is_loopback_and_interfaces_are_found_by_address():
