@@ -109,6 +109,11 @@ class SequenceChunk:
     advantage: float
     temperature: float = 1.0
     """The response's sampling temperature: the learner divides its logits by it."""
+    response_length: int = 0
+    """Length of the whole response (0: unknown, taken as loss_end), for length-bucketed metrics."""
+    entered_at: int | None = None
+    """The learner version at which the response entered training (buffer/base.py ResponseCursor);
+    the orchestrator's staleness split reads it, the learner does not (not on the wire)."""
 
     @property
     def loss_end(self) -> int:

@@ -27,6 +27,19 @@ class BufferStats:
     responses_empty: int = 0
     responses_split: int = 0
     batches_out: int = 0
+    responses_trained: float = 0.0
+    """Sum over emitted chunks of the share of their response's tokens they train (a response
+    trained whole counts 1): with tokens_out it gives the mean length of what was trained."""
+
+    @property
+    def length_bias(self) -> float:
+        """Mean length of the responses trained (each weighted by the share of its tokens that
+        was trained) over the mean length of the responses that came in, minus 1: below 0 when
+        dropping stale work trains the short responses more than the long ones. 0 before any."""
+        came_in = self.responses_in - self.responses_empty
+        if not self.responses_trained or not came_in or not self.tokens_in:
+            return 0.0
+        return (self.tokens_out / self.responses_trained) / (self.tokens_in / came_in) - 1.0
 
 
 @dataclass
@@ -57,6 +70,10 @@ class ResponseCursor:
     sample: Sample
     advantage: float
     offset: int = 0
+    entered_at: int | None = None
+    """The learner version at which the response entered training, and its staleness was checked:
+    when its rollout batch was sealed, or when a streaming step first cut a chunk of it. None: not
+    yet. A response split at the Phi boundary keeps it, so its rest is not judged again."""
 
     @property
     def remaining(self) -> int:
@@ -68,14 +85,23 @@ class ResponseCursor:
         return SequenceChunk(
             group_id=s.group_id, sample_index=s.sample_index, prompt_ids=s.prompt_ids,
             response_ids=s.response_ids[:end], loss_start=start, old_logprobs=s.logprobs[start:end],
-            versions=s.versions[start:end], advantage=self.advantage, temperature=s.temperature)
+            versions=s.versions[start:end], advantage=self.advantage, temperature=s.temperature,
+            response_length=len(s.response_ids), entered_at=self.entered_at)
+
+    def emit(self, end: int, stats: BufferStats) -> SequenceChunk:
+        """`chunk(end)`, counted as trained, with the cursor moved past it."""
+        chunk = self.chunk(end)
+        stats.responses_trained += (end - self.offset) / len(self.sample.response_ids)
+        self.offset = end
+        return chunk
 
     def to_state(self) -> dict[str, Any]:
-        return {"sample": asdict(self.sample), "advantage": self.advantage, "offset": self.offset}
+        return {"sample": asdict(self.sample), "advantage": self.advantage, "offset": self.offset,
+                "entered_at": self.entered_at}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> ResponseCursor:
-        return cls(sample_from_state(d["sample"]), d["advantage"], d["offset"])
+        return cls(sample_from_state(d["sample"]), d["advantage"], d["offset"], d.get("entered_at"))
 
 
 def sample_from_state(d: dict[str, Any]) -> Sample:
@@ -101,22 +127,41 @@ def stale_prefix(versions: list[int], start: int, oldest_ok: int) -> int:
     return n - start
 
 
-def cut_budget(queue: deque[ResponseCursor], budget: int, stats: BufferStats) -> list[SequenceChunk]:
+def cut_budget(queue: deque[ResponseCursor], budget: int, stats: BufferStats,
+               learner_version: int | None = None) -> list[SequenceChunk]:
     """Exactly `budget` loss tokens from the head of `queue` (which must hold that many). Whole
     responses while they fit; the one that does not gives the prefix that fills the budget and
-    stays at the head, so its rest opens the next batch."""
+    stays at the head, so its rest opens the next batch. A response that has not entered training
+    yet enters it at `learner_version` (None: its entry was set when its batch was sealed)."""
     need = budget
     chunks: list[SequenceChunk] = []
     while need:
         p = queue[0]
+        if p.entered_at is None:
+            p.entered_at = learner_version
         take = min(need, p.remaining)
-        chunks.append(p.chunk(p.offset + take))
-        p.offset += take
+        chunks.append(p.emit(p.offset + take, stats))
         need -= take
         if p.remaining == 0:
             queue.popleft()
         else:
             stats.responses_split += 1
+    return chunks
+
+
+def cut_whole(queue: deque[ResponseCursor], budget: int, stats: BufferStats,
+              learner_version: int) -> list[SequenceChunk]:
+    """Whole responses from the head of `queue` until they hold at least `budget` loss tokens
+    (Ring-lite's greedy C3PO selection: "cumulative token count closely exceeds or equals the
+    budget"); the queue must hold that many. Nothing is split, so a step holds between Phi and
+    Phi + the longest response - 1 tokens; budget aggregation still divides by Phi."""
+    chunks: list[SequenceChunk] = []
+    total = 0
+    while total < budget:
+        p = queue.popleft()
+        p.entered_at = learner_version if p.entered_at is None else p.entered_at
+        total += p.remaining
+        chunks.append(p.emit(len(p.sample.response_ids), stats))
     return chunks
 
 

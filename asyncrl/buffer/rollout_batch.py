@@ -31,10 +31,11 @@ moves once per batch (types.Batch.role). `take_opening` says, after each `next_b
 the step opened a rollout batch (and hands over that batch's responses, each once), continued
 the open one, or is its own batch (prompt mode with N_SGD = 1).
 
-Staleness metrics split a trained token's lag at `batch_start_version`, the learner version its
-batch was sealed at, which is the version of the batch's first step (orchestrator/step_stats.py).
-In token mode the step that opens a batch also trains the previous batch's carried tail (fewer
-than Phi tokens); those are counted with the new batch, so their reuse lag reads as asynchronous.
+Staleness metrics split a trained token's lag at the learner version its batch was sealed at,
+which every chunk carries (`entered_at`; orchestrator/step_stats.py). In token mode the step that
+opens a batch may also train the previous batch's carried tail (fewer than Phi tokens); those keep
+their own batch's seal version, so their lag since then reads as reuse, and the asynchronous part
+of every trained token's lag is at most max_staleness.
 
 Accounting, exact at every moment (tokens_out and num_loss_tokens count every pass of a token):
     num_reuse * (tokens_in - tokens_dropped_stale) == tokens_out + num_loss_tokens
@@ -134,7 +135,7 @@ class RolloutBatchBuffer:
         if self.minibatch_prompts is None:
             chunks = cut_budget(self._stream, self.token_budget, self.stats)
         else:
-            chunks = [p.chunk(len(p.sample.response_ids)) for p in self._steps.popleft()]
+            chunks = [p.emit(len(p.sample.response_ids), self.stats) for p in self._steps.popleft()]
         num_tokens = sum(c.num_loss_tokens for c in chunks)
         self._planned_tokens -= num_tokens
         self.stats.tokens_out += num_tokens
@@ -177,13 +178,13 @@ class RolloutBatchBuffer:
                 if stale == len(s.response_ids):
                     self.stats.responses_all_stale += stale > 0
                     continue
-                kept[-1].append((s, adv, stale))
+                kept[-1].append((s, adv, stale, learner_version))
         self._opened = (self._opened or []) + [ResponseCursor(*r).chunk(len(r[0].response_ids))
                                                for resp in kept for r in resp]
         batch_index = self.stats.rollout_batches_sealed
         self.stats.rollout_batches_sealed += 1
         self._batch_start_version = learner_version
-        pass_tokens = sum(len(s.response_ids) - start for resp in kept for s, _, start in resp)
+        pass_tokens = sum(len(s.response_ids) - start for resp in kept for s, _, start, _ in resp)
         for pass_index in range(self.num_reuse):
             order = list(range(len(groups)))
             random.Random(f"{self.seed}/{batch_index}/{pass_index}").shuffle(order)

@@ -2,17 +2,23 @@
 
 Responses queue oldest policy version first, in arrival order among equals: a group that arrives
 late (its rewards waited out a verifier's timeout) is trained before fresher tokens instead of
-going stale behind them. A batch takes whole responses while they fit; the response
-that does not fit contributes the prefix of its loss tokens that fills Phi, and the rest of it
-opens the next batch (its prompt and earlier response tokens are fed again as context, with loss
-mask 0). So a batch never holds more or fewer than Phi loss tokens, and every token is trained
-exactly once.
+going stale behind them. Two ways to cut a step (`cut`):
+- "split" (default): whole responses while they fit; the response that does not fit contributes
+  the prefix of its loss tokens that fills Phi, and the rest of it opens the next batch (its
+  prompt and earlier response tokens are fed again as context, with loss mask 0). A step holds
+  exactly Phi loss tokens.
+- "whole": Ring-lite's greedy selection, whole responses until the step holds at least Phi
+  (buffer/base.py cut_whole). No response is split; a step holds Phi to Phi + L_max - 1 tokens.
 
-Staleness: when learner version v takes a batch, a token produced by policy version w is only
-trained if v - w <= max_staleness. Versions never decrease along a response, so the stale tokens
-of a response are a prefix: they are skipped (counted as dropped) and the fresh rest is kept.
-Admission control upstream (`admission_capacity`, AReaL's bound) keeps this rare; the buffer makes
-it a guarantee.
+Staleness: a response enters training when learner version v first takes a chunk of it; a token
+produced by policy version w is only trained if v - w <= max_staleness then. Versions never
+decrease along a response, so the stale tokens of a response are a prefix: they are skipped
+(counted as dropped) and the fresh rest is kept. The rest of a response split at the Phi boundary
+is not judged again: it trains at the next step(s), one version later per step, so its prefix and
+its ending (EOS, the answer) are both trained. A token's lag at the step that trains it is
+therefore at most max_staleness plus the steps its response has been in training
+(orchestrator/step_stats.py reports the two parts). Admission control upstream
+(`admission_capacity`, AReaL's bound) keeps drops rare; the buffer makes the bound a guarantee.
 
 Accounting invariant: tokens_in == tokens_out + tokens_dropped_stale + num_loss_tokens.
 """
@@ -23,16 +29,22 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any
 
-from asyncrl.buffer.base import (AdmissionView, BufferStats, ResponseCursor, cut_budget, stale_prefix,
-                                 stats_from_state)
+from asyncrl.buffer.base import (AdmissionView, BufferStats, ResponseCursor, cut_budget, cut_whole,
+                                 stale_prefix, stats_from_state)
 from asyncrl.buffer.admission import admission_capacity
 from asyncrl.types import Group, SequenceChunk
 
 
+CUTS = ("split", "whole")
+
+
 class TokenBuffer:
-    def __init__(self, token_budget: int, max_staleness: int):
+    def __init__(self, token_budget: int, max_staleness: int, cut: str = "split"):
         if token_budget <= 0:
             raise ValueError(f"token_budget must be positive, got {token_budget}")
+        if cut not in CUTS:
+            raise ValueError(f"unknown cut {cut!r} (allowed: {', '.join(CUTS)})")
+        self.cut = cut
         self.token_budget = token_budget
         self.max_staleness = max_staleness
         self.stats = BufferStats()
@@ -82,12 +94,15 @@ class TokenBuffer:
     def drop_stale(self, learner_version: int) -> int:
         """Skip tokens older than learner_version - max_staleness; returns how many. Only the
         head of the queue is looked at: past its first response, responses are in order of their
-        first (oldest) token's version, so the first one that is young enough ends the scan."""
+        first (oldest) token's version, so the first one that is young enough ends the scan. The
+        rest of a split response (at the head) entered training already and is kept."""
         oldest_ok = learner_version - self.max_staleness
         dropped, emptied = 0, []
         for i, p in enumerate(self._queue):
             if i > 0 and p.sample.versions[0] >= oldest_ok:
                 break
+            if p.entered_at is not None:
+                continue
             stale = stale_prefix(p.sample.versions, p.offset, oldest_ok)
             if stale:
                 p.offset += stale
@@ -101,13 +116,16 @@ class TokenBuffer:
         return dropped
 
     def next_batch(self, learner_version: int) -> list[SequenceChunk] | None:
-        """Exactly token_budget loss tokens for learner_version, or None if not enough yet."""
+        """token_budget loss tokens for learner_version (at least that many with cut "whole"),
+        or None if not enough yet."""
         self.drop_stale(learner_version)
         if self._num_tokens < self.token_budget:
             return None
-        chunks = cut_budget(self._queue, self.token_budget, self.stats)
-        self._num_tokens -= self.token_budget
-        self.stats.tokens_out += self.token_budget
+        cut = cut_budget if self.cut == "split" else cut_whole
+        chunks = cut(self._queue, self.token_budget, self.stats, learner_version)
+        num_tokens = sum(c.num_loss_tokens for c in chunks)
+        self._num_tokens -= num_tokens
+        self.stats.tokens_out += num_tokens
         self.stats.batches_out += 1
         return chunks
 

@@ -154,7 +154,7 @@ class Driver:
 def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> Buffer:
     """Streaming Phi-token buffer, or the D_R / D_T / N_reuse rollout-batch schedule."""
     if cfg.rollout_batch_prompts is None:
-        return TokenBuffer(token_budget, cfg.max_staleness)
+        return TokenBuffer(token_budget, cfg.max_staleness, cfg.cut)
     return RolloutBatchBuffer(token_budget, cfg.max_staleness, cfg.rollout_batch_prompts,
                               cfg.minibatch_prompts, cfg.num_reuse, seed=seed)
 

@@ -251,6 +251,7 @@ class GroupLedger:
         a = self.assembler.stats
         return {"buffer/loss_tokens": self.buffer.num_loss_tokens,
                 **{f"buffer/{k}_total": v for k, v in asdict(self.buffer.stats).items()},
+                "buffer/length_bias": self.buffer.stats.length_bias,
                 "buffer/groups_zero_variance_total": a.groups_zero_variance,
                 "buffer/groups_complete_total": a.groups_complete,
                 "buffer/duplicate_samples_total": self.counts.samples_duplicate}

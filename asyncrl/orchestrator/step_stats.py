@@ -5,12 +5,14 @@ A key ending in `_total` is a running total since the run started; every other k
 the step window or a current one (a gauge, like `buffer/loss_tokens`).
 
 Staleness is measured per trained token: lag = learner version that trains it - version that
-generated it. With rollout batches (buffer/rollout_batch.py) a batch is trained for N_SGD steps,
-so part of that lag is reuse, which N_SGD > 1 asks for, not asynchrony. The lag splits at the
-version the token's batch was first trained at (`batch_start_version`):
-    lag = (learner version - batch start) + (batch start - generation version)
+generated it. It splits at the version the token's response entered training (the chunk's
+`entered_at`: its rollout batch was sealed, or a streaming step first took a chunk of it), where
+the staleness bound was checked:
+    lag = (learner version - entered at) + (entered at - generation version)
             reuse lag (staleness/reuse_*)      asynchronous lag (staleness/async_*)
-The streaming TokenBuffer trains each token once, so its reuse lag is 0.
+so staleness/async_max <= buffer.max_staleness always. The reuse part is what N_SGD > 1 asks for
+(up to N_SGD - 1 with rollout batches) or, streaming, the steps the rest of a response split at
+the Phi boundary follows its prefix by (usually 1).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class StepStats:
         self.outcomes = Counter()
         self.lags: list[int] = []
         self.async_lags: list[int] = []
-        self.reuse_lags: list[int] = []  # one per batch: every token of a batch has the same
+        self.reuse_lags: list[int] = []  # one per chunk: every token of a chunk has the same
         self.shaping: dict[str, float] = {}
         self.by_source: dict[str, list[float]] = {}
         self.latencies: list[float] = []
@@ -116,12 +118,13 @@ class StepStats:
                   batch_start_version: int | None = None) -> None:
         """A step's chunks, trained by `learner_version`; `batch_start_version`: the version their
         rollout batch was first trained at (the buffer's `batch_start_version`; None: this step)."""
-        start = learner_version if batch_start_version is None else batch_start_version
-        lag, async_lag = learner_version.__sub__, start.__sub__  # map() over them: a C loop per chunk
+        default = learner_version if batch_start_version is None else batch_start_version
+        lag = learner_version.__sub__  # map() over them: a C loop per chunk
         for c in chunks:
+            start = default if c.entered_at is None else c.entered_at
             self.lags.extend(map(lag, c.versions))
-            self.async_lags.extend(map(async_lag, c.versions))
-        self.reuse_lags.append(learner_version - start)
+            self.async_lags.extend(map(start.__sub__, c.versions))
+            self.reuse_lags.append(learner_version - start)
 
     def take_examples(self) -> list[dict[str, Any]]:
         """The example completions kept since the last call (at most `examples_per_step`)."""

@@ -181,6 +181,7 @@ def _chunk_columns(chunks: list[SequenceChunk]) -> dict[str, Any]:
         "versions": [c.versions for c in chunks],
         "advantage": [float(c.advantage) for c in chunks],
         "temperature": [float(c.temperature) for c in chunks],
+        "response_length": [c.response_length for c in chunks],
     }
 
 
@@ -203,6 +204,7 @@ def _decode_chunks(obj: Any, name: str) -> list[SequenceChunk]:
         _int_seqs(obj, "versions", k),
         _column(obj, "advantage", float, k),
         _column(obj, "temperature", float, k),
+        _column(obj, "response_length", int, k),
     ]
     if list(map(len, columns[6])) != loss_lens:
         raise FrameError(f"{name}: a chunk's versions and loss tokens disagree in length")

@@ -196,3 +196,60 @@ def test_stale_scan_stops_at_the_first_young_response_and_drops_exactly_the_old_
     assert buf.num_loss_tokens == 1 + 2 + 3 + 5
     assert buf.stats.tokens_in == buf.stats.tokens_out + buf.stats.tokens_dropped_stale + buf.num_loss_tokens
     assert [c.group_id for c in buf.next_batch(2)] == ["v2", "mix"]
+
+
+def test_the_rest_of_a_split_response_is_trained_not_dropped_as_stale():
+    """Ring-lite's recipe (max_staleness 0): a response cut at the Phi boundary has its rest
+    trained one version later; judging that rest again would train the prefix and drop the ending
+    (EOS, the answer). Every token is trained exactly once."""
+    buf = TokenBuffer(token_budget=4, max_staleness=0)
+    buf.add_group(make_group("a", [6], version=0))
+    first = buf.next_batch(0)
+    assert [(c.loss_start, c.loss_end) for c in first] == [(0, 4)]
+    buf.add_group(make_group("b", [2], version=1))
+    second = buf.next_batch(1)
+    assert [(c.group_id, c.loss_start, c.loss_end) for c in second] == [("a", 4, 6), ("b", 0, 2)]
+    assert [c.entered_at for c in second] == [0, 1]  # the rest keeps the version it entered at
+    assert buf.stats.tokens_dropped_stale == 0
+    assert buf.stats.tokens_out == 8 == buf.stats.tokens_in
+
+
+def test_a_response_not_yet_trained_is_still_judged_at_the_head():
+    buf = TokenBuffer(token_budget=4, max_staleness=0)
+    buf.add_group(make_group("a", [3], version=0))
+    buf.add_group(make_group("b", [4], version=1))
+    (chunk,) = buf.next_batch(1)  # "a" never entered training: stale at version 1
+    assert (chunk.group_id, buf.stats.tokens_dropped_stale) == ("b", 3)
+
+
+def test_whole_cut_takes_whole_responses_until_the_budget_is_reached():
+    buf = TokenBuffer(token_budget=5, max_staleness=1, cut="whole")
+    buf.add_group(make_group("g", [3, 4, 2]))
+    batch = buf.next_batch(0)
+    assert [(c.sample_index, c.loss_start, c.loss_end) for c in batch] == [(0, 0, 3), (1, 0, 4)]  # 7 >= 5
+    assert buf.num_loss_tokens == 2 and buf.stats.responses_split == 0
+    assert buf.next_batch(0) is None  # 2 < 5
+    buf.add_group(make_group("h", [3]))
+    assert [c.num_loss_tokens for c in buf.next_batch(0)] == [2, 3]
+    assert buf.stats.tokens_out == buf.stats.tokens_in == 12
+    with pytest.raises(ValueError, match="unknown cut"):
+        TokenBuffer(4, 0, cut="halves")
+
+
+def test_length_bias_compares_what_was_trained_with_what_came_in():
+    # responses of 2 and 6 tokens come in (mean 4); the 6-token one (version 0) is dropped as stale,
+    # the 2-token one trained: trained mean 2, bias 2 / 4 - 1 = -0.5
+    buf = TokenBuffer(token_budget=2, max_staleness=0)
+    buf.add_group(make_group("long", [6], version=0))
+    buf.add_group(make_group("short", [2], version=1))
+    assert buf.stats.length_bias == 0.0  # nothing trained yet
+    buf.next_batch(1)
+    assert buf.stats.length_bias == pytest.approx(2 / 4 - 1)
+    # a split response counts by the share of it trained: 4 + 2 tokens of a 6-token response over
+    # two steps is one response of 6; with the 2-token one: (2 + 6) / 2 = 4 = the mean in, bias 0
+    fair = TokenBuffer(token_budget=4, max_staleness=5)
+    fair.add_group(make_group("g", [6, 2]))
+    fair.next_batch(0)
+    fair.next_batch(0)
+    assert fair.stats.responses_trained == pytest.approx(2.0)
+    assert fair.stats.length_bias == pytest.approx(0.0)

@@ -162,3 +162,17 @@ def test_a_user_functions_own_info_is_averaged_and_kept_with_the_examples():
     [example] = stats.take_examples()
     assert example["info"] == {"format_ok": True, "dist": 0.5, "parsed": "12"}
     assert stats.flush({})["reward/info/dist"] is None  # a column seen before stays, empty
+
+
+def test_a_split_responses_rest_lags_by_reuse_and_the_asynchronous_lag_stays_within_the_bound():
+    # max_staleness 0: "a" (6 tokens, version 0) enters training at 0 with 4 tokens; its rest trains
+    # at 1. Its lag 1 there is the step it followed its prefix by, not asynchrony.
+    buf = TokenBuffer(token_budget=4, max_staleness=0)
+    buf.add_group(one_response_group("a", [0] * 6))
+    stats = StepStats()
+    stats.add_batch(buf.next_batch(0), 0, buf.batch_start_version)
+    assert staleness(stats.flush(PIPELINE)) == (0.0, 0, 0.0, 0, 0)
+    buf.add_group(one_response_group("b", [1, 1]))
+    stats.add_batch(buf.next_batch(1), 1, buf.batch_start_version)
+    # lags [1, 1, 0, 0]; async [0, 0, 0, 0]; reuse max 1
+    assert staleness(stats.flush(PIPELINE)) == (0.5, 1, 0.0, 0, 1)
