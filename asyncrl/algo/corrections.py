@@ -35,6 +35,8 @@ import math
 
 import torch
 
+from asyncrl.algo.policy_loss import clipped_policy_loss
+
 POLICY_LOSSES = ("ppo", "is", "cispo", "gspo", "m2po")
 """ppo is clipped_policy_loss in policy_loss.py; the others are below."""
 BEHAVIOUR_WEIGHTS = ("token_tis", "seq_tis", "icepop", "none")
@@ -230,3 +232,65 @@ def _check_eps(eps_low: float, eps_high: float) -> None:
 def _check_cap(cap: float) -> None:
     if not cap > 0:
         raise ValueError(f"cap must be > 0, got {cap}")
+
+
+def policy_terms(
+    name: str,
+    logprobs: torch.Tensor,
+    anchor_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+    seq_ids: torch.Tensor | None = None,
+    m2po_cut: float = math.inf,
+) -> tuple[torch.Tensor, Diag]:
+    """The per-token policy loss `name` (POLICY_LOSSES) against `anchor_logprobs`, and its diag.
+    `seq_ids` is needed by gspo, `m2po_cut` (m2po_threshold over the whole step) by m2po;
+    dual_clip applies to ppo only."""
+    if name == "ppo":
+        return clipped_policy_loss(logprobs, anchor_logprobs, advantages, eps_low, eps_high, dual_clip=dual_clip)
+    if name == "is":
+        return unclipped_is_loss(logprobs, anchor_logprobs, advantages)
+    if name == "cispo":
+        return cispo_loss(logprobs, anchor_logprobs, advantages, eps_low, eps_high)
+    if name == "gspo":
+        if seq_ids is None:
+            raise ValueError("gspo needs seq_ids")
+        return gspo_loss(logprobs, anchor_logprobs, advantages, seq_ids, eps_low, eps_high)
+    if name == "m2po":
+        return m2po_loss(logprobs, anchor_logprobs, advantages, m2po_cut)
+    raise ValueError(f"unknown policy loss {name!r} (allowed: {', '.join(POLICY_LOSSES)})")
+
+
+def behaviour_weight(
+    name: str,
+    log_ratio: torch.Tensor,
+    *,
+    cap: float | None = None,
+    seq_ids: torch.Tensor | None = None,
+    icepop_low: float = 0.5,
+    icepop_high: float = 5.0,
+) -> tuple[torch.Tensor, Diag]:
+    """The behaviour weight `name` (BEHAVIOUR_WEIGHTS) of log_ratio = log pi_anchor - log pi_b, and
+    its diag: is_weight, is_weight_capped (token_tis / seq_tis: the cap acted; None cap: untruncated)
+    and, for icepop, is_weight_masked."""
+    if name == "none":
+        weight = torch.ones_like(log_ratio)
+        return weight, {"is_weight": weight, "is_weight_capped": torch.zeros_like(log_ratio, dtype=torch.bool)}
+    if name == "icepop":
+        weight, masked = icepop_weight(log_ratio, icepop_low, icepop_high)
+        return weight, {"is_weight": weight, "is_weight_masked": masked}
+    if name == "token_tis" and cap is None:
+        weight = torch.exp(log_ratio.detach())
+        return weight, {"is_weight": weight, "is_weight_capped": torch.zeros_like(log_ratio, dtype=torch.bool)}
+    if name == "token_tis":
+        weight, capped = token_tis_weight(log_ratio, cap)
+    elif name == "seq_tis":
+        if seq_ids is None:
+            raise ValueError("seq_tis needs seq_ids")
+        weight, capped = seq_tis_weight(log_ratio, seq_ids, math.inf if cap is None else cap)
+    else:
+        raise ValueError(f"unknown behaviour weight {name!r} (allowed: {', '.join(BEHAVIOUR_WEIGHTS)})")
+    return weight, {"is_weight": weight, "is_weight_capped": capped}

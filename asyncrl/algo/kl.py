@@ -14,6 +14,13 @@ the bound nothing changes. verl also clamps the resulting k3 to [-10, 10]; async
 because that zeroes the KL gradient of every token with d_t above ~2.5, exactly the tokens the
 penalty is meant to pull back.
 
+k3's gradient with respect to log pi_theta is 1 - exp(d_t): about -2,980 a token at d_t = 8, so a
+few tokens the reference finds very unlikely can dominate the step. `grad_cap` C bounds each
+token's gradient to [-C, C] and leaves the value unchanged (the surrogate
+sg(k_t) + clip(g_t, -C, C) * (log pi_theta - sg(log pi_theta)), g_t the exact gradient), as verl's
+value cap on low_var_kl is meant to, without zeroing the gradient of the tokens it pulls back.
+k2 (gradient -d_t, linear) is the other remedy.
+
 The loss adds beta * agg(k_t) (beta 0 in Skywork-OR1, 1e-4 in ProRL, 1e-3 in Ring-lite).
 Reference reset (ProRL section 3.3.1): pi_ref <- pi_theta and the optimizer state is reset,
 periodically, when the KL spikes, or by hand; ProRL decides by watching validation metrics, which
@@ -33,20 +40,28 @@ KL_LOG_RATIO_CLAMP = 20.0
 
 
 def token_kl(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3"
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3", grad_cap: float | None = None
 ) -> torch.Tensor:
-    """logprobs, ref_logprobs [T] (of the sampled tokens) -> per-token KL estimate [T]."""
+    """logprobs, ref_logprobs [T] (of the sampled tokens) -> per-token KL estimate [T]; with
+    `grad_cap` C, each token's gradient with respect to logprobs is clipped to [-C, C]."""
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)} vs ref {tuple(ref_logprobs.shape)}")
+    if grad_cap is not None and grad_cap <= 0:
+        raise ValueError(f"grad_cap must be > 0, got {grad_cap}")
     log_ratio = ref_logprobs - logprobs
     if estimator == "k1":
-        return -log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.square()
-    if estimator == "k3":
+        value, grad = -log_ratio, torch.ones_like(log_ratio)
+    elif estimator == "k2":
+        value, grad = 0.5 * log_ratio.square(), -log_ratio
+    elif estimator == "k3":
         d = torch.clamp(log_ratio, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-        return torch.expm1(d) - d
-    raise ValueError(f"unknown KL estimator {estimator!r} (allowed: {', '.join(KL_ESTIMATORS)})")
+        value, grad = torch.expm1(d) - d, -torch.expm1(d)
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r} (allowed: {', '.join(KL_ESTIMATORS)})")
+    if grad_cap is None:
+        return value
+    grad = torch.clamp(grad.detach(), -grad_cap, grad_cap)
+    return value.detach() + grad * (logprobs - logprobs.detach())
 
 
 def should_reset_reference(

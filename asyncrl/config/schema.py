@@ -4,6 +4,7 @@ error messages) is in config/load.py."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,6 +120,10 @@ class RolloutConfig(_Section):
     """Inference engine of each actor: vLLM, or a fake one for tests of scheduling logic."""
     num_actors: int = Field(1, ge=1)
     """Rollout actors, each owning one engine; raise it to raise throughput, no learner change."""
+    dtype: Literal["float32", "bfloat16"] | None = None
+    """The engines' weight and compute dtype (None: model.dtype). The mismatch knob: bfloat16
+    engines under a float32 learner sample from a policy that differs from the one trained by
+    rounding alone (trainer/engine mismatch, `offpolicy/mismatch_*`), with no staleness."""
     group_size: int = Field(8, ge=1)
     """Samples per prompt (n), at least 2; advantages are computed within each group."""
     temperature: float = Field(1.0, gt=0)
@@ -166,17 +171,25 @@ class RolloutConfig(_Section):
 
 
 class EntropyControlConfig(_Section):
+    """Skywork-OR1's adaptive entropy control (MAGIC) comes in two settings: the paper's text
+    (section 3.2.5: delta 0.005, c unbounded, e_k the entropy of the rollouts) and its released
+    training scripts (delta 1e-4, c capped at 0.005, e_k the sampled negative log-likelihood,
+    `measure: sampled_nll`). The defaults are the paper's delta with the released cap."""
+
     enabled: bool = False
     """Adaptive entropy control (Skywork-OR1 eq. 3.2): alpha_k = c_k * 1{e_k <= target}."""
     target: float = Field(0.2, gt=0)
     """Target entropy tgt in nats per token (Skywork-OR1: 0.2)."""
     delta: float = Field(0.005, gt=0)
-    """Step Delta by which c moves toward the target each optimizer step (Skywork-OR1: 0.005)."""
-    coef_max: float | None = Field(None, ge=0)
-    """Upper bound c_max of c (None: unbounded, as in the paper)."""
-    measure: Literal["exact", "lagged"] = "exact"
+    """Step Delta by which c moves toward the target each optimizer step (paper: 0.005; released
+    scripts: 1e-4)."""
+    coef_max: float | None = Field(0.005, ge=0)
+    """Upper bound c_max of c (released scripts: 0.005; None: unbounded, as the paper's text)."""
+    measure: Literal["exact", "lagged", "sampled_nll"] = "exact"
     """exact: e_k is the current policy's entropy on this step's loss tokens, measured by an extra
-    no-grad forward before the step; lagged: e_k is the previous step's (free, one step late)."""
+    no-grad forward before the step; lagged: e_k is the previous step's (free, one step late);
+    sampled_nll: the mean -log pi_behaviour of the sampled tokens (free, the actors' policy, as
+    the released scripts measure it)."""
 
 
 class KLConfig(_Section):
@@ -184,6 +197,9 @@ class KLConfig(_Section):
     """beta: loss += beta * agg(KL to the reference) (Skywork-OR1 0, ProRL 1e-4, Ring-lite 1e-3)."""
     estimator: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator (k3 = exp(d) - d - 1 with d = log pi_ref - log pi)."""
+    grad_cap: float | None = Field(None, gt=0)
+    """Clip each token's KL gradient to [-C, C], value unchanged (None: off). k3's gradient
+    1 - e^d grows to about -2,980 a token at d = 8; k2's is linear in d."""
     track: bool = False
     """Hold a reference and log KL to it even when coef is 0 (costs one no-grad forward per step)."""
     reset_every: int | None = Field(None, gt=0)
@@ -194,6 +210,9 @@ class KLConfig(_Section):
     @property
     def needs_reference(self) -> bool:
         return self.coef > 0 or self.track
+
+
+IS_WEIGHT_CAP = 2.0
 
 
 class AlgoConfig(_Section):
@@ -225,8 +244,25 @@ class AlgoConfig(_Section):
     """Decoupled PPO (AReaL): ratio against pi_prox, the learner's policy at the start of the
     step's rollout batch (fixed over its N_SGD steps; a step that is its own batch: the start of
     the step, ratio 1), each token weighted by pi_prox / pi_b truncated at is_weight_cap."""
-    is_weight_cap: float | None = Field(None, gt=0)
-    """C, the truncation of the decoupled importance weight (None: untruncated); needs decoupled."""
+    is_weight_cap: float | None = Field(IS_WEIGHT_CAP, gt=0)
+    """C, the truncation of the decoupled importance weight (None: untruncated); only read with
+    decoupled. A streaming step is its own rollout batch, so its ratio to pi_prox is exactly 1 and
+    PPO's clip never acts: the cap is then the only trust region (2: truncated IS's C, Yao et al.
+    2025)."""
+    policy_loss: Literal["ppo", "is", "cispo", "gspo", "m2po"] = "ppo"
+    """The per-token policy loss (algo/corrections.py): ppo (clip-higher, dual clip), is (unclipped
+    importance sampling), cispo (MiniMax-M1: clipped, stop-gradient IS weight), gspo (sequence
+    ratio; its paper's eps are 3e-4 / 4e-4), m2po (unclipped, second-moment token mask)."""
+    behaviour_weight: Literal["token_tis", "seq_tis", "icepop", "none"] = "token_tis"
+    """With decoupled: the weight of pi_prox / pi_b on each token: token_tis (truncated at
+    is_weight_cap: AReaL's decoupled PPO), seq_tis (the sequence's product, truncated), icepop
+    (the ratio inside [icepop_low, icepop_high], else 0), none."""
+    icepop_low: float = Field(0.5, gt=0, lt=1)
+    """IcePop's lower bound alpha on pi_prox / pi_b (Ring-1T: 0.5)."""
+    icepop_high: float = Field(5.0, gt=1)
+    """IcePop's upper bound beta on pi_prox / pi_b (Ring-1T: 5)."""
+    m2po_tau: float = Field(0.04, gt=0)
+    """M2PO's bound tau on the mean squared log ratio of the tokens kept (M2PO: 0.04)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Fixed entropy bonus coefficient alpha (loss -= alpha * entropy); 0 with entropy_control."""
     entropy_control: EntropyControlConfig = EntropyControlConfig()
@@ -242,8 +278,16 @@ class AlgoConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "AlgoConfig":
-        if self.is_weight_cap is not None and not self.decoupled:
+        if self.is_weight_cap != IS_WEIGHT_CAP and not self.decoupled:  # the default is written out too
             raise ValueError("algo.is_weight_cap only applies with algo.decoupled=true")
+        if self.dual_clip is not None and self.policy_loss != "ppo":
+            raise ValueError(f"algo.dual_clip applies to algo.policy_loss=ppo, not {self.policy_loss}")
+        if self.behaviour_weight != "token_tis" and not self.decoupled:
+            raise ValueError("algo.behaviour_weight weights pi_prox / pi_b: it needs algo.decoupled=true")
+        if self.decoupled and self.is_weight_cap is None:
+            warnings.warn("algo.decoupled with algo.is_weight_cap null: a streaming step's ratio to pi_prox is "
+                          "exactly 1, so nothing bounds its update (no clip acts, the weight is uncapped)",
+                          stacklevel=2)
         if self.entropy_control.enabled and self.entropy_coef > 0:
             raise ValueError("algo.entropy_coef must be 0 when algo.entropy_control.enabled "
                              "(the controller sets the coefficient)")
@@ -258,8 +302,15 @@ class BufferConfig(_Section):
     token_budget: int = Field(512, gt=0)
     """Phi: loss tokens per optimizer step, summed over learner ranks (Ring-lite C3PO)."""
     max_staleness: int = Field(1, ge=0)
-    """Most versions a trained token may lag the learner; 0 is on-policy (synchronous mode). With a
-    rollout batch it is checked when the batch is sealed, before its N_SGD steps."""
+    """Most versions a token may lag the learner when its response enters training (a streaming
+    step first takes it, or its rollout batch is sealed); 0 is on-policy (synchronous mode). Its
+    total lag adds the steps since then: up to N_SGD - 1 in a rollout batch, and the step(s) the
+    rest of a response split at the Phi boundary follows its prefix by (`staleness/async_max` is
+    bounded by this, `staleness/max` is the total)."""
+    cut: Literal["split", "whole"] = "split"
+    """Streaming: `split` takes exactly Phi tokens a step, splitting the response at the boundary
+    (its rest opens the next step); `whole` takes whole responses until the step holds at least
+    Phi (Ring-lite's greedy selection; the loss still divides by Phi in budget mode)."""
     rollout_batch_prompts: int | None = Field(None, gt=0)
     """D_R (Skywork-OR1 section 4): collect this many kept groups, then train on them for N_SGD
     steps. None streams: each step takes the next Phi tokens as they arrive."""
@@ -277,6 +328,8 @@ class BufferConfig(_Section):
             if self.rollout_batch_prompts % self.minibatch_prompts:
                 raise ValueError(f"buffer.rollout_batch_prompts ({self.rollout_batch_prompts}) must be a "
                                  f"multiple of buffer.minibatch_prompts ({self.minibatch_prompts})")
+        if self.cut != "split" and self.rollout_batch_prompts is not None:
+            raise ValueError("buffer.cut applies to the streaming buffer (no buffer.rollout_batch_prompts)")
         if self.num_reuse > 1 and self.rollout_batch_prompts is None:
             raise ValueError("buffer.num_reuse > 1 needs buffer.rollout_batch_prompts (the batch reused)")
         return self
@@ -315,6 +368,9 @@ class LearnerConfig(_Section):
     """Tokens (context included) per forward/backward; the step's gradient does not depend on it."""
     entropy_chunk_tokens: int = Field(1024, gt=0)
     """Tokens per chunk when computing logprobs and entropy over the vocabulary."""
+    offpolicy_metrics: bool = True
+    """Decompose each step's tokens by staleness, entropy and response length (`offpolicy/`
+    metrics, algo/token_decomposition.py): no extra forward, a few ms a step."""
     num_threads: int = Field(1, ge=1)
     """torch intra-op threads of a learner rank on CPU."""
     num_cpus: float = Field(1.0, gt=0)
@@ -450,6 +506,15 @@ class Config(_Section):
     there is none); a path: from that checkpoint directory; None: start fresh."""
     stages: list[StageConfig] = []
     """Training stages in order (empty: one stage with the sections above)."""
+
+    @property
+    def engine_dtype(self) -> str:
+        return self.rollout.dtype or self.model.dtype
+
+    @property
+    def longest_response(self) -> int:
+        """max_tokens of the stage that allows the longest responses."""
+        return max([st.max_tokens or self.rollout.max_tokens for st in self.stages] or [self.rollout.max_tokens])
 
     @model_validator(mode="after")
     def _dtypes(self) -> "Config":

@@ -26,6 +26,7 @@ class MicroBatch:
     versions: torch.Tensor        # [T] int64
     seq_loss_tokens: torch.Tensor  # [T] int64: loss tokens of the token's sequence in this step
     temperatures: torch.Tensor    # [T] sampling temperature of the token's response
+    response_lengths: torch.Tensor  # [T] int64: length of the token's whole response
     spans: list[tuple[str, int, int, int]] = field(default_factory=list)
     """(group_id, sample_index, loss_start, loss_end) of each chunk, in the order of its tokens."""
 
@@ -33,12 +34,17 @@ class MicroBatch:
     def num_loss_tokens(self) -> int:
         return int(self.targets.numel())
 
+    def sequence_ids(self) -> torch.Tensor:
+        """[T] int64: the index of each loss token's chunk (its "sequence" for GSPO and seq_tis)."""
+        return torch.repeat_interleave(torch.arange(len(self.spans)),
+                                       torch.tensor([end - start for _, _, start, end in self.spans], dtype=torch.long))
+
 
 def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
     width = max(c.num_tokens for c in chunks)
     ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(chunks), width), dtype=torch.long)
-    rows, cols, targets, old, adv, ver, seq_len, temps = [], [], [], [], [], [], [], []
+    rows, cols, targets, old, adv, ver, seq_len, temps, lengths = [], [], [], [], [], [], [], [], []
     for b, c in enumerate(chunks):
         seq = c.prompt_ids + c.response_ids
         ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
@@ -53,6 +59,7 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
         ver.extend(c.versions)
         seq_len.extend([c.num_loss_tokens] * c.num_loss_tokens)
         temps.extend([c.temperature] * c.num_loss_tokens)
+        lengths.extend([c.response_length or c.loss_end] * c.num_loss_tokens)
     return MicroBatch(
         input_ids=ids, attention_mask=mask,
         rows=torch.tensor(rows, dtype=torch.long), cols=torch.tensor(cols, dtype=torch.long),
@@ -62,6 +69,7 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
         versions=torch.tensor(ver, dtype=torch.long),
         seq_loss_tokens=torch.tensor(seq_len, dtype=torch.long),
         temperatures=torch.tensor(temps, dtype=torch.float32),
+        response_lengths=torch.tensor(lengths, dtype=torch.long),
         spans=[(c.group_id, c.sample_index, c.loss_start, c.loss_end) for c in chunks],
     )
 

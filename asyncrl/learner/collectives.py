@@ -14,7 +14,7 @@ from asyncrl.learner.policy_step import Tally
 
 # every key a tally may hold, in a fixed order: a rank without loss tokens has none of them
 TALLY_KEYS = ("entropy", "behaviour_nll", "ratio", "abs_logp_diff", "clipped_low", "clipped_high",
-              "clipped_dual", "is_weight_capped", "is_weight", "kl")
+              "clipped_dual", "is_weight_capped", "is_weight", "kl", "is_weight_masked", "masked")
 
 
 def _tensor(values: list[float]) -> torch.Tensor:
@@ -66,3 +66,13 @@ def all_reduce_tally(tally: Tally, scalars: dict[str, float]) -> None:
     tally.tokens = int(sums[-1])
     for k in sorted(tally.vectors):  # the same keys and shapes on every rank (policy_step.MoeStep)
         tally.vectors[k] = sum_tensor_over_ranks(tally.vectors[k])
+    tables = [None] * dist.get_world_size()  # the off-policy decomposition needs every token
+    dist.all_gather_object(tables, tally.tables)
+    tally.tables = [t for part in tables for t in part]
+
+
+def cat_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's 1-D tensor (any length), concatenated in rank order (float64, CPU)."""
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, t.detach().double().cpu())
+    return torch.cat(parts)

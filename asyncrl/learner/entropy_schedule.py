@@ -12,6 +12,9 @@ e_k is measured on the learner's current policy (see entropy_control.py for why)
   the opened batch); a step that is its own batch: over its own loss tokens, before its update;
 - lagged: the learner entropy of the previous batch's steps, weighted by their loss tokens (for
   a streaming step, the previous step's). No extra forward, one batch late.
+- sampled_nll: the mean -log pi_behaviour(a_t) of the batch's (or step's) sampled tokens, a
+  one-sample estimate of the actors' entropy: what Skywork-OR1's released scripts feed the
+  controller. Free, and it lags the learner's policy by the batch's staleness.
 Every sum is over all learner ranks before it gets here.
 """
 
@@ -31,6 +34,7 @@ class EntropySchedule:
         self.controller = (AdaptiveEntropyController(ec.target, ec.delta, math.inf if ec.coef_max is None
                                                      else ec.coef_max) if ec.enabled else None)
         self.exact = ec.enabled and ec.measure == "exact"
+        self.sampled = ec.enabled and ec.measure == "sampled_nll"
         self.alpha = 0.0              # alpha of the open rollout batch
         self.measured: float | None = None  # its e_k
         self._entropy_sum = 0.0       # learner entropy x loss tokens of the open batch's steps so far
@@ -43,10 +47,11 @@ class EntropySchedule:
         if ctl is None:
             return self.fixed, {}
         if role != "continue":
-            if not self.exact:  # lagged: the batch (or step) before this one
+            if not (self.exact or self.sampled):  # lagged: the batch (or step) before this one
                 measured = self._lagged()
             elif measured is None:
-                raise ValueError("exact entropy control needs e_k of the step or of the rollout batch it opens")
+                raise ValueError("exact and sampled_nll entropy control need e_k of the step or of the "
+                                 "rollout batch it opens")
             self._entropy_sum, self._tokens = 0.0, 0
             self.measured = measured
             # lagged mode's first step has no e_0 yet, and c_0 = 0 anyway
@@ -55,6 +60,10 @@ class EntropySchedule:
         if self.measured is not None:
             metrics["entropy_control/measured"] = self.measured
         return self.alpha, metrics
+
+    def needs_measure(self, role: str) -> bool:
+        """Whether a step of `role` must bring e_k: exact or sampled, when its batch opens."""
+        return (self.exact or self.sampled) and role != "continue"
 
     def observe(self, entropy_mean: float, num_tokens: int) -> None:
         """A step's learner entropy over its loss tokens (all ranks), for the lagged e_k."""
@@ -78,3 +87,8 @@ class EntropySchedule:
             self._entropy_sum, self._tokens = float(state["batch_entropy_sum"]), int(state["batch_tokens"])
         elif state.get("last_entropy") is not None:  # a checkpoint from before rollout-batch entropy control
             self._entropy_sum, self._tokens = float(state["last_entropy"]), 1
+
+
+def sampled_nll_sum(chunks) -> float:
+    """Sum over the chunks' loss tokens of -log pi_behaviour (sampled_nll's numerator)."""
+    return -sum(sum(c.old_logprobs) for c in chunks)

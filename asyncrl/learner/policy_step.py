@@ -16,20 +16,27 @@ the step makes its one optimizer update after all its micro-batches, pi_theta st
 pi_prox while they run, so this forward's logprobs, detached, are exactly what a separate
 no-grad pass would recompute (ratio 1 in value).
 
+The policy loss is algo.policy_loss (ppo: clip-higher with dual clip; is, cispo, gspo, m2po:
+algo/corrections.py) against an anchor, pi_prox when decoupled, else pi_b; decoupled, each token
+is also weighted by algo.behaviour_weight of pi_prox / pi_b (token_tis truncated at
+is_weight_cap: AReaL's decoupled PPO; seq_tis; icepop).
+
 Returns the step's metrics, pooled over all its loss tokens.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from asyncrl.algo.aggregation import StepCounts, token_weights, weighted_sum
+from asyncrl.algo.corrections import behaviour_weight, policy_terms
 from asyncrl.algo.kl import token_kl
 from asyncrl.algo.moe import load_balance_from_sums, load_balance_share, router_sums
-from asyncrl.algo.policy_loss import clipped_policy_loss
+from asyncrl.algo.token_decomposition import TokenTable, decompose
 from asyncrl.config import AlgoConfig
 from asyncrl.learner.collate import MicroBatch
 from asyncrl.learner.model_forward import TokenForward
@@ -43,6 +50,7 @@ class Tally:
         self.maxima: dict[str, float] = {}
         self.minima: dict[str, float] = {}
         self.vectors: dict[str, torch.Tensor] = {}  # summed elementwise (float64, CPU)
+        self.tables: list[TokenTable] = []  # per micro-batch, for the off-policy decomposition
         self.tokens = 0
 
     def add(self, key: str, values: torch.Tensor) -> None:
@@ -113,13 +121,19 @@ def forward_backward(
     moe: MoeStep | None = None,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     reduce: Callable[[Tally, dict[str, float]], None] | None = None,
+    m2po_cut: float = math.inf,
+    version: int | None = None,
+    max_response_tokens: int = 0,
 ) -> dict[str, float]:
     """Accumulate the step's gradients; `forward(mb)` gives the loss tokens' logprobs/entropies,
     `ref_logprobs(mb)` the reference policy's logprobs of the same tokens (no grad), `proximal(mb)`
     decoupled PPO's pi_prox of them (None: the step is its own rollout batch). `backward`
     is the training backend's; `reduce(tally, scalars)` combines the ranks' sums in place, so
     the metrics describe the whole step. A MoE model needs `moe` (the step over all ranks) or
-    `moe_top_k` (then this process's micro-batches are the whole step)."""
+    `moe_top_k` (then this process's micro-batches are the whole step). `m2po_cut`: M2PO's
+    threshold over the whole step (`m2po_log_ratios`), with algo.policy_loss m2po. With `version` (the
+    learner's, before this step's update) the step's tokens are also decomposed by staleness,
+    entropy and length (algo/token_decomposition.py; length quarters of `max_response_tokens`)."""
     if moe is None and moe_top_k:
         routing = measure_pass(forward, micro_batches, moe_top_k)[1]
         moe = MoeStep(moe_top_k, routing.shape[-1], routed_positions(micro_batches), fractions(routing))
@@ -134,16 +148,24 @@ def forward_backward(
         logp, entropy = out.logprobs, out.entropy
         dev = logp.device
         old, adv = mb.old_logprobs.to(dev), mb.advantages.to(dev)
-        prox = None
+        seq_ids = mb.sequence_ids().to(dev)
+        anchor = old
         if algo.decoupled:
             prox = proximal(mb).to(device=dev, dtype=logp.dtype) if proximal is not None else logp.detach()
-        pg, diag = clipped_policy_loss(logp, old, adv, algo.eps_low, algo.eps_high, dual_clip=algo.dual_clip,
-                                       proximal_logprobs=prox, is_weight_cap=algo.is_weight_cap)
+            anchor = prox
+        pg, diag = policy_terms(algo.policy_loss, logp, anchor, adv, eps_low=algo.eps_low, eps_high=algo.eps_high,
+                                dual_clip=algo.dual_clip, seq_ids=seq_ids, m2po_cut=m2po_cut)
+        if algo.decoupled:
+            weight, weight_diag = behaviour_weight(algo.behaviour_weight, anchor - old, cap=algo.is_weight_cap,
+                                                   seq_ids=seq_ids, icepop_low=algo.icepop_low,
+                                                   icepop_high=algo.icepop_high)
+            pg = pg * weight.to(pg.dtype)
+            diag.update(weight_diag)
         weights = token_weights(algo.aggregation, mb.seq_loss_tokens.to(dev), counts, dtype=pg.dtype)
         pg_share = weighted_sum(pg, weights)
         loss = pg_share - entropy_coef * weighted_sum(entropy, weights)
         if ref_logprobs is not None:
-            kl = token_kl(logp, ref_logprobs(mb).to(dev), algo.kl.estimator)
+            kl = token_kl(logp, ref_logprobs(mb).to(dev), algo.kl.estimator, algo.kl.grad_cap)
             kl_share = weighted_sum(kl, weights)
             if algo.kl.coef > 0:
                 loss = loss + algo.kl.coef * kl_share
@@ -159,14 +181,42 @@ def forward_backward(
         tally.add("behaviour_nll", -old)  # E[-log pi_b(a)] = H(pi_b): the actors' entropy, sampled
         tally.add("ratio", diag["ratio"])
         tally.add("abs_logp_diff", (logp - old).abs())
-        for flag in ("clipped_low", "clipped_high", "clipped_dual", "is_weight_capped"):
+        for flag in ("clipped_low", "clipped_high", "clipped_dual", "is_weight_capped", "is_weight_masked", "masked"):
             if flag in diag:
                 tally.add(flag, diag[flag])
         if "is_weight" in diag:
             tally.add("is_weight", diag["is_weight"])
+        if version is not None:
+            cpu = {k: v.detach().cpu() for k, v in diag.items()}  # gathered over ranks as objects
+            tally.tables.append(TokenTable.from_policy_loss(
+                version, mb.versions, logp.detach().cpu(), entropy.detach().cpu(), mb.old_logprobs,
+                mb.advantages, cpu, mb.response_lengths))
     if reduce is not None:
         reduce(tally, scalars)
-    return _metrics(tally, scalars, ref_logprobs is not None, algo.decoupled, moe is not None)
+    metrics = _metrics(tally, scalars, ref_logprobs is not None, algo.decoupled, moe is not None)
+    if version is not None and tally.tables:
+        table = TokenTable.concat(tally.tables)
+        longest = int(table.response_length.max()) if table.num_tokens else 1
+        metrics.update(decompose(table, max(max_response_tokens, longest, 1)))
+    return metrics
+
+
+@torch.no_grad()
+def m2po_log_ratios(forward: Callable[[MicroBatch], TokenForward], micro_batches: list[MicroBatch],
+                    algo: AlgoConfig, proximal: Callable[[MicroBatch], torch.Tensor] | None = None) -> torch.Tensor:
+    """For M2PO's threshold over the whole step (algo/corrections.py m2po_threshold, over every
+    rank's values): a no-grad pass gives each loss token's log ratio of the current policy to the
+    anchor the loss will use (pi_prox when decoupled, else pi_b), [T] float64. The policy does not
+    move during the step, so the loss sees exactly these ratios."""
+    parts = [torch.zeros(0, dtype=torch.float64)]
+    for mb in micro_batches:
+        logp = forward(mb).logprobs.double().cpu()
+        if algo.decoupled:
+            anchor = proximal(mb).double().cpu() if proximal is not None else logp
+        else:
+            anchor = mb.old_logprobs.double()
+        parts.append(logp - anchor)
+    return torch.cat(parts)
 
 
 def padding_loss(out: TokenForward, algo: AlgoConfig, moe: MoeStep | None = None) -> torch.Tensor:
@@ -212,6 +262,7 @@ def _metrics(t: Tally, s: dict[str, float], with_kl: bool, decoupled: bool, moe:
         "clip/low_frac": t.mean("clipped_low"),
         "clip/high_frac": t.mean("clipped_high"),
         "clip/dual_frac": t.mean("clipped_dual"),
+        "clip/m2po_masked_frac": t.mean("masked"),
         "loss/abs_logp_diff_behaviour": t.mean("abs_logp_diff"),
         "learner/loss_tokens": t.tokens,
     }
@@ -220,7 +271,8 @@ def _metrics(t: Tally, s: dict[str, float], with_kl: bool, decoupled: bool, moe:
     if decoupled:
         m.update({"is_weight/mean": t.mean("is_weight"), "is_weight/max": t.maxima.get("is_weight", 0.0),
                   "is_weight/min": t.minima.get("is_weight", 0.0),
-                  "is_weight/capped_frac": t.mean("is_weight_capped")})
+                  "is_weight/capped_frac": t.mean("is_weight_capped"),
+                  "is_weight/masked_frac": t.mean("is_weight_masked")})
     if moe:
         num = int(s["moe_num"])
         lb = load_balance_from_sums(t.vectors["moe_counts"], t.vectors["moe_prob"], num)

@@ -23,14 +23,15 @@ resumed run's next step is bit-identical on CPU and a checkpoint of N ranks resu
 
 Three dtypes, each its own: the parameters (`learner.param_dtype`, float32 masters by default),
 the compute dtype of every forward (`dtype`, model.dtype: the backend autocasts to it), and the
-engines' weights (model.dtype too): pushes cast each parameter to it on the way out, while
-checkpoints keep the masters.
+engines' weights (`engine_dtype`: rollout.dtype, else model.dtype): pushes cast each parameter to
+it on the way out, while checkpoints keep the masters.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 
 from asyncrl.algo.aggregation import StepCounts
+from asyncrl.algo.corrections import m2po_threshold
 from asyncrl.algo.kl import should_reset_reference
 from asyncrl.buffer.packing import micro_batches
 from asyncrl.compat import check_gpu_visibility, hide_broken_torch_extras
@@ -46,10 +48,10 @@ from asyncrl.learner import collectives
 from asyncrl.learner import make_backend
 from asyncrl.learner.backend import init_process_group
 from asyncrl.learner.collate import collate, empty_chunk
-from asyncrl.learner.entropy_schedule import EntropySchedule
+from asyncrl.learner.entropy_schedule import EntropySchedule, sampled_nll_sum
 from asyncrl.learner.hf_files import meta_params, save_hf_model
 from asyncrl.learner.model_forward import is_moe, policy_forward
-from asyncrl.learner.policy_step import (MoeStep, forward_backward, fractions, measure_pass, padding_loss,
+from asyncrl.learner.policy_step import (MoeStep, forward_backward, fractions, m2po_log_ratios, measure_pass, padding_loss,
                                          routed_positions)
 from asyncrl.learner.proximal import ProximalLogprobs
 from asyncrl.learner.reference import ReferencePolicy
@@ -67,8 +69,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class LearnerRank:
     def __init__(self, model_path: str, learner: LearnerConfig, algo: AlgoConfig, dtype: str = "float32",
+                 engine_dtype: str | None = None,
                  seed: int = 0, host: str | None = None, batch_timeout_s: float = 600.0, rank: int = 0,
-                 world_size: int = 1, group_address: str | None = None, tiny: Any = None):
+                 world_size: int = 1, group_address: str | None = None, tiny: Any = None,
+                 max_response_tokens: int = 0):
         redirect_output()  # to the run's logs/ when the orchestrator asked
         hide_broken_torch_extras()
         check_gpu_visibility("learner rank", "learner.num_gpus", learner.num_gpus)
@@ -91,7 +95,7 @@ class LearnerRank:
             init_process_group(rank, world_size, group_address or f"{host}:{free_port(host)}", batch_timeout_s,
                                local_host=host)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.engine_dtype = DTYPES[dtype]  # compute and engine dtype; the parameters have their own
+        self.engine_dtype = DTYPES[engine_dtype or dtype]  # the engines' (rollout.dtype, else model.dtype)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[learner.param_dtype]).to(self.device)
         model.train()
         self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
@@ -110,6 +114,7 @@ class LearnerRank:
         self.entropy = EntropySchedule(algo)
         self.entropy_ctl = self.entropy.controller  # None without adaptive control
         self.proximal = ProximalLogprobs()  # decoupled PPO's pi_prox of the open rollout batch
+        self.max_response_tokens = max_response_tokens  # the off-policy metrics' length quarters
 
     def batch_endpoint(self) -> str:
         return self.batches.endpoint
@@ -236,20 +241,40 @@ class LearnerRank:
         mbs, pad = self._micro_batches(batch.chunks)
         counts = StepCounts(batch.num_loss_tokens_global, batch.num_sequences_global, batch.token_budget)
         step_measured, moe = self._measure(mbs, pad, counts.num_tokens, self.entropy.exact and batch.role == "own")
+        if self.entropy.sampled and self.entropy.needs_measure(batch.role):
+            measured = step_measured = self._sampled_nll(batch, counts.num_tokens)
         alpha, ctl_metrics = self.entropy.coef(batch.role, measured if batch.role == "open" else step_measured)
         # the padding first: forward_backward ends in an all-reduce of the step's metrics, which a
         # rank with fewer micro-batches would otherwise enter while the others still run forwards
         # and backwards, whose collectives (FSDP2, ZeRO-3 gathers) it would never join: a hang
+        proximal = self.proximal.lookup if batch.role != "own" else None
+        cut = math.inf
+        if self.algo.policy_loss == "m2po":
+            log_ratio = m2po_log_ratios(self._forward, mbs, self.algo, proximal)
+            self._padding(pad, grad=False)  # before the gather: the others may still run forwards
+            cut = m2po_threshold(collectives.cat_over_ranks(log_ratio) if self.distributed else log_ratio,
+                                 self.algo.m2po_tau)
         self._padding(pad, grad=True, moe=moe)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
                                    ref_logprobs=self._reference_logprobs if self.reference else None,
-                                   proximal=self.proximal.lookup if batch.role != "own" else None,
-                                   moe=moe, backward=self.backend.backward,
-                                   reduce=collectives.all_reduce_tally if self.distributed else None)
+                                   proximal=proximal, moe=moe, backward=self.backend.backward,
+                                   reduce=collectives.all_reduce_tally if self.distributed else None, m2po_cut=cut,
+                                   version=self.version if self.cfg.offpolicy_metrics else None,
+                                   max_response_tokens=self.max_response_tokens)
         self.entropy.observe(metrics["entropy/learner"], metrics["learner/loss_tokens"])
         return {**metrics, **ctl_metrics, **self._rank_metrics(batch.chunks),
                 "entropy/coef": alpha, "learner/opens_rollout_batch": float(batch.role != "continue"),
                 "timing/learner_wait_batch_s": t1 - t0}
+
+    def _sampled_nll(self, batch, step_tokens: int) -> float | None:
+        """sampled_nll's e_k: over the rollout batch the step opens, or the step's own tokens."""
+        opens = batch.role == "open"
+        chunks = batch.opened if opens else batch.chunks
+        num_tokens = sum(s.num_tokens for s in batch.opened_layout) if opens else step_tokens
+        total = sampled_nll_sum(chunks)
+        if self.distributed:
+            total = collectives.sum_over_ranks(total)
+        return total / num_tokens if num_tokens else None
 
     def _rank_metrics(self, chunks) -> dict[str, float]:
         """How the step was split: loss tokens and forward tokens (context included) per rank."""

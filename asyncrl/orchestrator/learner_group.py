@@ -78,8 +78,8 @@ class LearnerGroup:
                 num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources, scheduling_strategy=self._bundle(r),
                 runtime_env={"env_vars": process_env(cfg, _log_name(r))}
             ).remote(
-                model_path, lc, cfg.algo, dtype=cfg.model.dtype, seed=cfg.seed, rank=r, tiny=tiny,
-                world_size=lc.num_ranks, group_address=address)
+                model_path, lc, cfg.algo, dtype=cfg.model.dtype, engine_dtype=cfg.engine_dtype, seed=cfg.seed, rank=r, tiny=tiny,
+                world_size=lc.num_ranks, group_address=address, max_response_tokens=cfg.longest_response)
             for r in range(lc.num_ranks)]
         self._senders: list[FrameSender] | None = None  # created at the first step: ranks are still starting
         self._pass_over_opened = needs_rollout_batch_pass(cfg.algo)

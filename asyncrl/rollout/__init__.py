@@ -26,7 +26,7 @@ def engine_factory(cfg: Config, model_path: str, actor_id: int,
     from asyncrl.rollout.vllm_engine import VLLMEngine
 
     return functools.partial(
-        VLLMEngine, model_path=model_path, dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
+        VLLMEngine, model_path=model_path, dtype=cfg.engine_dtype, max_model_len=cfg.model.max_model_len,
         max_num_seqs=cfg.rollout.max_num_seqs, kv_cache_gib=cfg.rollout.kv_cache_gib,
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sync_type=cfg.sync.type,
         bucket_bytes=cfg.sync.bucket_mb << 20, seed=cfg.seed + actor_id, enforce_eager=cfg.rollout.enforce_eager,

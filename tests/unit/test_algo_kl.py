@@ -107,3 +107,23 @@ def test_k3_log_ratio_is_clamped_at_20_like_verl_value_and_gradient():
     from asyncrl.algo.kl import KL_LOG_RATIO_CLAMP
 
     assert KL_LOG_RATIO_CLAMP == 20.0
+
+
+def test_grad_cap_clips_each_tokens_gradient_and_keeps_the_value():
+    # d = ref - logp = [8, 0.5, -1]; k3 = e^d - d - 1, gradient wrt logp = 1 - e^d
+    logp = torch.tensor([-9.0, -1.0, -0.5], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([-1.0, -0.5, -1.5], dtype=torch.float64)
+    kl = token_kl(logp, ref, "k3", grad_cap=10.0)
+    want = [math.exp(d) - d - 1 for d in (8.0, 0.5, -1.0)]
+    assert kl.detach().tolist() == pytest.approx(want, rel=1e-12)
+    kl.sum().backward()
+    # uncapped: 1 - e^8 = -2979.96; 1 - e^0.5 = -0.6487; 1 - e^-1 = 0.6321
+    assert logp.grad.tolist() == pytest.approx([-10.0, 1 - math.exp(0.5), 1 - math.exp(-1.0)], rel=1e-12)
+    # k2: value d^2 / 2, gradient -d, capped at 1
+    logp2 = logp.detach().clone().requires_grad_(True)
+    k2 = token_kl(logp2, ref, "k2", grad_cap=1.0)
+    assert k2.detach().tolist() == pytest.approx([32.0, 0.125, 0.5], rel=1e-12)
+    k2.sum().backward()
+    assert logp2.grad.tolist() == pytest.approx([-1.0, -0.5, 1.0], rel=1e-12)
+    with pytest.raises(ValueError, match="grad_cap"):
+        token_kl(logp, ref, "k3", grad_cap=0.0)

@@ -110,7 +110,7 @@ def test_override_indexes_a_list_of_sections():
 
 
 @pytest.mark.parametrize("overrides, field", [
-    (["algo.is_weight_cap=2"], "algo.decoupled"),
+    (["algo.is_weight_cap=3"], "algo.decoupled"),
     (["algo.entropy_control.enabled=true", "algo.entropy_coef=0.01"], "algo.entropy_coef"),
     (["algo.kl.reset_every=10"], "algo.kl.coef"),
     (["buffer.minibatch_prompts=4"], "buffer.rollout_batch_prompts"),
@@ -135,3 +135,11 @@ def test_inconsistent_algorithm_switches_fail_naming_the_field(overrides, field)
 def test_a_code_run_that_fits_the_reward_timeout_is_accepted():
     cfg = load_config(None, ["reward.type=code", "reward.timeout_s=26"])  # 15 + 10 < 26
     assert cfg.reward.code.sandbox.compile_time_s + cfg.reward.code.sandbox.wall_time_s < cfg.reward.timeout_s
+
+
+def test_decoupled_ppo_caps_its_importance_weight_by_default_and_warns_without_a_cap():
+    """A streaming step's ratio to pi_prox is exactly 1: the cap is its only trust region."""
+    assert load_config(None, ["algo.decoupled=true"]).algo.is_weight_cap == 2.0
+    with pytest.warns(UserWarning, match="nothing bounds its update"):
+        assert load_config(None, ["algo.decoupled=true", "algo.is_weight_cap=null"]).algo.is_weight_cap is None
+    assert load_config(None, []).algo.decoupled is False  # the default: no decoupled weight, no error

@@ -4,12 +4,13 @@ training step, i.e. per rollout batch), by hand with tgt 0.5 and Delta 0.1."""
 import pytest
 
 from asyncrl.config import AlgoConfig
-from asyncrl.learner.entropy_schedule import EntropySchedule
+from asyncrl.learner.entropy_schedule import EntropySchedule, sampled_nll_sum
+from asyncrl.types import SequenceChunk
 
 
 def schedule(measure):
     return EntropySchedule(AlgoConfig(entropy_control={"enabled": True, "target": 0.5, "delta": 0.1,
-                                                       "measure": measure}))
+                                                       "measure": measure, "coef_max": None}))
 
 
 def test_fixed_coefficient_without_control():
@@ -31,7 +32,7 @@ def test_exact_moves_once_per_rollout_batch_with_the_batch_e_k():
 
 
 def test_exact_needs_the_measured_entropy():
-    with pytest.raises(ValueError, match="exact entropy control"):
+    with pytest.raises(ValueError, match="need e_k of the step"):
         schedule("exact").coef("open")
 
 
@@ -60,3 +61,22 @@ def test_state_round_trip_inside_a_batch():
     a.observe(0.2, 10)
     assert b.coef("open") == a.coef("open")
     assert b.measured == pytest.approx((0.4 * 30 + 0.2 * 10) / 40, abs=1e-15)
+
+
+def test_sampled_nll_takes_e_k_from_the_behaviour_logprobs_when_a_batch_opens():
+    s = schedule("sampled_nll")
+    assert s.needs_measure("open") and s.needs_measure("own") and not s.needs_measure("continue")
+    chunks = [SequenceChunk("g", 0, [1], [5, 6], 0, [-0.25, -0.5], [0, 0], 1.0),
+              SequenceChunk("g", 1, [1], [5, 6, 7], 1, [-0.125, -0.375], [0, 0], 1.0)]
+    assert sampled_nll_sum(chunks) == 1.25  # 0.25 + 0.5 + 0.125 + 0.375
+    # e_k = 1.25 / 4 = 0.3125 < tgt 0.5: alpha = c_0 = 0, c -> 0.1
+    assert s.coef("open", sampled_nll_sum(chunks) / 4)[0] == 0.0
+    assert s.controller.coef == pytest.approx(0.1) and s.measured == 0.3125
+    with pytest.raises(ValueError, match="need e_k"):
+        s.coef("own")
+
+
+def test_the_coefficient_is_capped_by_default_as_the_released_scripts_cap_it():
+    s = EntropySchedule(AlgoConfig(entropy_control={"enabled": True, "target": 0.5, "delta": 0.004}))
+    alphas = [s.coef("own", 0.1)[0] for _ in range(4)]  # below target: c rises 0.004 a step, to 0.005
+    assert alphas == pytest.approx([0.0, 0.004, 0.005, 0.005], abs=1e-15)

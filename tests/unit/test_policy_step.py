@@ -273,3 +273,89 @@ def test_padding_loss_is_zero_and_reaches_the_outputs_a_real_loss_reaches(z_coef
     reached = reached_outputs(padding)
     assert reached == reached_outputs(real)
     assert {"logprobs", "entropy"} <= reached
+
+
+@pytest.mark.parametrize("name", ["is", "cispo", "gspo", "m2po"])
+def test_each_policy_loss_gives_the_gradient_of_its_formula_and_splits_like_ppo(name):
+    """The learner's gradient under algo.policy_loss equals autograd's of the formula written out
+    per chunk (the reference), and does not depend on micro-batching."""
+    model = TinyLM()
+    cs = chunks()
+    for c in cs:  # behaviour logprobs off the model's by -0.3 .. +0.3 per token
+        own = own_logprobs(model, c)
+        c.old_logprobs = (own + torch.linspace(-0.3, 0.3, len(own))).tolist()
+    algo = AlgoConfig(policy_loss=name, eps_low=0.1, eps_high=0.15, m2po_tau=0.01)
+    d_all = torch.cat([own_logprobs(model, c) - torch.tensor(c.old_logprobs) for c in cs]).double()
+    # m2po: mask the largest d^2 until the mean of the rest <= tau (by hand, sorted descending)
+    sq = sorted((d_all ** 2).tolist(), reverse=True)
+    k = next(k for k in range(len(sq)) if sum(sq[k:]) / (len(sq) - k) <= 0.01)
+    cut = sq[k - 1] if k else math.inf
+
+    def term(logp, c):
+        old, a = torch.tensor(c.old_logprobs), c.advantage
+        r = torch.exp(logp - old)
+        if name == "is":
+            return -r * a
+        if name == "cispo":
+            return -torch.clamp(r, 0.9, 1.15).detach() * a * logp
+        if name == "gspo":
+            s = torch.exp((logp - old).mean())
+            s_t = s.detach() * torch.exp(logp - logp.detach())
+            return -torch.minimum(s_t * a, torch.clamp(s_t, 0.9, 1.15) * a)
+        keep = ((logp.detach() - old).double() ** 2 < cut).to(logp.dtype)
+        return -keep * r * a
+
+    want, _ = reference_grads(model, cs, term)
+    got, m = grads(model, [cs], algo, m2po_cut=cut)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    split, _ = grads(model, micro_batches(cs, 14), algo, m2po_cut=cut)
+    for a, b in zip(want, split):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    if name == "m2po":
+        assert 0 < k and m["clip/m2po_masked_frac"] == pytest.approx(k / len(sq))
+
+
+@pytest.mark.parametrize("weight", ["seq_tis", "icepop", "none"])
+def test_decoupled_behaviour_weights_multiply_the_ppo_term(weight):
+    model = TinyLM()
+    cs = chunks()
+    for c in cs:
+        own = own_logprobs(model, c)
+        c.old_logprobs = (own + torch.linspace(-1.0, 1.0, len(own))).tolist()
+    algo = AlgoConfig(decoupled=True, behaviour_weight=weight, is_weight_cap=1.5, icepop_low=0.6, icepop_high=1.8)
+
+    def term(logp, c):
+        d = logp.detach() - torch.tensor(c.old_logprobs)  # log pi_prox / pi_b (prox = the step start)
+        if weight == "seq_tis":
+            w = torch.clamp(torch.exp(d.sum()), max=1.5).expand_as(d)
+        elif weight == "icepop":
+            k = torch.exp(d)
+            w = torch.where((k >= 0.6) & (k <= 1.8), k, torch.zeros_like(k))
+        else:
+            w = torch.ones_like(d)
+        return -w * c.advantage * torch.exp(logp - logp.detach())
+
+    want, _ = reference_grads(model, cs, term)
+    got, m = grads(model, [cs], algo)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    if weight == "icepop":
+        assert 0 < m["is_weight/masked_frac"] < 1
+
+
+def test_the_step_is_decomposed_by_staleness_when_the_learner_gives_its_version():
+    model = TinyLM()
+    cs = chunks()
+    for i, c in enumerate(cs):
+        c.versions = [3 - i % 3] * c.num_loss_tokens  # staleness at version 3: 0, 1, 2, 0, 1, 2
+        c.response_length = len(c.response_ids) + 10
+    _, m = grads(model, micro_batches(cs, 14), AlgoConfig(), version=3, max_response_tokens=40)
+    by_lag = [sum(c.num_loss_tokens for j, c in enumerate(cs) if j % 3 == lag) for lag in range(3)]
+    assert [m[f"offpolicy/stale_{lag}/tokens"] for lag in range(3)] == by_lag
+    assert m["offpolicy/stale_3-4/tokens"] == 0 and "offpolicy/stale_3-4/entropy" not in m
+    assert m["offpolicy/mismatch_tokens"] == by_lag[0]
+    # lengths 13..18 of max 40: all in the second quarter (11..20)
+    assert m["offpolicy/len_q2/tokens"] == sum(by_lag)
+    _, plain = grads(model, [cs], AlgoConfig())
+    assert not any(k.startswith("offpolicy/") for k in plain)
