@@ -120,10 +120,11 @@ class RolloutConfig(_Section):
     """Inference engine of each actor: vLLM, or a fake one for tests of scheduling logic."""
     num_actors: int = Field(1, ge=1)
     """Rollout actors, each owning one engine; raise it to raise throughput, no learner change."""
-    dtype: Literal["float32", "bfloat16"] | None = None
-    """The engines' weight and compute dtype (None: model.dtype). The mismatch knob: bfloat16
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The engines' weight and compute dtype (None: model.dtype). The mismatch knob: half-precision
     engines under a float32 learner sample from a policy that differs from the one trained by
-    rounding alone (trainer/engine mismatch, `offpolicy/mismatch_*`), with no staleness."""
+    rounding alone (trainer/engine mismatch, `offpolicy/mismatch_*`), with no staleness. On CPUs
+    whose vLLM bfloat16 kernels fault (SIGILL, an engine that dies at its first step), use float16."""
     group_size: int = Field(8, ge=1)
     """Samples per prompt (n), at least 2; advantages are computed within each group."""
     temperature: float = Field(1.0, gt=0)

@@ -38,7 +38,7 @@ def summarize(history: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
 def format_summary(s: dict[str, Any], run_dir: str) -> str:
     staleness = f"{s['max_staleness_seen']}"
     if s.get("max_reuse_lag_seen", 0) > 0:
-        staleness += (f" ({s['max_reuse_lag_seen']} from reusing rollout batches, "
+        staleness += (f" ({s['max_reuse_lag_seen']} after entering training, "
                       f"{s.get('max_async_staleness_seen', 0)} asynchronous)")
     wall = f"{s['wall_s']}s"
     if s.get("resumed_at_step") is not None:  # wall_s counts the parts before the resume too

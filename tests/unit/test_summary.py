@@ -17,7 +17,7 @@ def test_summary_reports_the_largest_lag_of_each_kind():
 
 def test_format_names_the_parts_only_when_batches_are_reused():
     reused = summarize([row(0.0, 15, 0, 15)], wall_s=1.0)
-    assert "max staleness: 15 (15 from reusing rollout batches, 0 asynchronous)\n" in format_summary(reused, "runs/x")
+    assert "max staleness: 15 (15 after entering training, 0 asynchronous)\n" in format_summary(reused, "runs/x")
     streaming = summarize([row(0.0, 2, 2, 0)], wall_s=1.0)
     text = format_summary(streaming, "runs/x")
     assert "max staleness: 2\n" in text and "reusing" not in text
