@@ -27,7 +27,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("study", help="study YAML (configs/studies/*.yaml), or a shipped study's name")
     p.add_argument("overrides", nargs="*", help="dotted overrides for every arm, e.g. observe.output_dir=/tmp/s")
     p.add_argument("--quick", action="store_true", help="the study's quick variant (fewer steps and seeds)")
-    p.add_argument("--parallel", type=int, default=1, help="runs at once on one Ray cluster (default 1)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="runs at once on one Ray cluster, each in its own process (default 1)")
+    p.add_argument("--cold", action="store_true",
+                   help="each run in a process of its own, as `asyncrl run` (default: one after another in this "
+                        "process, sharing the Ray cluster, the engines and the learner)")
     p.add_argument("--arms", default=None, help="only these arms, comma-separated (default: all)")
     p.add_argument("--plan", action="store_true", help="print the runs, what each needs and its command; run nothing")
     p.add_argument("--report", action="store_true", help="only write figures and the report from the runs there")
@@ -42,7 +46,8 @@ def main(argv: list[str]) -> int:
     from asyncrl.lab.study.conduct import StudyRequest, conduct
 
     req = StudyRequest(args.study, args.overrides, args.quick, args.parallel,
-                       args.arms.split(",") if args.arms else None, args.plan, args.report, args.evaluate)
+                       args.arms.split(",") if args.arms else None, args.plan, args.report, args.evaluate,
+                       args.cold)
     try:
         return conduct(req, log=lambda s: print(s, flush=True))
     except ConfigError as e:

@@ -76,17 +76,9 @@ class LearnerRank:
         redirect_output()  # to the run's logs/ when the orchestrator asked
         hide_broken_torch_extras()
         check_gpu_visibility("learner rank", "learner.num_gpus", learner.num_gpus)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        torch.manual_seed(seed)
         if not torch.cuda.is_available():
             torch.set_num_threads(learner.num_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if tiny is not None:  # the built-in model: this node's own build (see local_model_path)
-            from asyncrl.tiny.build import local_model_path
-
-            model_path = local_model_path(model_path, tiny)
-        self.cfg, self.algo, self.model_path = learner, algo, model_path
         self.rank, self.world_size = rank, world_size
         # a single torch rank needs no process group; DeepSpeed always wants one
         self.distributed = world_size > 1 or learner.backend == "deepspeed"
@@ -94,6 +86,28 @@ class LearnerRank:
         if self.distributed:
             init_process_group(rank, world_size, group_address or f"{host}:{free_port(host)}", batch_timeout_s,
                                local_host=host)
+        self.batches = FrameReceiver(lambda frame: [decode_batch(frame)], host=host)
+        self.batch_timeout_s = batch_timeout_s
+        self.sender = None
+        self.reset(model_path, learner, algo, dtype, engine_dtype, seed, tiny, max_response_tokens)
+
+    def reset(self, model_path: str, learner: LearnerConfig, algo: AlgoConfig, dtype: str = "float32",
+              engine_dtype: str | None = None, seed: int = 0, tiny: Any = None, max_response_tokens: int = 0,
+              log_file: str | None = None) -> None:
+        """A fresh run's learner in this process: the model loaded from `model_path`, a new optimizer,
+        reference, entropy schedule and version 0. The process group, the batch socket and the
+        weight-sync group stay (a study's runs share them: asyncrl/orchestrator/warm.py); the
+        process-shaping fields (backend, ranks, parameter dtype) must be the ones it started with."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if log_file:
+            redirect_output(log_file)
+        torch.manual_seed(seed)
+        if tiny is not None:  # the built-in model: this node's own build (see local_model_path)
+            from asyncrl.tiny.build import local_model_path
+
+            model_path = local_model_path(model_path, tiny)
+        self.cfg, self.algo, self.model_path = learner, algo, model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine_dtype = DTYPES[engine_dtype or dtype]  # the engines' (rollout.dtype, else model.dtype)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[learner.param_dtype]).to(self.device)
@@ -104,13 +118,10 @@ class LearnerRank:
         self.num_experts = int(getattr(model.config, "num_experts", 0) or getattr(model.config, "num_local_experts", 0))
         self.reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device)
                           if algo.kl.needs_reference else None)  # copied before any sharding
-        self.backend = make_backend(learner.backend, model, learner, world_size, compute_dtype=DTYPES[dtype])
+        self.backend = make_backend(learner.backend, model, learner, self.world_size, compute_dtype=DTYPES[dtype])
         self.model = self.backend.module
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.version = 0
-        self.batches = FrameReceiver(lambda frame: [decode_batch(frame)], host=host)
-        self.batch_timeout_s = batch_timeout_s
-        self.sender = None
         self.entropy = EntropySchedule(algo)
         self.entropy_ctl = self.entropy.controller  # None without adaptive control
         self.proximal = ProximalLogprobs()  # decoupled PPO's pi_prox of the open rollout batch

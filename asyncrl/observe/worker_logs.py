@@ -24,10 +24,11 @@ def log_env(run_dir: Path, name: str, worker_logs: str) -> dict[str, str]:
     return {ENV: str(Path(run_dir).resolve() / "logs" / f"{name}.log")}
 
 
-def redirect_output() -> str | None:
-    """Send this process's stdout and stderr to the file in $ASYNCRL_LOG_FILE (appending); returns
-    the path, or None when the variable is unset or the file cannot be opened (output stays)."""
-    path = os.environ.get(ENV)
+def redirect_output(path: str | None = None) -> str | None:
+    """Send this process's stdout and stderr to `path`, by default the file in $ASYNCRL_LOG_FILE
+    (appending; a process reused by the next run of a study is pointed at that run's file);
+    returns the path, or None when there is none or it cannot be opened (output stays)."""
+    path = path or os.environ.get(ENV)
     if not path:
         return None
     try:

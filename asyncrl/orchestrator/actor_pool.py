@@ -21,6 +21,8 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from asyncrl.config import Config
+from asyncrl.observe.worker_logs import ENV as LOG_ENV
+from asyncrl.observe.worker_logs import log_env
 from asyncrl.orchestrator import components
 from asyncrl.orchestrator.placement import actor_resources, check_placeable
 from asyncrl.rollout.engine import EngineFailed, SamplingSpec
@@ -54,6 +56,16 @@ class ActorPool:
         except ray.exceptions.RayError as e:  # e.g. an engine that sees a GPU it did not ask for
             raise RunFailed(f"a rollout actor could not start: {components.start_failure(e)}") from None
         self.admit_started(block=True)
+
+    def reset(self, cfg: Config, sample_endpoint: str) -> None:
+        """The next run of a study on these actors (orchestrator/warm.py): each cancels the last
+        run's requests, streams to `sample_endpoint` and takes `cfg`'s seed; the run's first push
+        gives them its weights. An actor still starting is waited for first."""
+        self.admit_started(block=True)
+        self.cfg, self.endpoint = cfg, sample_endpoint
+        ray.get([handle.reset.remote(sample_endpoint, cfg.seed, log_env(
+            cfg.run_dir, f"actor-{i}", cfg.observe.worker_logs).get(LOG_ENV)) for i, handle in self.actors.items()])
+        self._calls = {i: [] for i in self.actors}
 
     def _spawn(self, actor_id: int) -> None:
         handle = components.start_rollout_actor(self.cfg, self.model_path, self.endpoint, actor_id)

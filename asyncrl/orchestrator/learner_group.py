@@ -25,12 +25,20 @@ from asyncrl.buffer.base import StepBatch
 from asyncrl.buffer.packing import rank_batches
 from asyncrl.config import AlgoConfig, Config
 from asyncrl.learner.rank import LearnerRank
+from asyncrl.observe.worker_logs import ENV as LOG_ENV
+from asyncrl.observe.worker_logs import log_env
 from asyncrl.orchestrator.components import process_env, start_failure
 from asyncrl.orchestrator.placement import check_placeable, rank_resources
 from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
 from asyncrl.types import RunFailed
+
+
+def _run_args(cfg: Config, tiny: Any) -> dict[str, Any]:
+    """What a rank takes from the run's config besides its sections, at start and at a reset."""
+    return {"dtype": cfg.model.dtype, "engine_dtype": cfg.engine_dtype, "seed": cfg.seed, "tiny": tiny,
+            "max_response_tokens": cfg.longest_response}
 
 
 class GroupCall:
@@ -77,12 +85,19 @@ class LearnerGroup:
             ray.remote(LearnerRank).options(
                 num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources, scheduling_strategy=self._bundle(r),
                 runtime_env={"env_vars": process_env(cfg, _log_name(r))}
-            ).remote(
-                model_path, lc, cfg.algo, dtype=cfg.model.dtype, engine_dtype=cfg.engine_dtype, seed=cfg.seed, rank=r, tiny=tiny,
-                world_size=lc.num_ranks, group_address=address, max_response_tokens=cfg.longest_response)
+            ).remote(model_path, lc, cfg.algo, rank=r, world_size=lc.num_ranks, group_address=address,
+                     **_run_args(cfg, tiny))
             for r in range(lc.num_ranks)]
         self._senders: list[FrameSender] | None = None  # created at the first step: ranks are still starting
         self._pass_over_opened = needs_rollout_batch_pass(cfg.algo)
+
+    def reset(self, cfg: Config, model_path: str, tiny: Any = None) -> GroupCall:
+        """Every rank starts the run of `cfg` afresh in its process (LearnerRank.reset): the next run
+        of a study on the same ranks (orchestrator/warm.py)."""
+        self._pass_over_opened = needs_rollout_batch_pass(cfg.algo)
+        return GroupCall([rank.reset.remote(model_path, cfg.learner, cfg.algo, log_file=log_env(
+            cfg.run_dir, _log_name(r), cfg.observe.worker_logs).get(LOG_ENV), **_run_args(cfg, tiny))
+            for r, rank in enumerate(self.ranks)])
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)

@@ -58,6 +58,7 @@ from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
 from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
 from asyncrl.orchestrator.run_lock import RunLock, claim_run_dir
+from asyncrl.orchestrator.warm import Warm, process_key
 from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.transport.codec import decode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
@@ -101,7 +102,9 @@ class Orchestrator:
     def _on_checkpoint(self, step: int, **info: Any) -> None:
         self.metrics.event(step, "checkpoint", **info)
 
-    def start(self) -> None:
+    def start(self, warm: Warm | None = None) -> None:
+        """Start the run's processes, or take over `warm`'s, the processes of the run before it on
+        the same cluster (warm.py; they must fit this config)."""
         cfg = self.cfg
         if self.run_lock is None:
             self.run_lock = claim_run_dir(self.run_dir, cfg.resume)
@@ -118,23 +121,29 @@ class Orchestrator:
         self.model_path = str(resume[0] / checkpoint.LEARNER_DIR / "policy") if resume else base_model
         self.driver = build_driver(cfg, self.model_path, self.metrics, self.say)
         host = components.node_ip()
-        self.samples = FrameReceiver(decode_samples, host=host)
+        self.samples = FrameReceiver(decode_samples, host=host)  # each run its own: no sample of another
         t0 = time.monotonic()
-        self.say(f"starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend}) and "
-                 f"{cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
-        # each rank binds on its own node, and builds the built-in model there if it has to
-        self.learner = LearnerGroup(cfg, self.model_path, tiny=None if resume else components.tiny_spec(cfg))
-        self.pool = ActorPool(cfg, base_model, self.samples.endpoint)
-        self.weight_sync = WeightSync(cfg.sync, self.learner, self.pool, fake_engines=cfg.rollout.engine == "fake",
-                                      tensor_parallel_size=cfg.rollout.tensor_parallel_size)
-        self.pool.start(cfg.rollout.num_actors)  # the engines start while the ranks load the model
+        tiny = None if resume else components.tiny_spec(cfg)
+        if warm is not None:
+            self._take_over(warm, base_model, tiny)
+        else:
+            self.say(f"starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend}) and "
+                     f"{cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
+            # each rank binds on its own node, and builds the built-in model there if it has to
+            self.learner = LearnerGroup(cfg, self.model_path, tiny=tiny)
+            self.pool = ActorPool(cfg, base_model, self.samples.endpoint)
+            self.weight_sync = WeightSync(cfg.sync, self.learner, self.pool, fake_engines=cfg.rollout.engine == "fake",
+                                          tensor_parallel_size=cfg.rollout.tensor_parallel_size)
+            self.pool.start(cfg.rollout.num_actors)  # the engines start while the ranks load the model
         # the storage contract (checkpoint.py), before the learner reads or writes the run directory
         checkpoint.check_shared(self.run_dir, self.learner.answer_storage_probe)
         if resume:
             self.version = self.learner.load_checkpoint(str(resume[0] / checkpoint.LEARNER_DIR)).result()
-        self.weight_sync.rebuild_group()
-        if self.version > 0:  # a resumed run: the actors get the checkpoint's weights
+        if warm is None:
+            self.weight_sync.rebuild_group()
+        if self.version > 0 or warm is not None:  # the actors hold the base model, or the last run's
             self.weight_sync.push(self.version, step=None)
+        parity = self._check_taken_over(warm) if warm is not None else None
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
         self.driver.stats.restart_clock()  # the first row's rates count from here, not from start-up
         if resume:
@@ -143,20 +152,56 @@ class Orchestrator:
                      f"{len(self.driver.ledger.requeued)} groups in flight then are regenerated")
         self.requests = RunRequests(self.run_dir, self.metrics, self.say)
         self.metrics.event(self.step, "resume" if resume else "start", model=self.model_path,
-                           actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}))
+                           actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}),
+                           **({"warm": True, "parity_max_abs_diff": parity} if warm is not None else {}))
         self._last_step_t = self._last_health_t = time.monotonic()
         self.driver.evaluator.maybe_start(self.version, self.pool, self.driver.stages.current)
         self.collector.start()  # the garbage collector runs from the loop from now on (collector.py)
 
-    def run(self) -> dict[str, Any]:
+    def _take_over(self, warm: Warm, base_model: str, tiny: Any) -> None:
+        """The learner ranks and actors of the run before start this one in place (warm.py)."""
+        if wrong := warm.fits(self.cfg):
+            raise ValueError(f"these processes do not fit this run's config ({', '.join(wrong)} differ)")
+        self.say(f"taking over {self.cfg.learner.num_ranks} learner rank(s) and {len(warm.pool.ids)} "
+                 "rollout actor(s) from the run before")
+        self.learner, self.pool, self.weight_sync = warm.learner, warm.pool, warm.weight_sync
+        reset = self.learner.reset(self.cfg, self.model_path, tiny=tiny)
+        self.pool.model_path = base_model
+        self.pool.reset(self.cfg, self.samples.endpoint)
+        reset.result()
+        self.weight_sync.pushes = 0
+
+    def _check_taken_over(self, warm: Warm) -> float | None:
+        """The engines taken over compute with this run's first weights, not the last run's: the
+        logprob-parity probe on the last run's first sample (a push that silently did not apply
+        would start this run from where that one ended). With engines of another dtype than the
+        learner, rounding alone gives gaps of ~1e-3, so the tolerance is wider there."""
+        if not warm.probe_ids or self.cfg.rollout.engine == "fake":
+            return None
+        same = self.cfg.engine_dtype == self.cfg.model.dtype
+        return self.weight_sync.check_parity(warm.probe_ids, self.cfg.sync.probe_tolerance if same else 0.05,
+                                             self.version)
+
+    def release(self) -> Warm | None:
+        """End the run but keep its learner ranks and actors for the next one (warm.py); the rest
+        shuts down as in `shutdown`. None when the run did not get as far as starting them."""
+        if self.learner is None or self.pool is None or self.weight_sync is None:
+            self.shutdown()
+            return None
+        warm = Warm(process_key(self.cfg), self.learner, self.pool, self.weight_sync, self.probe_ids)
+        self.learner = self.pool = None
+        self.shutdown()
+        return warm
+
+    def run(self, warm: Warm | None = None) -> dict[str, Any]:
         try:
-            return self._run()
+            return self._run(warm)
         except BaseException as e:  # a stall, reward errors, a lost learner, a bug: events.jsonl says so
             self._end("failed", str(e) or repr(e))
             raise
 
-    def _run(self) -> dict[str, Any]:
-        self.start()
+    def _run(self, warm: Warm | None) -> dict[str, Any]:
+        self.start(warm)
         display = ProgressDisplay(self.cfg.total_steps, self.cfg.observe.console)
         self._t_start = time.monotonic()
         next_bookkeeping = 0.0
@@ -345,6 +390,8 @@ class Orchestrator:
                 self.say(f"warning: learner shutdown failed: {e!r}")
         if self.pool is not None:
             self.pool.shutdown()
+        if self.samples is not None:
+            self.samples.close()
         if self.driver is not None:
             self.driver.rewards.close()
         if self.metrics is not None:

@@ -88,6 +88,10 @@ class RolloutActor:
         t0 = time.monotonic()
         self.engine = self._engine_factory()
         await self.engine.start()
+        self._open_stream()
+        return {"actor_id": self.actor_id, "start_s": time.monotonic() - t0}
+
+    def _open_stream(self) -> None:
         if isinstance(self._emit_target, str):
             from asyncrl.transport.codec import encode_samples
             from asyncrl.transport.zmq_stream import FrameSender, RecordBatcher
@@ -99,7 +103,38 @@ class RolloutActor:
             self._scorer = self._scorer_factory(self._emit)
             self._deliver = asyncio.create_task(self._scorer.deliver())
             self._deliver.add_done_callback(self._task_done)
-        return {"actor_id": self.actor_id, "start_s": time.monotonic() - t0}
+
+    async def _close_stream(self) -> None:
+        if self._deliver is not None:
+            self._deliver.cancel()
+            self._deliver = None
+        if self._scorer is not None:
+            await asyncio.to_thread(self._scorer.close)
+            self._scorer = None
+        close = getattr(self._emit, "close", None)
+        if close is not None:
+            close()
+
+    async def reset(self, emit: Callable[[Sample], None] | str, seed: int, log_file: str | None = None) -> None:
+        """A fresh run in this actor (a study's next run, asyncrl/orchestrator/warm.py): every
+        request of the last one is cancelled (vLLM aborts it), nothing of it is sent any more, and
+        samples go to `emit` (the new run's socket), with the new `seed` and version 0; the engine
+        stays up and gets the new run's first weights by the usual push."""
+        self._raise_failures()
+        if log_file:
+            redirect_output(log_file)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._idle.wait()
+        await self._close_stream()
+        self._emit_target, self.seed, self.version = emit, seed, 0
+        self._abortable.clear()
+        self._aborted.clear()
+        self.stats = dict.fromkeys(self.stats, 0)
+        self._gate.set()
+        self._open_stream()
 
     # -- generation ---------------------------------------------------------------------------
 

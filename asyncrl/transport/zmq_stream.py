@@ -129,3 +129,8 @@ class RecordBatcher(Generic[T]):
         records, self._pending = self._pending, []
         if records:
             self._sender.send(self._encode(records))
+
+    def close(self) -> None:
+        """Drop what is not sent yet and close the socket (a run's stream that is over)."""
+        self._pending = []
+        self._sender.close()

@@ -39,6 +39,9 @@ class StudyRequest:
     """Only write figures and the report from the runs there."""
     evaluate: bool = False
     """Evaluate each finished run's final/ on held-out data for the report."""
+    cold: bool = False
+    """Every run in a process of its own, as `asyncrl run` (default: one after another on shared
+    processes, lab/study/warm_runs.py)."""
 
 
 def study_file(name: str) -> Path:
@@ -77,7 +80,7 @@ def conduct(req: StudyRequest, log: Callable[[str], None] = print) -> int:
     study = load_study(path)
     plan = plan_study(study, path, req.quick, req.overrides, req.arms)
     whole = plan_study(study, path, req.quick, req.overrides) if req.arms else plan
-    runner = StudyRunner(plan, parallel=max(1, req.parallel), log=log)
+    runner = StudyRunner(plan, parallel=max(1, req.parallel), log=log, cold=req.cold)
     todo = [] if req.report_only else runner.actions()  # report_only draws whatever is there
     log(f"study {study.name}{' (quick)' if req.quick else ''}: {len(plan.settings)} arms x "
         f"{len(plan.runs) // max(1, len(plan.settings))} seed(s) = {len(plan.runs)} runs in {plan.study_dir}")

@@ -11,15 +11,31 @@ set a field an arm sets (that would erase what the arms compare), nor seed or na
 
 from __future__ import annotations
 
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from asyncrl.config.load import ConfigError, find_recipe, format_override, load_config, parse_override
 from asyncrl.lab.study.config import StudyConfig
 
 RESERVED = ("seed", "name")
+
+Action = Literal["skip", "start", "resume", "restart"]
+"""What a run needs (runner.py decide): nothing, a fresh start, a resume, or a fresh start over a
+directory moved aside."""
+
+
+@dataclass
+class Outcome:
+    """What one invocation did with a run: its action, exit code, seconds and final status."""
+
+    run: str
+    action: Action
+    exit_code: int | None = None
+    seconds: float = 0.0
+    status: str = ""
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,14 @@ class ArmRun:
     def argv(self, base: Path, *extra: str) -> list[str]:
         return [sys.executable, "-m", "asyncrl", "run", "--config", str(base),
                 *(format_override(k, v) for k, v in self.fields.items()), *extra]
+
+
+def move_aside(run: ArmRun, study_dir: Path) -> None:
+    """A run restarted from scratch: its old directory goes to <study dir>/_restarted/<run>.<k>."""
+    attic = study_dir / "_restarted"
+    attic.mkdir(exist_ok=True)
+    k = sum(1 for p in attic.glob(f"{run.name}.*")) + 1
+    shutil.move(str(run.run_dir), str(attic / f"{run.name}.{k}"))
 
 
 @dataclass(frozen=True)

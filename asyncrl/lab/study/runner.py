@@ -1,5 +1,6 @@
-"""Running a study's plan: each run is an ordinary `asyncrl run` process writing an ordinary run
-directory, one after another or N at a time on one shared Ray cluster.
+"""Running a study's plan: each run writes an ordinary run directory, one after another in this
+process on shared processes (warm_runs.py, the default), or each as an `asyncrl run` process of its
+own (`cold`), one after another or N at a time on one shared Ray cluster.
 
 Resuming: before anything starts, every run directory is read. A run whose events.jsonl ends with
 a finished `end` is skipped. A run that was interrupted, failed or killed is resumed from its
@@ -23,22 +24,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import site
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import asyncrl
 from asyncrl.config.load import ConfigError, load_config
 from asyncrl.lab.analysis.runs import RunStatus, config_value, read_run
-from asyncrl.lab.study.plan import ArmRun, StudyPlan
+from asyncrl.lab.study.plan import Action, ArmRun, Outcome, StudyPlan, move_aside
 
-Action = Literal["skip", "start", "resume", "restart"]
 
 
 def decide(status: RunStatus, has_checkpoint: bool) -> Action:
@@ -64,18 +63,11 @@ def mismatches(run_config: dict, fields: dict[str, Any]) -> list[str]:
     return out
 
 
-@dataclass
-class Outcome:
-    run: str
-    action: Action
-    exit_code: int | None = None
-    seconds: float = 0.0
-    status: str = ""
-
-
 class StudyRunner:
-    def __init__(self, plan: StudyPlan, parallel: int = 1, log: Callable[[str], None] = print):
-        self.plan, self.parallel, self.log = plan, parallel, log
+    def __init__(self, plan: StudyPlan, parallel: int = 1, log: Callable[[str], None] = print, cold: bool = False):
+        """`cold`: every run in a process of its own (always so with parallel > 1); by default the
+        runs are made one after another in this process, on shared processes (warm_runs.py)."""
+        self.plan, self.parallel, self.log, self.cold = plan, parallel, log, cold
         self.logs_dir = plan.study_dir / "logs"
         self._stop_signals = 0
         self.stop_signal: int | None = None  # the first SIGINT / SIGTERM / SIGHUP received, if any
@@ -100,6 +92,10 @@ class StudyRunner:
     def run(self) -> list[Outcome]:
         todo = self.actions()
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        if self.parallel == 1 and not self.cold:
+            from asyncrl.lab.study.warm_runs import run_warm
+
+            return run_warm(self, todo)
         address = self._start_cluster() if self.parallel > 1 else None
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         outcomes: list[Outcome] = []
@@ -134,10 +130,7 @@ class StudyRunner:
     def _launch(self, run: ArmRun, action: Action, address: str | None) -> None:
         extra = ["resume=auto"] if action == "resume" else []
         if action == "restart":
-            attic = self.plan.study_dir / "_restarted"
-            attic.mkdir(exist_ok=True)
-            k = sum(1 for p in attic.glob(f"{run.name}.*")) + 1
-            shutil.move(str(run.run_dir), str(attic / f"{run.name}.{k}"))
+            move_aside(run, self.plan.study_dir)
         if address:
             extra.append(f"ray.address={address}")
         env = child_env()
