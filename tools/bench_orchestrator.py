@@ -140,7 +140,8 @@ class DriverStage(Ingest):
     def grant(self, groups: list[tuple[int, int]]) -> None:
         super().grant(groups)
         for a, g in groups:  # admitted as the driver admits a prompt for an actor
-            self.driver.ledger.admit(PromptItem(f"a{a}g{g}", self.prompt, metadata(g)), 0, self.spec, self.n, a)
+            self.driver.ledger.admit(PromptItem(f"a{a}g{g}", self.prompt, metadata(g)), 0, self.spec, self.n, a,
+                                     version=0)
 
     def turn(self) -> list[tuple[int, int]]:
         d = self.driver

@@ -15,11 +15,16 @@ Every bucket B (a set of the step's N tokens) reports
     entropy = mean_B H_t,  log_ratio = mean_B d_t,  abs_log_ratio = mean_B |d_t|
     clip_low, clip_high, clip_dual = mean_B of the flag
     cov_logp_adv = mean_B (log pi_theta(a_t) - mean_B log pi_theta) * (A_t - mean_B A)
+    ratio_mean = mean_B r_t,  ratio_sq_mean = mean_B r_t^2,  r_t = exp(min(d_t, 20))
 
 cov_logp_adv is the population covariance (divided by |B|) of Cui et al. 2025 (arXiv 2505.22617,
 §3: under natural policy gradient, entropy changes by about -eta * Cov(log pi, A); §4's Clip-Cov
 and KL-Cov rank tokens by the same centered product). Like their §4 it pools the bucket's tokens,
-not a covariance within each state. An empty bucket reports only tokens and frac (0), no NaN.
+not a covariance within each state. ratio_mean and ratio_sq_mean are the moments from which the
+buffer estimates a batch's ESS before training it (algo/batch_ess.py, `buffer.stale_policy: ess`);
+d_t is clamped to 20 before exp, since r_t^2 overflows float64 from d_t ~ 355 on and one inf would
+make the bucket's moments useless (a token that far off counts as r_t = e^20, still dominating
+ratio_sq_mean). An empty bucket reports only tokens and frac (0), no NaN.
 
 Buckets: by staleness, 0, 1, 2, 3-4, 5+; by entropy, the `top` = ceil(f * N) tokens of highest
 H_t (f = top_entropy_frac; ties go to the earlier token of the table) and the rest, the
@@ -48,12 +53,13 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-NAMESPACE = "offpolicy"
-STALENESS_BUCKETS = (("stale_0", 0, 0), ("stale_1", 1, 1), ("stale_2", 2, 2), ("stale_3-4", 3, 4),
-                     ("stale_5+", 5, None))
-"""(name, lowest, highest staleness; None: no upper bound)."""
-BUCKET_STATS = ("entropy", "log_ratio", "abs_log_ratio", "clip_low", "clip_high", "clip_dual", "cov_logp_adv")
+from asyncrl.algo.batch_ess import NAMESPACE, STALENESS_BUCKETS
+
+BUCKET_STATS = ("entropy", "log_ratio", "abs_log_ratio", "clip_low", "clip_high", "clip_dual", "cov_logp_adv",
+                "ratio_mean", "ratio_sq_mean")
 """What a non-empty bucket reports besides `tokens` and `frac`."""
+RATIO_LOG_CLAMP = 20.0
+"""d_t is clamped to this before ratio_mean and ratio_sq_mean take exp(d_t)."""
 
 
 @dataclass
@@ -148,12 +154,14 @@ def decompose(table: TokenTable, max_tokens: int, top_entropy_frac: float = 0.2)
     d = logp - table.behaviour_logprob.to(**f64)
     count = member.sum(dim=1)  # [B]
     per = count.clamp(min=1.0)
+    ratio = torch.exp(d.clamp(max=RATIO_LOG_CLAMP))  # no inf in r^2 at a huge d_t (docstring)
     columns = torch.stack([table.entropy.to(**f64), d, d.abs(), table.clipped_low.to(**f64),
-                           table.clipped_high.to(**f64), table.clipped_dual.to(**f64), logp, adv], dim=1)
-    means = (member @ columns) / per[:, None]  # [B, 8]
+                           table.clipped_high.to(**f64), table.clipped_dual.to(**f64), logp, adv,
+                           ratio, ratio * ratio], dim=1)
+    means = (member @ columns) / per[:, None]  # [B, 10]
     # two-pass: centre on the bucket's means before multiplying, no E[xy] - E[x]E[y] cancellation
     cov = (member * (logp - means[:, 6:7]) * (adv - means[:, 7:8])).sum(dim=1) / per
-    rows = torch.cat([count[:, None], means[:, :6], cov[:, None]], dim=1)  # [B, 1 + 7]
+    rows = torch.cat([count[:, None], means[:, :6], cov[:, None], means[:, 8:10]], dim=1)  # [B, 1 + 9]
 
     fresh = masks["stale_0"].to(**f64)
     mismatch = torch.stack([fresh.sum(), (fresh * d.abs()).sum(), (fresh * (torch.expm1(d) - d)).sum()])

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
+from asyncrl.algo.batch_ess import Moments
 from asyncrl.types import Group, Sample, ScoredSample, SequenceChunk
 
 
@@ -30,6 +31,9 @@ class BufferStats:
     responses_trained: float = 0.0
     """Sum over emitted chunks of the share of their response's tokens they train (a response
     trained whole counts 1): with tokens_out it gives the mean length of what was trained."""
+    tokens_beyond_bound: int = 0
+    """Tokens trained that entered training more than max_staleness versions behind: 0 but under
+    buffer.stale_policy "ess", which relaxes the bound while the batch's estimated ESS allows."""
 
     @property
     def length_bias(self) -> float:
@@ -191,6 +195,8 @@ class Buffer(Protocol):
     token_budget: int
     """Phi of the current stage (the orchestrator sets it at a stage boundary)."""
     stats: BufferStats
+    ess_estimate: float | None
+    """The estimated ESS of the last step cut (algo/batch_ess.py); None: not estimated."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -214,6 +220,10 @@ class Buffer(Protocol):
 
     def admission_capacity(self, view: AdmissionView) -> int:
         """How many more prompts may be admitted now."""
+
+    def observe_ratio_moments(self, moments: Moments) -> None:
+        """A learner step's (mean r, mean r^2) per staleness bucket (algo/batch_ess.py), from which
+        the streaming buffer estimates each cut's ESS (`ess_estimate`; buffer.stale_policy ess)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 

@@ -49,6 +49,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from asyncrl.algo.batch_ess import Moments
 from asyncrl.algo.schedule import num_sgd_steps
 from asyncrl.buffer.admission import rollout_batch_capacity
 from asyncrl.buffer.base import (AdmissionView, BufferStats, ResponseCursor, cut_budget, group_from_state,
@@ -67,6 +68,9 @@ class RolloutBatchStats(BufferStats):
 
 class RolloutBatchBuffer:
     """A `Buffer` (buffer/base.py) that trains each sealed rollout batch for N_SGD steps."""
+
+    ess_estimate: None = None
+    """Not estimated: a rollout batch is judged when it is sealed, and always discards what is stale."""
 
     def __init__(self, token_budget: int, max_staleness: int, rollout_batch_prompts: int,
                  minibatch_prompts: int | None = None, num_reuse: int = 1, seed: int = 0):
@@ -199,6 +203,9 @@ class RolloutBatchBuffer:
                     self._steps.append(step)
                 else:
                     self.stats.minibatches_skipped += 1
+
+    def observe_ratio_moments(self, moments: Moments) -> None:
+        """Not used: buffer.stale_policy is "discard" with rollout batches (config validates it)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "rollout_batch", "token_budget": self.token_budget, "stats": asdict(self.stats),

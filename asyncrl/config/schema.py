@@ -307,7 +307,8 @@ class BufferConfig(_Section):
     step first takes it, or its rollout batch is sealed); 0 is on-policy (synchronous mode). Its
     total lag adds the steps since then: up to N_SGD - 1 in a rollout batch, and the step(s) the
     rest of a response split at the Phi boundary follows its prefix by (`staleness/async_max` is
-    bounded by this, `staleness/max` is the total)."""
+    bounded by this, `staleness/max` is the total). `stale_policy: ess` relaxes the bound by design,
+    up to `ess_max_lag` (then `staleness/async_max` may exceed it)."""
     cut: Literal["split", "whole"] = "split"
     """Streaming: `split` takes exactly Phi tokens a step, splitting the response at the boundary
     (its rest opens the next step); `whole` takes whole responses until the step holds at least
@@ -320,6 +321,27 @@ class BufferConfig(_Section):
     Phi in budget mode). None: each step takes exactly Phi loss tokens of the rollout batch."""
     num_reuse: int = Field(1, ge=1)
     """N_reuse: passes over each rollout batch (each pass shuffled); 1 uses every token once."""
+    stale_policy: Literal["discard", "wait", "pace", "ess"] = "discard"
+    """Streaming only: what to do about work that would be more than max_staleness behind when it
+    enters training. Discarding it biases the batch towards short answers (long responses go stale
+    first; `buffer/length_bias` < 0); each alternative pays for that elsewhere
+    (docs/design/versions.md):
+    `discard` drops the stale tokens (free; the bias stays);
+    `wait` holds the learner's next step while a group admitted at learner version a with
+    a + max_staleness < version + 1 is still generating or scoring, so nothing admitted goes stale
+    (costs learner idle time; max_staleness 0 is the synchronous schedule);
+    `pace` hands out no new prompt while a group admitted at a <= version - max_staleness is still
+    generating, so the engines finish old work first (costs rollout throughput; what still goes
+    stale is dropped);
+    `ess` trains a stale response anyway while the batch's effective sample size, estimated from
+    the learner's ratio moments per staleness bucket, stays >= `ess_min`, and never beyond
+    `ess_max_lag` (costs gradient variance; relaxes the bound by design)."""
+    ess_min: float = Field(0.9, gt=0, le=1)
+    """`stale_policy: ess`: the least estimated normalized ESS of a batch that a stale response may
+    join."""
+    ess_max_lag: int | None = Field(None, ge=0)
+    """`stale_policy: ess`: the most versions behind a token may be when its response enters
+    training; None is max_staleness + 4."""
 
     @model_validator(mode="after")
     def _schedule(self) -> "BufferConfig":
@@ -333,6 +355,12 @@ class BufferConfig(_Section):
             raise ValueError("buffer.cut applies to the streaming buffer (no buffer.rollout_batch_prompts)")
         if self.num_reuse > 1 and self.rollout_batch_prompts is None:
             raise ValueError("buffer.num_reuse > 1 needs buffer.rollout_batch_prompts (the batch reused)")
+        if self.stale_policy != "discard" and self.rollout_batch_prompts is not None:
+            raise ValueError(f"buffer.stale_policy {self.stale_policy} applies to the streaming buffer "
+                             "(no buffer.rollout_batch_prompts); a rollout batch always discards")
+        if self.ess_max_lag is not None and self.ess_max_lag < self.max_staleness:
+            raise ValueError(f"buffer.ess_max_lag ({self.ess_max_lag}) must be >= buffer.max_staleness "
+                             f"({self.max_staleness})")
         return self
 
 
@@ -532,6 +560,13 @@ class Config(_Section):
         if self.learner.backend == "deepspeed" and params != "float32":
             raise ValueError("learner.param_dtype must be float32 with learner.backend=deepspeed (its bf16 mode "
                              "always keeps float32 master weights)")
+        return self
+
+    @model_validator(mode="after")
+    def _ess_has_its_moments(self) -> "Config":
+        if self.buffer.stale_policy == "ess" and not self.learner.offpolicy_metrics:
+            raise ValueError("buffer.stale_policy=ess estimates ESS from the learner's offpolicy/ ratio moments: "
+                             "set learner.offpolicy_metrics=true")
         return self
 
     @model_validator(mode="after")

@@ -3,10 +3,12 @@
     samples ─► ingest ─► reward pool ─► poll_rewards ─► router ─► ledger (shaping, groups, buffer)
     admit(version, actors) ─► [Grant: prompts for one actor]
     next_batch(version) ─► StepBatch (chunks, role, start version, Phi of the buffer that cut it)
+    observe_learner(metrics) ─► the buffer's ratio moments (its ESS estimate, buffer.stale_policy)
     end_step(step) ─► the row's pipeline metrics, and the stage change if the step ended a stage
 
 It holds the ledger, the intake (samples to the reward pool), the result router, the step
-statistics, the stage runner and the evaluator's bookkeeping; `build_driver` makes all of them
+statistics, the stage runner, the evaluator's bookkeeping and the stale gate (buffer.stale_policy
+wait and pace, stale_gate.py); `build_driver` makes all of them
 from a config. The orchestrator (orchestrator.py) feeds it what its processes produce (samples
 from the actors' stream, a learner's finished step) and carries out what it decides (prompts to
 actors, batches to the learner ranks). tools/bench_orchestrator.py drives this same object with
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.algo.batch_ess import ratio_moments
 from asyncrl.buffer.base import Buffer, StepBatch
 from asyncrl.buffer.group_assembler import GroupAssembler
 from asyncrl.buffer.rollout_batch import RolloutBatchBuffer
@@ -31,6 +34,7 @@ from asyncrl.orchestrator.intake import SampleIntake
 from asyncrl.orchestrator.ledger import GroupLedger, Shaping
 from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.orchestrator.stage_runner import StageChange, StageRunner
+from asyncrl.orchestrator.stale_gate import StaleGate
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.reward.errors import RewardErrorMonitor
 from asyncrl.reward.pool import RewardPool, RewardResult
@@ -67,11 +71,14 @@ class Driver:
     evaluator: Evaluator
     # what a step's row reports
     stats: StepStats
+    # whether the learner waits for stragglers or admission pauses for them (buffer.stale_policy)
+    gate: StaleGate
 
     def __init__(self, cfg: Config, ledger: GroupLedger, stages: StageRunner, rewards: RewardPool,
-                 intake: SampleIntake, route: ResultRouter, evaluator: Evaluator, stats: StepStats) -> None:
+                 intake: SampleIntake, route: ResultRouter, evaluator: Evaluator, stats: StepStats,
+                 gate: StaleGate) -> None:
         self.cfg, self.ledger, self.stages, self.rewards = cfg, ledger, stages, rewards
-        self.intake, self.route, self.evaluator, self.stats = intake, route, evaluator, stats
+        self.intake, self.route, self.evaluator, self.stats, self.gate = intake, route, evaluator, stats, gate
 
     # -- samples and rewards ------------------------------------------------------------------
 
@@ -91,7 +98,10 @@ class Driver:
     # -- admission ----------------------------------------------------------------------------
 
     def capacity(self, version: int, step_running: bool) -> int:
-        """How many more prompts may be admitted now (the staleness bound, buffer/admission.py)."""
+        """How many more prompts may be admitted now (the staleness bound, buffer/admission.py);
+        none while `pace` waits for an at-risk group to finish generating."""
+        if self.gate.pauses_admission(self.ledger.generating_versions.oldest, version):
+            return 0
         stage = self.stages.current
         return self.ledger.capacity(version, stage.token_budget, stage.group_size, stage.max_tokens,
                                     step_running=step_running, verifiers_behind=self.rewards.num_queued > 0)
@@ -106,8 +116,8 @@ class Driver:
         spec = SamplingSpec(stage.temperature, self.cfg.rollout.top_p, stage.max_tokens)
         grants = []
         for actor, k in assign_prompts(capacity, load, self.cfg.rollout.max_in_flight_prompts).items():
-            records = [self.ledger.readmit(r, actor) for r in self.ledger.take_requeued(k)]
-            records += [self.ledger.admit(p, stage.index, spec, stage.group_size, actor)
+            records = [self.ledger.readmit(r, actor, version=version) for r in self.ledger.take_requeued(k)]
+            records += [self.ledger.admit(p, stage.index, spec, stage.group_size, actor, version=version)
                         for p in self.stages.take(k - len(records))]
             grants += [Grant(actor, spec_, n, prompts) for spec_, n, prompts in group_by_settings(records)]
         return grants
@@ -116,18 +126,25 @@ class Driver:
 
     def next_batch(self, version: int) -> StepBatch | None:
         """The next step's data for learner `version` (counted in the step's staleness), or None
-        until the buffer can fill one."""
+        until the buffer can fill one, or while `wait` holds the step for groups in flight."""
+        if self.gate.holds_step(self.ledger.in_flight_versions.oldest, version):
+            return None
         batch = self.ledger.next_batch(version)
         if batch is not None:
             self.stats.add_batch(batch.chunks, version, batch.start_version)
         return batch
+
+    def observe_learner(self, metrics: dict[str, float]) -> None:
+        """A finished learner step's metrics: its ratio moments per staleness bucket go to the
+        buffer (exponentially averaged), for the ESS of the batches it cuts next."""
+        self.ledger.observe_ratio_moments(ratio_moments(metrics))
 
     def step_metrics(self, step: int, frames_dropped: int) -> dict[str, Any]:
         """The pipeline's part of step `step`'s row: what the statistics accumulated since the last
         row, the stage, the reward pool, the intake, the ledger, reward errors and evaluation."""
         return {**self.stats.flush({**self.ledger.token_metrics(), "rollout/frames_dropped_total": frames_dropped}),
                 **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
-                **self.route.errors.metrics(), **self.evaluator.take_metrics(step)}
+                **self.route.errors.metrics(), **self.evaluator.take_metrics(step), **self.gate.take_metrics()}
 
     def end_step(self, step: int, reward_mean: float | None) -> StageChange | None:
         """After optimizer step `step`: the new stage if the step ended one (its Phi applies from
@@ -141,7 +158,7 @@ class Driver:
 
     def state_dict(self) -> dict[str, Any]:
         return {"probe_ids": self.probe_ids, "ledger": self.ledger.state_dict(),
-                "stages": self.stages.state_dict(), "stats": self.stats.state_dict()}
+                "stages": self.stages.state_dict(), "stats": self.stats.state_dict(), "gate": self.gate.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.intake.probe_ids = state["probe_ids"]
@@ -149,12 +166,13 @@ class Driver:
         self.stages.load_state_dict(state["stages"])
         self.ledger.set_token_budget(self.stages.current.token_budget)
         self.stats.load_state_dict(state["stats"])
+        self.gate.load_state_dict(state.get("gate", {"num_holds": 0}))  # none in a checkpoint older than it
 
 
 def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> Buffer:
     """Streaming Phi-token buffer, or the D_R / D_T / N_reuse rollout-batch schedule."""
     if cfg.rollout_batch_prompts is None:
-        return TokenBuffer(token_budget, cfg.max_staleness, cfg.cut)
+        return TokenBuffer(token_budget, cfg.max_staleness, cfg.cut, cfg.stale_policy, cfg.ess_min, cfg.ess_max_lag)
     return RolloutBatchBuffer(token_budget, cfg.max_staleness, cfg.rollout_batch_prompts,
                               cfg.minibatch_prompts, cfg.num_reuse, seed=seed)
 
@@ -179,4 +197,5 @@ def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = pri
     route = ResultRouter(ledger, stats, stages, evaluator, stages.tokenizer,
                          RewardErrorMonitor(cfg.reward.max_error_frac), metrics, say)
     intake = SampleIntake(ledger, rewards, stages.tokenizer, route, evaluator)
-    return Driver(cfg, ledger, stages, rewards, intake, route, evaluator, stats)
+    return Driver(cfg, ledger, stages, rewards, intake, route, evaluator, stats,
+                  StaleGate(cfg.buffer.stale_policy, cfg.buffer.max_staleness))

@@ -16,16 +16,18 @@ every BOOKKEEPING_S):
 
 - rollout loop (actors, in their own processes): generates continuously; each actor runs the
   prompts it was given and streams every sample as it finishes. Waits for: prompts. Unblocked by:
-  admission, which grants prompts when the buffer's staleness bound allows (buffer/admission.py).
+  admission, which grants prompts when the buffer's staleness bound allows (buffer/admission.py)
+  and, under buffer.stale_policy pace, no at-risk group is still generating (stale_gate.py).
 - ingest loop (here): hands each arriving sample to the reward pool (worker processes, a hard
   timeout per sample); rewards coming back (scoring.py) go to the group ledger (ledger.py), which
   shapes them, completes groups, drops zero-variance ones and fills the buffer, or to the held-out
   evaluation (evaluation.py, run on an actor at step 0, every eval.every_steps and at the end).
 - train loop (here + learner ranks): when no step is running and the buffer can fill one, streams
   each rank its part of the batch (learner_group.py) and starts the step. Waits for: the buffer
-  and the previous step. After a step, every `sync.every_steps`, a drain push (weight_sync.py):
-  actors stop starting requests, finish the running ones and load the new weights while the
-  learner broadcasts them.
+  and the previous step (and, under buffer.stale_policy wait, the groups in flight that would go
+  stale after it, stale_gate.py). A finished step's metrics feed the buffer's ESS estimate. After
+  a step, every `sync.every_steps`, a drain push (weight_sync.py): actors stop starting requests,
+  finish the running ones and load the new weights while the learner broadcasts them.
 
 Versions: the orchestrator owns the policy version; it advances with every optimizer step (the
 learner's StepResult must agree). An actor's version advances when it has applied a push.
@@ -291,6 +293,7 @@ class Orchestrator:
         if result.version != self.version:
             raise RuntimeError(f"learner reports version {result.version} after step {self.step}, "
                                f"expected {self.version}")
+        self.driver.observe_learner(result.metrics)
         train_s = time.monotonic() - self._step_started
         joined = self.pool.admit_started()
         sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}

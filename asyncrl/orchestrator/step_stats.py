@@ -10,9 +10,10 @@ generated it. It splits at the version the token's response entered training (th
 the staleness bound was checked:
     lag = (learner version - entered at) + (entered at - generation version)
             reuse lag (staleness/reuse_*)      asynchronous lag (staleness/async_*)
-so staleness/async_max <= buffer.max_staleness always. The reuse part is what N_SGD > 1 asks for
-(up to N_SGD - 1 with rollout batches) or, streaming, the steps the rest of a response split at
-the Phi boundary follows its prefix by (usually 1).
+so staleness/async_max <= buffer.max_staleness, except under buffer.stale_policy ess, which admits
+stale work up to buffer.ess_max_lag by design (buffer/tokens_beyond_bound_total counts it). The
+reuse part is what N_SGD > 1 asks for (up to N_SGD - 1 with rollout batches) or, streaming, the
+steps the rest of a response split at the Phi boundary follows its prefix by (usually 1).
 """
 
 from __future__ import annotations

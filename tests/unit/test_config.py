@@ -116,6 +116,10 @@ def test_override_indexes_a_list_of_sections():
     (["buffer.minibatch_prompts=4"], "buffer.rollout_batch_prompts"),
     (["buffer.rollout_batch_prompts=6", "buffer.minibatch_prompts=4"], "multiple"),
     (["buffer.num_reuse=2"], "buffer.rollout_batch_prompts"),
+    (["buffer.rollout_batch_prompts=4", "buffer.stale_policy=wait"], "buffer.stale_policy wait applies to the"),
+    (["buffer.rollout_batch_prompts=4", "buffer.stale_policy=ess"], "buffer.stale_policy ess applies to the"),
+    (["buffer.max_staleness=2", "buffer.ess_max_lag=1"], "buffer.ess_max_lag"),
+    (["buffer.stale_policy=ess", "learner.offpolicy_metrics=false"], "learner.offpolicy_metrics"),
     (["stages=[{max_tokens: 4}, {steps: 3}]"], "stages.0.steps"),
     (["model.max_model_len=64", "stages=[{max_tokens: 500}]"], "stages.0.max_tokens"),
     (["algo.entropy_control.measure=sometimes"], "algo.entropy_control.measure"),
@@ -130,6 +134,13 @@ def test_override_indexes_a_list_of_sections():
 def test_inconsistent_algorithm_switches_fail_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config(None, overrides)
+
+
+def test_stale_policies_stream_and_ess_lag_may_equal_the_bound():
+    assert load_config().buffer.stale_policy == "discard"
+    cfg = load_config(None, ["buffer.stale_policy=ess", "buffer.max_staleness=2", "buffer.ess_max_lag=2"])
+    assert (cfg.buffer.stale_policy, cfg.buffer.ess_min, cfg.buffer.ess_max_lag) == ("ess", 0.9, 2)
+    load_config(None, ["buffer.rollout_batch_prompts=4", "buffer.stale_policy=discard"])  # a rollout batch discards
 
 
 def test_a_code_run_that_fits_the_reward_timeout_is_accepted():

@@ -8,23 +8,27 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.observe.metrics import MetricsWriter
-from asyncrl.orchestrator.driver import build_driver
+from asyncrl.orchestrator.driver import Grant, build_driver
+from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.tiny.tokenizer import save_tokenizer
 from asyncrl.types import Sample
 
 N = 2  # samples per prompt
 
 
-@pytest.fixture
-def driver(tmp_path):
+def make_driver(tmp_path, *overrides):
     save_tokenizer(tmp_path)
-    stages = "[{steps: 1, token_budget: 8}, {token_budget: 6}]"
     cfg = load_config(None, [
         "reward.type=import:asyncrl.reward.fault_injection:by_response_hash", "reward.num_workers=1",
-        f"rollout.group_size={N}", "rollout.max_tokens=4", "buffer.max_staleness=1", f"stages={stages}",
+        f"rollout.group_size={N}", "rollout.max_tokens=4", "buffer.max_staleness=1",
         "rollout.max_in_flight_prompts=2", "eval.every_steps=0", "algo.drop_zero_variance_groups=false",
-        "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "model.max_model_len=64"])
-    d = build_driver(cfg, str(tmp_path), MetricsWriter(tmp_path / "run", tensorboard=False), say=lambda _: None)
+        "observe.tensorboard=false", f"observe.output_dir={tmp_path}", "model.max_model_len=64", *overrides])
+    return build_driver(cfg, str(tmp_path), MetricsWriter(tmp_path / "run", tensorboard=False), say=lambda _: None)
+
+
+@pytest.fixture
+def driver(tmp_path):
+    d = make_driver(tmp_path, "stages=[{steps: 1, token_budget: 8}, {token_budget: 6}]")
     yield d
     d.rewards.close()
 
@@ -74,3 +78,93 @@ def test_state_round_trip_requeues_what_was_in_flight(driver, tmp_path):
     assert not driver.ledger.records and len(driver.ledger.requeued) == len(grants[0].prompts)
     again = driver.admit(version=0, actor_ids=[0], step_running=False)  # requeued groups come first
     assert [p.prompt_id for p in again[0].prompts] == [p.prompt_id for p in grants[0].prompts]
+
+
+SPEC = SamplingSpec(1.0, 1.0, 4)
+
+
+def land(driver, prompt, version):
+    """A group's n samples, generated at policy `version`, arrive and are scored: it is in the buffer."""
+    driver.ingest(respond(Grant(0, SPEC, N, [prompt]), 0, version))
+    scored_all(driver, step=0, expect=N)
+
+
+@pytest.mark.parametrize("policy, dropped", [("wait", 0), ("discard", 8)])
+def test_wait_holds_the_step_for_a_straggler_until_it_lands(tmp_path, policy, dropped):
+    """eta 1, Phi 8 (one group). a and b are admitted at version 0; b is the straggler."""
+    d = make_driver(tmp_path, "buffer.token_budget=8", f"buffer.stale_policy={policy}")
+    try:
+        led = d.ledger
+        a, b, c = d.stages.take(3)
+        for p in (a, b):
+            led.admit(p, 0, SPEC, N, actor=0, version=0)
+        land(d, a, version=0)
+        # step 0: b would enter at 1 at the latest, 1 behind: nothing at risk yet
+        assert {ch.group_id for ch in d.next_batch(0).chunks} == {a.prompt_id}
+        led.admit(c, 0, SPEC, N, actor=1, version=1)
+        land(d, c, version=1)
+        assert led.buffer.num_loss_tokens == 8  # c alone could fill step 1...
+        first = d.next_batch(1)
+        if policy == "wait":
+            # ...but b, admitted at 0, would be 2 behind after it: the learner waits, while b
+            # generates and while it is scored
+            assert first is None
+            b_samples = respond(Grant(0, SPEC, N, [b]), 0, version=0)
+            for s in b_samples:
+                led.on_generated(s)
+            assert led.records[b.prompt_id].state == "scoring" and d.next_batch(1) is None
+            row = d.step_metrics(1, frames_dropped=0)
+            assert row["buffer/waiting_for_stragglers"] == 1.0 and row["buffer/straggler_holds_total"] == 2
+            for i, s in enumerate(b_samples):
+                led.on_scored(s, float(i), {})
+            first = d.next_batch(1)  # released: b is older than c, so it goes first
+            assert d.step_metrics(2, frames_dropped=0)["buffer/waiting_for_stragglers"] == 0.0
+        else:
+            land(d, b, version=0)  # too late: step 1 took c, and at 2 b is 2 behind
+        second = d.next_batch(2)
+        trained = [{ch.group_id for ch in batch.chunks} for batch in (first, second) if batch is not None]
+        assert trained == ([{b.prompt_id}, {c.prompt_id}] if policy == "wait" else [{c.prompt_id}])
+        assert led.token_accounting() == {"in": 24, "out": 24 - dropped, "dropped_stale": dropped, "buffered": 0}
+    finally:
+        d.rewards.close()
+
+
+@pytest.mark.parametrize("policy", ["pace", "discard"])
+def test_pace_admits_nothing_while_an_at_risk_group_generates(tmp_path, policy):
+    """eta 1, Phi 8. Before a group is kept, B = Phi / (n * max_tokens / 2) = 8 / 4 = 2 prompts a step."""
+    d = make_driver(tmp_path, "buffer.token_budget=8", f"buffer.stale_policy={policy}")
+    try:
+        [a] = d.stages.take(1)
+        d.ledger.admit(a, 0, SPEC, N, actor=0, version=0)
+        # AReaL's bound at version 0: (eta + v + 1) * B - running = 2 * 2 - 1; a is not at risk
+        assert d.capacity(0, step_running=False) == 3
+        # at version 1, a (admitted at 0) is: a + eta < 1 + 1
+        paced = policy == "pace"
+        assert d.capacity(1, step_running=False) == (0 if paced else 3 * 2 - 1)
+        assert (d.admit(1, [0, 1], step_running=False) == []) == paced
+        assert d.gate.take_metrics()["buffer/admission_paused"] == float(paced)
+        if not paced:
+            return
+        land(d, a, version=0)
+        # back to the bound: a is kept (8 tokens, so B = 1): (1 + 1 + 1) * 1 - 1
+        assert d.capacity(1, step_running=False) == 2
+        assert d.gate.take_metrics()["buffer/admission_paused"] == 0.0
+    finally:
+        d.rewards.close()
+
+
+def test_observe_learner_feeds_the_buffers_ess_estimate(driver):
+    driver.observe_learner({"offpolicy/stale_0/ratio_mean": 1.0, "offpolicy/stale_0/ratio_sq_mean": 1.25,
+                            "loss/policy": 0.1})
+    assert driver.ledger.buffer.moments.by_bucket == {"stale_0": (1.0, 1.25)}
+    grants = driver.admit(version=0, actor_ids=[0], step_running=False)
+    for g in grants:
+        driver.ingest(respond(g, 0))
+    scored_all(driver, step=0, expect=sum(len(g.prompts) for g in grants) * N)
+    assert driver.next_batch(0) is not None
+    # every token of the cut is fresh: (8 * 1)^2 / (8 * 8 * 1.25)
+    assert driver.step_metrics(1, frames_dropped=0)["buffer/ess_estimate"] == pytest.approx(0.8)
+    state = driver.state_dict()
+    driver.ledger.buffer.moments.by_bucket = {}
+    driver.load_state_dict(state)
+    assert driver.ledger.buffer.moments.by_bucket == {"stale_0": (1.0, 1.25)}

@@ -42,7 +42,7 @@ class NoEval:
 def test_ingest_submits_each_new_sample_once_with_its_text_and_keeps_the_first_as_probe():
     tok = build_tokenizer()
     ledger = GroupLedger(TokenBuffer(64, 1), GroupAssembler(), Shaping(), 2)
-    ledger.admit(PromptItem("g", [5, 6], {"answer": "1"}), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0)
+    ledger.admit(PromptItem("g", [5, 6], {"answer": "1"}), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0, version=0)
     pool = Pool()
     intake = SampleIntake(ledger, pool, tok, route=None, evaluator=None)
     ids = tok.encode("12+3")
@@ -59,7 +59,7 @@ def test_ingest_submits_each_new_sample_once_with_its_text_and_keeps_the_first_a
 
 def test_samples_their_actor_scored_skip_the_pool_and_reach_the_router_with_their_rewards():
     ledger = GroupLedger(TokenBuffer(64, 1), GroupAssembler(), Shaping(), 2)
-    ledger.admit(PromptItem("g", [5, 6], {}), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0)
+    ledger.admit(PromptItem("g", [5, 6], {}), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0, version=0)
     pool, routed = Pool(), []
     intake = SampleIntake(ledger, pool, build_tokenizer(), route=lambda rs, step: routed.extend(rs), evaluator=NoEval())
 

@@ -33,7 +33,7 @@ def balanced(ledger):
 
 def test_a_group_moves_from_generating_to_scoring_to_the_buffer():
     led = make_ledger()
-    rec = led.admit(prompt(0), 0, SPEC, 2, actor=0)
+    rec = led.admit(prompt(0), 0, SPEC, 2, actor=0, version=0)
     assert rec.state == "generating" and led.generating_by_actor([0, 1]) == {0: 1, 1: 0}
     for i in range(2):
         assert led.on_generated(sample("p0", i)) is rec
@@ -48,7 +48,7 @@ def test_a_group_moves_from_generating_to_scoring_to_the_buffer():
 
 def test_zero_variance_groups_are_rejected_and_counted():
     led = make_ledger()
-    led.admit(prompt(0), 0, SPEC, 2, actor=0)
+    led.admit(prompt(0), 0, SPEC, 2, actor=0, version=0)
     for i in range(2):
         led.on_generated(sample("p0", i))
         led.on_scored(sample("p0", i), 1.0, {})
@@ -58,7 +58,7 @@ def test_zero_variance_groups_are_rejected_and_counted():
 
 def test_shaping_uses_the_max_tokens_the_group_was_admitted_with():
     led = GroupLedger(TokenBuffer(16, 1), GroupAssembler(), Shaping(overlong_buffer=4), 2)
-    led.admit(prompt(0), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0)
+    led.admit(prompt(0), 0, SamplingSpec(1.0, 1.0, 8), 2, actor=0, version=0)
     info = {}
     led.on_generated(sample("p0", 0, length=8))
     led.on_scored(sample("p0", 0, length=8), 1.0, info)
@@ -68,7 +68,7 @@ def test_shaping_uses_the_max_tokens_the_group_was_admitted_with():
 
 def test_repeats_and_unknown_groups_are_orphans_and_never_scored():
     led = make_ledger()
-    led.admit(prompt(0), 0, SPEC, 2, actor=0)
+    led.admit(prompt(0), 0, SPEC, 2, actor=0, version=0)
     assert led.on_generated(sample("p0", 0)) is not None
     assert led.on_generated(sample("p0", 0)) is None  # a resent frame
     assert led.on_generated(sample("p0", 5)) is None  # an index the group does not have
@@ -78,9 +78,9 @@ def test_repeats_and_unknown_groups_are_orphans_and_never_scored():
 
 def test_an_actor_lost_requeues_its_generating_groups_under_new_ids():
     led = make_ledger()
-    led.admit(prompt(0), 0, SPEC, 2, actor=0)
-    led.admit(prompt(1), 0, SPEC, 2, actor=1)
-    led.admit(prompt(2), 0, SPEC, 2, actor=0)
+    led.admit(prompt(0), 0, SPEC, 2, actor=0, version=0)
+    led.admit(prompt(1), 0, SPEC, 2, actor=1, version=0)
+    led.admit(prompt(2), 0, SPEC, 2, actor=0, version=0)
     led.on_generated(sample("p0", 0))
     led.on_scored(sample("p0", 0), 1.0, {})
     for i in range(2):  # p2 is fully generated: it only waits for rewards, which do not need actor 0
@@ -89,7 +89,7 @@ def test_an_actor_lost_requeues_its_generating_groups_under_new_ids():
     assert set(led.records) == {"p1", "p2"} and led.counts.samples_discarded == 1
     [again] = led.take_requeued(5)
     assert again.prompt.prompt_id == "p0.r1" and again.prompt.metadata["record_key"] == "d/0"
-    led.readmit(again, actor=1)
+    led.readmit(again, actor=1, version=0)
     # the old attempt's reward comes back late: ignored, not trained
     assert led.on_scored(sample("p0", 1), 0.0, {}) is None
     assert led.on_generated(sample("p0", 1)) is None  # its late sample: an orphan
@@ -104,7 +104,7 @@ def test_an_actor_lost_requeues_its_generating_groups_under_new_ids():
 def test_capacity_is_the_same_after_a_state_round_trip_and_in_flight_groups_are_regenerated():
     led = make_ledger(TokenBuffer(16, max_staleness=1))
     for i in range(6):
-        led.admit(prompt(i), 0, SPEC, 2, actor=0)
+        led.admit(prompt(i), 0, SPEC, 2, actor=0, version=0)
     for gid in ("p0", "p1"):
         for i in range(2):
             led.on_generated(sample(gid, i))
@@ -120,7 +120,7 @@ def test_capacity_is_the_same_after_a_state_round_trip_and_in_flight_groups_are_
     assert fresh.buffer.num_loss_tokens == led.buffer.num_loss_tokens == 16
     # requeued groups are not running yet: readmitting them is what restores the same bound
     for r in fresh.take_requeued(4):
-        fresh.readmit(r, actor=0)
+        fresh.readmit(r, actor=0, version=0)
     assert fresh.capacity(3, 16, 2, 8, step_running=False, verifiers_behind=False) == before
     # (eta + v + 1) * B - (kept + live): B = 16 / 8 = 2 -> (1 + 3 + 1) * 2 - (2 + 4) = 4
     assert before == 4
@@ -131,7 +131,7 @@ def test_rollout_batches_are_sealed_in_admission_order_whatever_the_arrival_orde
         buf = RolloutBatchBuffer(8, max_staleness=0, rollout_batch_prompts=3, minibatch_prompts=3)
         led = make_ledger(buf)
         for i in range(3):
-            led.admit(prompt(i), 0, SPEC, 2, actor=0)
+            led.admit(prompt(i), 0, SPEC, 2, actor=0, version=0)
         for gid in order:
             for i in range(2):
                 led.on_generated(sample(gid, i))
@@ -142,8 +142,9 @@ def test_rollout_batches_are_sealed_in_admission_order_whatever_the_arrival_orde
 
 
 def test_generating_counts_kept_as_groups_move_equal_a_scan_of_the_records():
-    """Admission reads per-actor generating counts every loop turn; they are kept up to date as
-    groups are admitted, complete, get scored, or are requeued, and must equal a full scan."""
+    """Admission reads per-actor generating counts (and the stale gate the oldest admission
+    versions) every loop turn; they are kept up to date as groups are admitted, complete, get
+    scored, or are requeued, and must equal a full scan."""
     import random
 
     rng = random.Random(7)
@@ -160,7 +161,7 @@ def test_generating_counts_kept_as_groups_move_equal_a_scan_of_the_records():
     for _ in range(400):
         op = rng.random()
         if op < 0.3:
-            led.admit(prompt(next_prompt), 0, SPEC, 3, actor=rng.choice(actors))
+            led.admit(prompt(next_prompt), 0, SPEC, 3, actor=rng.choice(actors), version=rng.randrange(4))
             next_prompt += 1
         elif op < 0.75 and led.records:
             rec = rng.choice(list(led.records.values()))
@@ -173,8 +174,13 @@ def test_generating_counts_kept_as_groups_move_equal_a_scan_of_the_records():
             led.requeue_actor(rng.choice(actors))
         elif led.requeued:
             for r in led.take_requeued(2):
-                led.readmit(r, rng.choice(actors))
+                led.readmit(r, rng.choice(actors), version=rng.randrange(4))
         assert led.generating_by_actor(actors) == scanned()
+        # the admission versions the stale gate reads, likewise
+        live = led.records.values()
+        assert led.in_flight_versions.oldest == min((r.admitted_at for r in live), default=None)
+        assert led.generating_versions.oldest == min((r.admitted_at for r in live if r.state == "generating"),
+                                                     default=None)
         assert sum(led.generating_by_actor(actors).values()) == sum(r.state == "generating" for r in led.records.values())
     assert balanced(led)
 
@@ -183,7 +189,7 @@ def test_a_reward_that_comes_back_twice_is_ignored_and_counted():
     """A group's scored samples live on its record: the second reward for one sample changes
     nothing (the group is not completed early, nothing is trained twice)."""
     led = make_ledger()
-    rec = led.admit(prompt(0), 0, SPEC, 2, actor=0)
+    rec = led.admit(prompt(0), 0, SPEC, 2, actor=0, version=0)
     for i in range(2):
         led.on_generated(sample("p0", i))
     assert led.on_scored(sample("p0", 0), 1.0, {}) is rec
@@ -198,7 +204,7 @@ def test_a_reward_that_comes_back_twice_is_ignored_and_counted():
 def test_the_train_loop_takes_step_batches_from_the_ledger():
     """The consumer side: a StepBatch with the buffer's Phi, and a stage's new Phi from then on."""
     led = make_ledger(TokenBuffer(6, max_staleness=1))
-    led.admit(prompt(0), 0, SPEC, 2, actor=0)
+    led.admit(prompt(0), 0, SPEC, 2, actor=0, version=0)
     for i in range(2):
         led.on_generated(sample("p0", i))
         led.on_scored(sample("p0", i), float(i), {})
@@ -209,3 +215,26 @@ def test_the_train_loop_takes_step_batches_from_the_ledger():
     led.set_token_budget(2)
     assert led.next_batch(0).token_budget == 2
     assert led.token_accounting() == {"in": 8, "out": 8, "dropped_stale": 0, "buffered": 0}
+
+
+def test_admission_versions_survive_a_state_round_trip():
+    """The learner version each group was admitted at (buffer.stale_policy wait and pace read the
+    oldest) is checkpointed with its requeued record, and set anew when it is readmitted."""
+    led = make_ledger()
+    led.admit(prompt(0), 0, SPEC, 2, actor=0, version=3)
+    led.admit(prompt(1), 0, SPEC, 2, actor=0, version=5)
+    for i in range(2):
+        led.on_generated(sample("p0", i))  # p0 is scoring, p1 generating
+    assert (led.in_flight_versions.oldest, led.generating_versions.oldest) == (3, 5)
+    state = msgpack.unpackb(msgpack.packb(led.state_dict(), use_bin_type=True), raw=False, strict_map_key=False)
+    fresh = make_ledger()
+    fresh.load_state_dict(state)
+    assert [r.admitted_at for r in fresh.requeued] == [3, 5] and fresh.in_flight_versions.oldest is None
+    [again] = fresh.take_requeued(1)
+    fresh.readmit(again, actor=0, version=7)
+    assert again.admitted_at == fresh.in_flight_versions.oldest == fresh.generating_versions.oldest == 7
+    for record in state["requeued"]:  # a checkpoint from before admission versions
+        del record["admitted_at"]
+    older = make_ledger()
+    older.load_state_dict(state)
+    assert [r.admitted_at for r in older.requeued] == [0, 0]

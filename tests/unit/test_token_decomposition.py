@@ -65,6 +65,8 @@ def _expected(rows, buckets):
             f"{key}/clip_high": _mean([float(r[6]) for r in sel]),
             f"{key}/clip_dual": _mean([float(r[7]) for r in sel]),
             f"{key}/cov_logp_adv": sum((r[2] - mean_logp) * (r[4] - mean_adv) for r in sel) / len(sel),
+            f"{key}/ratio_mean": _mean([math.exp(x) for x in d]),
+            f"{key}/ratio_sq_mean": _mean([math.exp(2 * x) for x in d]),
         })
     fresh = [r[2] - r[3] for r in rows if r[0] == 0]
     out["offpolicy/mismatch_tokens"] = len(fresh)
@@ -162,6 +164,20 @@ def test_ess_survives_a_huge_log_ratio():
     rows = [(0, 1.0, 0.0, -800.0, 0.0, 0, 0, 0, 1, 1e300), (0, 1.0, 0.0, 0.0, 0.0, 0, 0, 0, 1, 1.0)]
     got = decompose(_table(rows), MAX_TOKENS)
     assert got["offpolicy/ess"] == pytest.approx(0.5) and got["offpolicy/ess_is_weight"] == pytest.approx(0.5)
+    # d = 800 is clamped to 20 before exp: r = e^20 and r^2 = e^40, not inf
+    assert got["offpolicy/stale_0/ratio_mean"] == pytest.approx((math.exp(20) + 1) / 2, rel=1e-12)
+    assert got["offpolicy/stale_0/ratio_sq_mean"] == pytest.approx((math.exp(40) + 1) / 2, rel=1e-12)
+
+
+def test_ratio_moments_by_hand():
+    # staleness 1: d = ln 2 and -ln 2, r = 2 and 1/2: mean 1.25, mean square (4 + 1/4) / 2 = 2.125;
+    # staleness 0: d = 0, r = 1
+    rows = [(1, 1.0, math.log(2.0), 0.0, 0.0, 0, 0, 0, 1, 1.0), (1, 1.0, 0.0, math.log(2.0), 0.0, 0, 0, 0, 1, 1.0),
+            (0, 1.0, -1.0, -1.0, 0.0, 0, 0, 0, 1, 1.0)]
+    got = decompose(_table(rows), MAX_TOKENS)
+    assert got["offpolicy/stale_1/ratio_mean"] == pytest.approx(1.25, abs=1e-15)
+    assert got["offpolicy/stale_1/ratio_sq_mean"] == pytest.approx(2.125, abs=1e-15)
+    assert got["offpolicy/stale_0/ratio_mean"] == got["offpolicy/stale_0/ratio_sq_mean"] == 1.0
 
 
 def test_from_policy_loss_takes_the_losss_flags_and_weights():
