@@ -36,6 +36,8 @@ Step-wide, with r_t = exp(d_t) over the N tokens:
     mismatch_abs = mean_{s_t = 0} |d_t|
     mismatch_k3  = mean_{s_t = 0} exp(d_t) - d_t - 1   (Schulman, "Approximating KL divergence",
                    2020: a_t ~ pi_b, so it is unbiased for KL(pi_b || pi_theta), engine || trainer)
+    sampler_k3   = mean over all N tokens of exp(d_t) - d_t - 1: KL(pi_b || pi_theta) of the sampler
+                   to the trainer, staleness and mismatch together (Tinker's "sampler-trainer KL")
     ess          = (sum r_t)^2 / (N * sum r_t^2), in (0, 1]; ess_is_weight the same of the
                    importance weights the loss applied, when given
 
@@ -164,7 +166,8 @@ def decompose(table: TokenTable, max_tokens: int, top_entropy_frac: float = 0.2)
     rows = torch.cat([count[:, None], means[:, :6], cov[:, None], means[:, 8:10]], dim=1)  # [B, 1 + 9]
 
     fresh = masks["stale_0"].to(**f64)
-    mismatch = torch.stack([fresh.sum(), (fresh * d.abs()).sum(), (fresh * (torch.expm1(d) - d)).sum()])
+    k3 = torch.expm1(d.clamp(max=RATIO_LOG_CLAMP)) - d
+    mismatch = torch.stack([fresh.sum(), (fresh * d.abs()).sum(), (fresh * k3).sum(), k3.sum()])
     ess = [_ess_parts(d, log=True)]
     if table.is_weight is not None:
         ess.append(_ess_parts(table.is_weight.to(**f64), log=False))
@@ -181,8 +184,10 @@ def decompose(table: TokenTable, max_tokens: int, top_entropy_frac: float = 0.2)
     staled = sum(out[f"{NAMESPACE}/{name}/tokens"] for name, _, _ in STALENESS_BUCKETS)
     if staled != n:
         raise ValueError(f"{n - staled} of {n} tokens fall in no staleness bucket (negative staleness)")
-    fresh_tokens, abs_sum, k3_sum, *ess_parts = values[len(masks) * width:]
+    fresh_tokens, abs_sum, k3_sum, k3_all, *ess_parts = values[len(masks) * width:]
     out[f"{NAMESPACE}/mismatch_tokens"] = int(fresh_tokens)
+    if n:
+        out[f"{NAMESPACE}/sampler_k3"] = k3_all / n
     if fresh_tokens:
         out[f"{NAMESPACE}/mismatch_abs"] = abs_sum / fresh_tokens
         out[f"{NAMESPACE}/mismatch_k3"] = k3_sum / fresh_tokens

@@ -1,9 +1,13 @@
-"""Verdict rules on hand-made seed-mean curves: compare, ordered, missing numbers, the wording."""
+"""Verdict rules on hand-made curves: the statistics, paired seed intervals by hand, the A/A floor,
+ordered checks as adjacent comparisons, one seed inconclusive."""
+
+import math
 
 import pytest
 
 from asyncrl.lab.analysis.curves import Series
-from asyncrl.lab.analysis.verdict import fmt, judge, stat_value
+from asyncrl.lab.analysis import paired
+from asyncrl.lab.analysis.verdict import fmt, judge_paired, stat_value
 from asyncrl.lab.study.config import AnalysisSpec, Finding, StatRef
 
 AN = AnalysisSpec(window=2, tail_frac=0.5, collapse_fraction=0.5)
@@ -38,39 +42,66 @@ def test_stat_values_by_hand():
     assert stat_value(ARMS, StatRef(arm="nobody"), AN) is None
 
 
-def test_ordered_collapse_steps_reproduced():
-    v = judge(ARMS, finding({"kind": "ordered", "arms": ["flat", "slow", "fast"], "stat": "collapse_step",
-                             "direction": "decreasing"}), AN)
-    assert v.outcome == "reproduced"
-    assert v.numbers == "collapse_step of entropy/learner: flat never > slow 5 > fast 4 (yes)"
+def seeds(arm_values):
+    """arm -> seed -> {"entropy/learner": a flat curve at that value} (final = the value)."""
+    return {arm: {seed: {"entropy/learner": s([v] * 4)} for seed, v in enumerate(values)}
+            for arm, values in arm_values.items()}
 
 
-def test_two_arms_that_never_collapse_are_not_ordered():
-    arms = {**ARMS, "flat2": ARMS["flat"]}
-    v = judge(arms, finding({"kind": "ordered", "arms": ["flat", "flat2"], "stat": "collapse_step",
-                             "direction": "decreasing"}), AN)
-    assert v.outcome == "not reproduced"
+def check(left, right, op="gt", factor=1.0):
+    right = {"arm": right} if isinstance(right, str) else right
+    return {"kind": "compare", "left": {"arm": left}, "op": op, "right": right, "factor": factor}
 
 
-def test_compare_with_factor_and_constant():
-    later = {"kind": "compare", "left": {"arm": "slow", "stat": "collapse_step"}, "op": "gt",
-             "right": {"arm": "fast", "stat": "collapse_step"}}
-    assert judge(ARMS, finding(later), AN).outcome == "reproduced"
-    # 5 > 2 x 4 is false
-    assert judge(ARMS, finding({**later, "factor": 2.0}), AN).outcome == "not reproduced"
-    near = {"kind": "compare", "left": {"arm": "flat", "stat": "mean_abs_dev", "target": 0.9}, "op": "lt",
-            "right": 0.15}
-    v = judge(ARMS, finding(near, source=""), AN)
-    assert v.outcome == "holds"  # |1 - 0.9| = 0.1 < 0.15
-    assert v.numbers == "mean_abs_dev from 0.9 of entropy/learner [flat] = 0.1 < constant = 0.15 (yes)"
+def test_paired_interval_by_hand():
+    # d = [0.1, 0.3, 0.2]: mean 0.2, sd 0.1, half-width t(0.975, 2) * 0.1 / sqrt(3) = 4.303 * 0.057735
+    iv = paired.interval(paired.paired_differences({0: 1.1, 1: 1.3, 2: 1.2}, {0: 1.0, 1: 1.0, 2: 1.0, 3: 9.0}))
+    half = 4.303 * 0.1 / math.sqrt(3)
+    assert (iv.mean, iv.n) == (pytest.approx(0.2), 3)
+    assert (iv.lo, iv.hi) == (pytest.approx(0.2 - half), pytest.approx(0.2 + half))
+    assert iv.spread == pytest.approx(0.2 + half)
+    assert paired.interval([0.5]) is None  # one paired seed: no interval
+    # against a constant, with a factor: d_s = left - 2 * 0.5
+    assert paired.paired_differences({0: 1.5, 1: None, 2: 2.0}, 0.5, factor=2.0) == [0.5, 1.0]
+    assert paired.t975(1) == 12.706 and paired.t975(29) == 2.045 and paired.t975(100) == 1.96
 
 
-def test_a_missing_number_is_inconclusive_unless_another_check_fails():
-    missing = {"kind": "compare", "left": {"arm": "flat", "metric": "kl/mean"}, "op": "gt", "right": 0.0}
-    failing = {"kind": "compare", "left": {"arm": "fast", "stat": "final"}, "op": "gt", "right": 1.0}
-    assert judge(ARMS, finding(missing), AN).outcome == "inconclusive"
-    assert judge(ARMS, finding(missing, failing), AN).outcome == "not reproduced"
-    assert judge(ARMS, finding(failing, source=""), AN).outcome == "does not hold"
+def test_decide_needs_the_interval_beyond_zero_and_the_floor():
+    iv = paired.Interval(0.2, 0.05, 0.35, 5)
+    assert paired.decide(iv, "gt") is True
+    assert paired.decide(iv, "gt", floor=0.1) is None  # not beyond the A/A spread
+    assert paired.decide(iv, "lt") is False
+    assert paired.decide(paired.Interval(0.0, -0.1, 0.1, 5), "gt") is None
+    assert paired.decide(None, "gt") is None
+
+
+def test_a_difference_within_the_aa_spread_is_inconclusive():
+    # a - b per seed: 0.10, 0.12, 0.08, 0.11, 0.09 (interval about [0.08, 0.12]); the A/A copy of b
+    # differs from b by -0.2 .. +0.2: spread about 0.4, so the difference does not count
+    runs = seeds({"a": [0.60, 0.62, 0.58, 0.61, 0.59], "b": [0.5] * 5,
+                  "b-aa": [0.7, 0.3, 0.5, 0.6, 0.4]})
+    with_floor = judge_paired(runs, finding(check("a", "b")), AN, aa=("b", "b-aa"))
+    assert with_floor.outcome == "inconclusive" and "A/A spread" in with_floor.checks[0].text
+    assert judge_paired(runs, finding(check("a", "b")), AN).outcome == "reproduced"
+    assert judge_paired(runs, finding(check("a", "b", op="lt")), AN).outcome == "not reproduced"
+    assert judge_paired(runs, finding(check("a", "b"), source=""), AN).outcome == "holds"
+
+
+def test_ordered_checks_are_adjacent_paired_comparisons_and_one_seed_is_inconclusive():
+    runs = seeds({"x": [0.9, 0.8, 0.85], "y": [0.5, 0.45, 0.52], "z": [0.1, 0.15, 0.12]})
+    ordered = {"kind": "ordered", "arms": ["x", "y", "z"], "stat": "final", "direction": "decreasing"}
+    v = judge_paired(runs, finding(ordered), AN)
+    assert v.outcome == "reproduced" and len(v.checks) == 2
+    assert judge_paired(runs, finding({**ordered, "direction": "increasing"}), AN).outcome == "not reproduced"
+    one = seeds({"x": [0.9], "y": [0.5]})
+    v = judge_paired(one, finding({**ordered, "arms": ["x", "y"]}), AN)
+    assert v.outcome == "inconclusive" and "fewer than 2 paired seeds" in v.checks[0].text
+
+
+def test_compare_with_a_constant_ignores_the_aa_floor():
+    runs = seeds({"a": [0.3, 0.35, 0.32], "a-aa": [0.1, 0.6, 0.3]})
+    v = judge_paired(runs, finding(check("a", 0.2)), AN, aa=("a", "a-aa"))
+    assert v.outcome == "reproduced" and "A/A" not in v.checks[0].text
 
 
 def test_fmt():

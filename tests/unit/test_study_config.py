@@ -140,3 +140,23 @@ def test_every_shipped_study_plans(path, quick, tmp_path):
     assert plan.runs and study.findings
     if quick:
         assert all(r.fields["eval.every_steps"] == 0 for r in plan.runs)
+
+
+def test_the_aa_arm_runs_twice_under_two_names_with_the_same_settings():
+    from asyncrl.lab.study.config import StudyConfig
+
+    study = StudyConfig.model_validate({"name": "s", "total_steps": 4, "aa_arm": "b",
+                                        "arms": [{"name": "a", "overrides": {"seed": 1}},
+                                                 {"name": "b", "overrides": {"algo.eps_high": 0.3}, "steps_factor": 2}]})
+    arms = study.arm_specs(quick=False)
+    assert [a.name for a in arms] == ["a", "b", "b-aa"]
+    assert arms[2].overrides == arms[1].overrides and arms[2].steps_factor == 2
+    assert study.aa_pair == ("b", "b-aa")
+    with pytest.raises(ValueError, match="aa_arm: no arm named 'c'"):
+        StudyConfig.model_validate({"name": "s", "total_steps": 4, "aa_arm": "c", "arms": [{"name": "a"}]})
+
+
+def test_every_shipped_study_has_an_aa_arm():
+    assert STUDIES
+    for path in STUDIES:
+        assert load_study(path).aa_pair is not None, path

@@ -72,6 +72,8 @@ def _expected(rows, buckets):
     out["offpolicy/mismatch_tokens"] = len(fresh)
     out["offpolicy/mismatch_abs"] = sum(abs(x) for x in fresh) / len(fresh)
     out["offpolicy/mismatch_k3"] = sum(math.exp(x) - x - 1.0 for x in fresh) / len(fresh)
+    every = [r[2] - r[3] for r in rows]
+    out["offpolicy/sampler_k3"] = sum(math.exp(x) - x - 1.0 for x in every) / n
     ratio = [math.exp(r[2] - r[3]) for r in rows]
     out["offpolicy/ess"] = sum(ratio) ** 2 / (n * sum(x * x for x in ratio))
     weight = [r[9] for r in rows]

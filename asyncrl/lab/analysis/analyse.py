@@ -8,17 +8,17 @@ import math
 from pathlib import Path
 
 from asyncrl.config import ConfigError
-from asyncrl.lab.analysis.arms import Arm, arms_from_dirs, mean_curves, stat_with_spread
+from asyncrl.lab.analysis.arms import Arm, arms_from_dirs, run_curve, stat_with_spread
 from asyncrl.lab.analysis.config_diff import config_diff, settings_text
-from asyncrl.lab.analysis.curves import SMOOTH_HALF_WIDTH
+from asyncrl.lab.analysis.curves import SMOOTH_HALF_WIDTH, Series
 from asyncrl.lab.analysis.marks import MARKED_EVENTS
 from asyncrl.lab.analysis.outliers import OUTLIER_FACTOR
 from asyncrl.lab.analysis.plots import is_sparse, plot_metric, plot_sweep
 from asyncrl.lab.analysis.report import ArmRow, cell, render, table
 from asyncrl.lab.analysis.runs import config_value
-from asyncrl.lab.analysis.verdict import Verdict, fmt, judge
+from asyncrl.lab.analysis.verdict import Verdict, fmt, judge_paired
 from asyncrl.lab.offline.run_policies import final_figure
-from asyncrl.lab.study.config import AnalysisSpec, Finding, SweepPlot
+from asyncrl.lab.study.config import AnalysisSpec, Finding, OrderedCheck, StatRef, SweepPlot
 
 
 def definitions(analysis: AnalysisSpec) -> str:
@@ -120,6 +120,18 @@ def sweep(arms: list[Arm], sp: SweepPlot, analysis: AnalysisSpec, names: dict[st
     return f"{sp.stat} against {sp.x_field}", text + f"\n\n![{sp.name}](figures/{sp.name}.png)"
 
 
+def seed_curves(arms: list[Arm], findings: list[Finding], x_axis: str) -> dict[str, dict[int, dict[str, Series]]]:
+    """arm -> seed -> metric -> that run's curve, for the metrics the findings name."""
+    metrics = {"kl/reset"}  # reset_ratio reads it
+    for c in (c for f in findings for c in f.checks):
+        if isinstance(c, OrderedCheck):
+            metrics.add(c.metric)
+        else:
+            metrics |= {c.left.metric} | ({c.right.metric} if isinstance(c.right, StatRef) else set())
+    return {a.name: {int(r.config.get("seed", i)): {m: run_curve(r, m, x_axis) for m in metrics}
+                     for i, r in enumerate(a.runs)} for a in arms}
+
+
 def write_json(path: Path, verdicts: list[Verdict], rows: list[ArmRow]) -> None:
     out = {"verdicts": [{"finding": v.finding.name, "source": v.finding.source, "outcome": v.outcome,
                          "checks": [{"holds": c.holds, "text": c.text} for c in v.checks]} for v in verdicts],
@@ -130,9 +142,11 @@ def write_json(path: Path, verdicts: list[Verdict], rows: list[ArmRow]) -> None:
 
 def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, description: str = "",
             findings: list[Finding] = (), sweep_plots: list[SweepPlot] = (), names: dict[str, str] | None = None,
-            settings: dict[str, str] | None = None, notes: list[str] = (), smooth: int = SMOOTH_HALF_WIDTH) -> Path:
+            settings: dict[str, str] | None = None, notes: list[str] = (), smooth: int = SMOOTH_HALF_WIDTH,
+            aa: tuple[str, str] | None = None) -> Path:
     """Write figures/, report.md and report.json under out_dir; returns report.md's path. `smooth`:
-    points either side of the centred mean drawn over each curve (0: the seed means alone)."""
+    points either side of the centred mean drawn over each curve (0: the seed means alone); `aa`:
+    (an arm, its A/A copy), the noise floor of the verdicts (paired.py)."""
     names, settings = names or {}, settings or {}
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     figures = []
@@ -140,8 +154,7 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
         sc = plot_metric(arms, metric, out_dir / "figures", analysis.x_axis, smooth)
         if sc is not None:
             figures.append((metric, f"figures/{sc['png']}"))
-    curves = mean_curves(arms, analysis.x_axis)
-    verdicts = [judge(curves, f, analysis) for f in findings]
+    verdicts = [judge_paired(seed_curves(arms, findings, analysis.x_axis), f, analysis, aa) for f in findings]
     sweeps = [sweep(arms, sp, analysis, names, out_dir) for sp in sweep_plots]
     metrics = [m for m in analysis.figures if any(len(a.band(m).steps) for a in arms)]
     rows = arm_rows(arms, analysis, metrics, settings)

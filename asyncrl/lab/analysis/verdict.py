@@ -1,12 +1,13 @@
-"""Verdicts: a study's findings (asyncrl/lab/study/config.py) judged on the arms' seed-mean curves.
+"""Verdicts: a study's findings (asyncrl/lab/study/config.py) judged on paired seed differences
+with 95% intervals and the A/A noise floor (`judge_paired`; the rule is in paired.py).
 
-Pure: the curves come in as a mapping arm -> metric -> Series (the mean over seeds per step,
+Pure: the curves come in as a mapping arm -> seed -> metric -> Series (each run's curve,
 asyncrl/lab/analysis/curves.py) and the verdict goes out as text with the numbers it was decided on.
 A finding with a `source` (a paper's claim) is `reproduced` / `not reproduced`; one without (a new
-hypothesis) `holds` / `does not hold`; either is `inconclusive` when a number is missing (an arm
-that did not run, a metric it did not log, a statistic that needs more steps). A collapse step
-that never happened counts as infinitely late, so "collapses later" holds against an arm that
-collapsed and fails between two arms that both never did.
+hypothesis) `holds` / `does not hold`; either is `inconclusive` when its intervals do not decide
+(or a number is missing: an arm that did not run, a metric it did not log). A collapse that never
+happened in a run counts as happening one step after its last (censored: "collapses later" can
+then hold against an arm that collapsed, and two arms that never did differ by nothing).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from asyncrl.lab.analysis import curves
+from asyncrl.lab.analysis import curves, paired
 from asyncrl.lab.analysis.curves import Series
 from asyncrl.lab.study.config import AnalysisSpec, CompareCheck, Finding, OrderedCheck, StatRef
 
@@ -84,44 +85,58 @@ class Verdict:
         return "; ".join(c.text for c in self.checks)
 
 
-def judge_compare(arms: ArmCurves, check: CompareCheck, analysis: AnalysisSpec) -> CheckResult:
-    left = stat_value(arms, check.left, analysis)
-    if isinstance(check.right, StatRef):
-        right, right_text = stat_value(arms, check.right, analysis), _describe(check.right)
-    else:
-        right, right_text = check.right, "constant"
-    sign = ">" if check.op == "gt" else "<"
-    factor = "" if check.factor == 1 else f"{fmt(check.factor)} x "
-    holds = None
-    if left is not None and right is not None:
-        scaled = check.factor * right
-        holds = left > scaled if check.op == "gt" else left < scaled
-    text = f"{_describe(check.left)} = {fmt(left)} {sign} {factor}{right_text} = {fmt(right)}"
-    return CheckResult(holds, text + _mark(holds))
-
-
-def judge_ordered(arms: ArmCurves, check: OrderedCheck, analysis: AnalysisSpec) -> CheckResult:
-    values = [stat_value(arms, ref, analysis) for ref in check.refs()]
-    holds = None
-    if all(v is not None for v in values):
-        pairs = list(zip(values, values[1:]))
-        holds = all(b > a for a, b in pairs) if check.direction == "increasing" else all(b < a for a, b in pairs)
-    sign = " < " if check.direction == "increasing" else " > "
-    text = f"{check.stat} of {check.metric}: " + sign.join(f"{a} {fmt(v)}" for a, v in zip(check.arms, values))
-    return CheckResult(holds, text + _mark(holds))
-
-
 def _mark(holds: bool | None) -> str:
-    return {True: " (yes)", False: " (no)", None: " (missing)"}[holds]
+    return {True: " (yes)", False: " (no)", None: " (undecided)"}[holds]
 
 
-def judge(arms: ArmCurves, finding: Finding, analysis: AnalysisSpec) -> Verdict:
-    results = [judge_compare(arms, c, analysis) if isinstance(c, CompareCheck) else judge_ordered(arms, c, analysis)
-               for c in finding.checks]
-    if any(r.holds is False for r in results):
-        outcome = "not reproduced" if finding.source else "does not hold"
-    elif any(r.holds is None for r in results):
-        outcome = "inconclusive"
-    else:
-        outcome = "reproduced" if finding.source else "holds"
-    return Verdict(finding, outcome, results)
+SeedCurves = Mapping[str, Mapping[int, Mapping[str, Series]]]
+"""arm -> seed -> metric -> that run's curve."""
+
+
+def per_seed(runs: SeedCurves, ref: StatRef, analysis: AnalysisSpec) -> dict[int, float | None]:
+    """seed -> the StatRef's statistic on that seed's run of its arm."""
+    out = {}
+    for seed, curves_of_run in runs.get(ref.arm, {}).items():
+        value = stat_value({ref.arm: curves_of_run}, ref, analysis)
+        if value == math.inf and ref.stat == "collapse_step":  # never: after the run's last step
+            value = curves_of_run[ref.metric].steps[-1] + 1
+        out[seed] = value
+    return out
+
+
+def aa_floor(runs: SeedCurves, aa: tuple[str, str] | None, metric: str, stat: str, analysis: AnalysisSpec,
+             target: float | None = None) -> paired.Interval | None:
+    """The A/A pair's paired interval of this statistic (the noise floor), None without one."""
+    if aa is None:
+        return None
+    refs = [StatRef(arm=a, metric=metric, stat=stat, target=target) for a in aa]
+    return paired.interval(paired.paired_differences(*(per_seed(runs, r, analysis) for r in refs)))
+
+
+def _paired_check(runs: SeedCurves, left: StatRef, right: StatRef | float, op: str, factor: float,
+                  analysis: AnalysisSpec, aa: tuple[str, str] | None) -> CheckResult:
+    right_values = per_seed(runs, right, analysis) if isinstance(right, StatRef) else right
+    iv = paired.interval(paired.paired_differences(per_seed(runs, left, analysis), right_values, factor))
+    floor = aa_floor(runs, aa, left.metric, left.stat, analysis, left.target) if isinstance(right, StatRef) else None
+    holds = paired.decide(iv, op, floor.spread if floor is not None else 0.0)
+    right_text = _describe(right) if isinstance(right, StatRef) else fmt(right)
+    scaled = "" if factor == 1 else f"{fmt(factor)} x "
+    text = (f"{_describe(left)} - {scaled}{right_text} {'>' if op == 'gt' else '<'} 0: "
+            + (iv.text() if iv is not None else "fewer than 2 paired seeds")
+            + (f"; A/A spread {floor.spread:.3g}" if floor is not None else ""))
+    return CheckResult(holds, text + _mark(holds))
+
+
+def judge_paired(runs: SeedCurves, finding: Finding, analysis: AnalysisSpec,
+                 aa: tuple[str, str] | None = None) -> Verdict:
+    """The finding on paired seed differences (paired.py); `aa`: (arm, its A/A copy)."""
+    results = []
+    for c in finding.checks:
+        if isinstance(c, CompareCheck):
+            results.append(_paired_check(runs, c.left, c.right, c.op, c.factor, analysis, aa))
+            continue
+        refs = c.refs()
+        for a, b in zip(refs, refs[1:]):  # increasing: each next arm above the one before
+            results.append(_paired_check(runs, b, a, "gt" if c.direction == "increasing" else "lt", 1.0,
+                                         analysis, aa))
+    return Verdict(finding, paired.outcome([r.holds for r in results], bool(finding.source)), results)

@@ -67,7 +67,7 @@ def report(plan: StudyPlan, notes: list[str]) -> Path:
     arms = [a for a in arms if a.runs]
     title = f"Study {study.name}" + (" (quick)" if plan.quick else "")
     return analyse(arms, plan.study_dir, study.analysis, title, study.description, study.findings,
-                   study.sweep_plots, study.grid_names, plan.settings, notes)
+                   study.sweep_plots, study.grid_names, plan.settings, notes, aa=study.aa_pair)
 
 
 def conduct(req: StudyRequest, log: Callable[[str], None] = print) -> int:

@@ -198,7 +198,16 @@ class StudyConfig(_Section):
     sweep_plots: list[SweepPlot] = []
     """Figures of a statistic against a config field."""
     findings: list[Finding] = []
-    """What the study tests, each with its verdict rule."""
+    """What the study tests, each with its verdict rule (on paired seed differences with 95%
+    intervals, asyncrl/lab/analysis/paired.py)."""
+    aa_arm: str | None = None
+    """An arm run twice: as itself and as `<name>-aa`, the same config and seeds. Their paired
+    differences are the noise floor (asynchrony alone) that a difference between two arms must
+    exceed to count (None: no floor, only the interval)."""
+
+    @property
+    def aa_pair(self) -> tuple[str, str] | None:
+        return (self.aa_arm, f"{self.aa_arm}-aa") if self.aa_arm else None
 
     @model_validator(mode="after")
     def _consistent(self) -> StudyConfig:
@@ -214,6 +223,8 @@ class StudyConfig(_Section):
         names = [a.name for a in self.arm_specs(quick=False)]
         if not names:
             raise ValueError("a study needs arms or a grid")
+        if self.aa_arm is not None and self.aa_arm not in names:
+            raise ValueError(f"aa_arm: no arm named {self.aa_arm!r} (arms: {', '.join(names)})")
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"arm names given twice: {', '.join(dup)}")
@@ -235,6 +246,9 @@ class StudyConfig(_Section):
         arms = self._all_arms(quick)
         if quick and self.quick.arms is not None:
             arms = [a for a in arms if a.name in self.quick.arms]
+        copy = next((a for a in arms if a.name == self.aa_arm), None)
+        if copy is not None and not any(a.name == f"{copy.name}-aa" for a in arms):
+            arms.append(copy.model_copy(update={"name": f"{copy.name}-aa"}))
         return arms
 
     def _all_arms(self, quick: bool) -> list[ArmSpec]:
