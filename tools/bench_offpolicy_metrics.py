@@ -24,6 +24,9 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=512, help="loss tokens a step (the demo's Phi)")
     args = p.parse_args()
 
+    from asyncrl.compat import hide_broken_torch_extras
+
+    hide_broken_torch_extras()  # before transformers' model classes import torchvision
     import torch
     from transformers import AutoModelForCausalLM
 
