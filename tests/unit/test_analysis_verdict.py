@@ -35,6 +35,7 @@ def test_stat_values_by_hand():
     assert stat_value(ARMS, StatRef(arm="slow", stat="collapse_step"), AN) == 5.0  # 0.95, 0.7, 0.4
     assert stat_value(ARMS, StatRef(arm="flat", stat="collapse_step"), AN) == float("inf")
     assert stat_value(ARMS, StatRef(arm="slow", stat="final"), AN) == pytest.approx(0.3)
+    assert stat_value(ARMS, StatRef(arm="fast", metric="reward/mean", stat="last"), AN) == 0.5
     assert stat_value(ARMS, StatRef(arm="fast", metric="reward/mean", stat="slope"), AN) == pytest.approx(0.1)
     assert stat_value(ARMS, StatRef(arm="reset", metric="kl/mean", stat="reset_ratio"), AN) == pytest.approx(0.2 / 3.5)
     assert stat_value(ARMS, StatRef(arm="flat", stat="mean_abs_dev", target=0.75), AN) == pytest.approx(0.25)

@@ -34,6 +34,8 @@ def stat_value(arms: ArmCurves, ref: StatRef, analysis: AnalysisSpec) -> float |
             return curves.initial(s, w)
         case "final":
             return curves.final(s, w)
+        case "last":
+            return s.values[-1]
         case "peak":
             return curves.peak(s, w)
         case "min":

@@ -36,7 +36,8 @@ from pydantic import Field, ValidationError, model_validator
 from asyncrl.config.load import ConfigError, explain, read_yaml
 from asyncrl.config.section import _Section
 
-Stat = Literal["initial", "final", "peak", "min", "mean", "collapse_step", "slope", "mean_abs_dev", "reset_ratio"]
+Stat = Literal["initial", "final", "last", "peak", "min", "mean", "collapse_step", "slope", "mean_abs_dev",
+               "reset_ratio"]
 DEFAULT_FIGURES = ["entropy/learner", "entropy/behaviour_sampled", "reward/mean", "clip/low_frac",
                    "clip/high_frac", "staleness/mean", "entropy/coef", "kl/mean"]
 ARM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
@@ -50,7 +51,8 @@ class StatRef(_Section):
     metric: str = "entropy/learner"
     """Metric key in metrics.jsonl."""
     stat: Stat = "final"
-    """initial / final: mean of the first / last analysis.window steps; peak / min: of the curve
+    """initial / final: mean of the first / last analysis.window steps; last: the last logged value
+    (for sparse metrics such as eval/avg@8, logged at step 0 and the end); peak / min: of the curve
     smoothed over analysis.window steps; mean: of all steps; collapse_step: see analysis; slope:
     least-squares slope per step over the last analysis.tail_frac of steps; mean_abs_dev: mean
     |value - target| over that tail; reset_ratio: mean over reference resets of (mean of the
