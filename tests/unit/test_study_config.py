@@ -151,6 +151,9 @@ def test_the_aa_arm_runs_twice_under_two_names_with_the_same_settings():
     arms = study.arm_specs(quick=False)
     assert [a.name for a in arms] == ["a", "b", "b-aa"]
     assert arms[2].overrides == arms[1].overrides and arms[2].steps_factor == 2
+    first = StudyConfig.model_validate({"name": "s", "total_steps": 4, "aa_arm": "a",
+                                        "arms": [{"name": "a"}, {"name": "b"}]})
+    assert [a.name for a in first.arm_specs(quick=False)] == ["a", "a-aa", "b"]  # right after its source
     assert study.aa_pair == ("b", "b-aa")
     with pytest.raises(ValueError, match="aa_arm: no arm named 'c'"):
         StudyConfig.model_validate({"name": "s", "total_steps": 4, "aa_arm": "c", "arms": [{"name": "a"}]})

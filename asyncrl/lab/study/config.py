@@ -248,9 +248,9 @@ class StudyConfig(_Section):
         arms = self._all_arms(quick)
         if quick and self.quick.arms is not None:
             arms = [a for a in arms if a.name in self.quick.arms]
-        copy = next((a for a in arms if a.name == self.aa_arm), None)
-        if copy is not None and not any(a.name == f"{copy.name}-aa" for a in arms):
-            arms.append(copy.model_copy(update={"name": f"{copy.name}-aa"}))
+        index = next((i for i, a in enumerate(arms) if a.name == self.aa_arm), None)
+        if index is not None:  # right after its source: runs of one setting share processes (warm.py)
+            arms.insert(index + 1, arms[index].model_copy(update={"name": f"{self.aa_arm}-aa"}))
         return arms
 
     def _all_arms(self, quick: bool) -> list[ArmSpec]:

@@ -69,7 +69,7 @@ def run_warm(runner: Any, todo: list[tuple[ArmRun, Action]]) -> list[Outcome]:
             if runner._stop_signals:
                 break
             outcomes.append(outcome)
-            log(f"[{i}/{len(todo)}] {run.name}: {action}" + (" (on the last run's processes)" if warm else ""))
+            log(f"[{i}/{len(todo)}] {run.name}: {action}")
             if action == "restart":
                 move_aside(run, plan.study_dir)
             overrides = [format_override(k, v) for k, v in run.fields.items()]
@@ -78,10 +78,11 @@ def run_warm(runner: Any, todo: list[tuple[ArmRun, Action]]) -> list[Outcome]:
             with open(runner.logs_dir / f"{run.name}.log", "a") as out:
                 out.write(f"\n$ asyncrl run --config {plan.base} {' '.join(overrides)}   (in the study's process)\n")
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                    code, warm = _one_run(plan.base, overrides, warm, current, out)
+                    code, warm, reused = _one_run(plan.base, overrides, warm, current, out)
             outcome.exit_code, outcome.seconds = code, round(time.monotonic() - t0, 1)
             outcome.status = read_run(run.run_dir).status
             log(f"    {run.name}: {outcome.status} (exit {code}) after {outcome.seconds:.0f} s"
+                + (" on the last run's processes" if reused else "")
                 + ("" if code == 0 else f"; log: {runner.logs_dir / (run.name + '.log')}"))
     finally:
         for s, h in old.items():
@@ -101,9 +102,10 @@ def _skipped(outcome: Outcome, i: int, n: int, log) -> Outcome:
 
 
 def _one_run(base: Path, overrides: list[str], warm: Warm | None, current: list[Any],
-             out) -> tuple[int, Warm | None]:
+             out) -> tuple[int, Warm | None, bool]:
     """One run as `asyncrl run` would make it (launch.py's exit codes), on `warm`'s processes when
-    they fit; returns its exit code and the processes it leaves for the next run."""
+    they fit; returns its exit code, the processes it leaves for the next run and whether it ran
+    on `warm`'s."""
     from asyncrl.orchestrator.orchestrator import Orchestrator
     from asyncrl.orchestrator.run_lock import claim_run_dir
     from asyncrl.preflight import preflight
@@ -117,12 +119,12 @@ def _one_run(base: Path, overrides: list[str], warm: Warm | None, current: list[
         orch = Orchestrator(cfg, log_fn=say, run_lock=claim_run_dir(cfg.run_dir.resolve(), cfg.resume))
     except ConfigError as e:
         say(f"error: {e}")
-        return 2, warm
+        return 2, warm, False
     if warm is not None and (differ := warm.fits(cfg)):
         say(f"starting new processes: {', '.join(differ)} differ from the last run's")
         warm.shutdown(say=say)
         warm = None
-    current[0], code = orch, 0
+    current[0], code, reused = orch, 0, warm is not None
     try:
         orch.run(warm)
     except ConfigError as e:
@@ -138,8 +140,8 @@ def _one_run(base: Path, overrides: list[str], warm: Warm | None, current: list[
         current[0] = None
     if code == 0:
         return (128 + signal.Signals[orch.stop_reason] if orch.stop_reason in signal.Signals.__members__ else 0,
-                orch.release())
+                orch.release(), reused)
     if warm is not None and orch.learner is not warm.learner:  # it failed before taking them over
         warm.shutdown(say=say)
     orch.shutdown()
-    return code, None
+    return code, None, reused
