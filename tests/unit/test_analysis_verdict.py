@@ -99,6 +99,16 @@ def test_ordered_checks_are_adjacent_paired_comparisons_and_one_seed_is_inconclu
     assert v.outcome == "inconclusive" and "fewer than 2 paired seeds" in v.checks[0].text
 
 
+def test_two_metrics_of_one_arm_are_compared_without_the_aa_floor():
+    runs = {arm: {seed: {"a/x": s([x] * 4), "a/y": s([y] * 4)} for seed, (x, y) in enumerate(values)}
+            for arm, values in {"a": [(0.30, 0.10), (0.32, 0.11), (0.31, 0.12)],
+                                "a-aa": [(0.9, 0.1), (0.1, 0.1), (0.5, 0.1)]}.items()}
+    within = {"kind": "compare", "left": {"arm": "a", "metric": "a/x", "stat": "mean"}, "op": "gt",
+              "right": {"arm": "a", "metric": "a/y", "stat": "mean"}}
+    v = judge_paired(runs, finding(within), AN, aa=("a", "a-aa"))
+    assert v.outcome == "reproduced" and "A/A" not in v.checks[0].text
+
+
 def test_compare_with_a_constant_ignores_the_aa_floor():
     runs = seeds({"a": [0.3, 0.35, 0.32], "a-aa": [0.1, 0.6, 0.3]})
     v = judge_paired(runs, finding(check("a", 0.2)), AN, aa=("a", "a-aa"))

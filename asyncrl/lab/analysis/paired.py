@@ -9,7 +9,9 @@ two-sided 95% Student-t interval mean ± t(0.975, n - 1) * sd / sqrt(n), sd the 
 
 The A/A arm (`aa_arm` in the study: the same config and seeds run again under another name) gives
 the noise floor: the same statistic's paired differences between the arm and its copy, whose
-spread |mean| + half-width is what asynchrony alone produces. A check between two arms then
+spread |mean| + half-width is what asynchrony alone produces between two arms. A check of one
+statistic between two arms then (a check against a constant, of two metrics, or within one arm,
+has no floor: 0)
 
     holds          when its interval lies beyond max(0, A/A spread) on the side `op` names,
     does not hold  when its interval lies entirely on the other side of 0,

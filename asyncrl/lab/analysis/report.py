@@ -37,7 +37,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def verdict_table(verdicts: list[Verdict]) -> str:
     rows = [[v.finding.name + (f" ({v.finding.source})" if v.finding.source else ""), f"**{v.outcome}**", v.numbers]
             for v in verdicts]
-    return table(["finding", "verdict", "numbers (seed-mean curves)"], rows)
+    return table(["finding", "verdict", "paired seed difference: mean [95% interval] (seeds)"], rows)
 
 
 def arm_table(rows: list[ArmRow], metrics: list[str], collapse_metric: str) -> str:

@@ -119,7 +119,10 @@ def _paired_check(runs: SeedCurves, left: StatRef, right: StatRef | float, op: s
                   analysis: AnalysisSpec, aa: tuple[str, str] | None) -> CheckResult:
     right_values = per_seed(runs, right, analysis) if isinstance(right, StatRef) else right
     iv = paired.interval(paired.paired_differences(per_seed(runs, left, analysis), right_values, factor))
-    floor = aa_floor(runs, aa, left.metric, left.stat, analysis, left.target) if isinstance(right, StatRef) else None
+    # the A/A spread is the noise between two arms in one statistic: it bounds a comparison of
+    # that statistic across arms, not one of two metrics, or of one arm with itself or a constant
+    across = isinstance(right, StatRef) and right.arm != left.arm and (right.metric, right.stat) == (left.metric, left.stat)
+    floor = aa_floor(runs, aa, left.metric, left.stat, analysis, left.target) if across else None
     holds = paired.decide(iv, op, floor.spread if floor is not None else 0.0)
     right_text = _describe(right) if isinstance(right, StatRef) else fmt(right)
     scaled = "" if factor == 1 else f"{fmt(factor)} x "
