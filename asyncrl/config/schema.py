@@ -328,8 +328,9 @@ class BufferConfig(_Section):
     (docs/design/versions.md):
     `discard` drops the stale tokens (free; the bias stays);
     `wait` holds the learner's next step while a group admitted at learner version a with
-    a + max_staleness < version + 1 is still generating or scoring, so nothing admitted goes stale
-    (costs learner idle time; max_staleness 0 is the synchronous schedule);
+    a + max_staleness < version + 1 is still generating or scoring, so no group goes stale while
+    it is out (tokens that landed beyond the next Phi still can; costs learner idle time;
+    max_staleness 0 is the synchronous schedule);
     `pace` hands out no new prompt while a group admitted at a <= version - max_staleness is still
     generating, so the engines finish old work first (costs rollout throughput; what still goes
     stale is dropped);

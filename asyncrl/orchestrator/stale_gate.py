@@ -4,8 +4,9 @@ tally of admission versions the group ledger keeps for them.
 Both ask one question of the oldest group still out (buffer/stale_policy.py `at_risk`): was it
 admitted so long ago that its tokens would be more than max_staleness behind after the next step?
 - `wait` asks it of the groups in flight (generating or scoring) when the learner wants its next
-  step, and holds the step (`Driver.next_batch` returns None) until they land, so the buffer drops
-  nothing admitted as stale; it costs learner idle time.
+  step, and holds the step (`Driver.next_batch` returns None) until they land, so no group goes
+  stale while it is out (tokens that landed beyond the next Phi still can, when admission ran
+  ahead of the learner); it costs learner idle time.
 - `pace` asks it of the groups still generating when prompts are handed out, and hands out none
   until they finish, so the engines spend their capacity on the work that would go stale; it costs
   rollout throughput, and the learner does not wait.

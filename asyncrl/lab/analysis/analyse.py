@@ -155,7 +155,8 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
         if sc is not None:
             figures.append((metric, f"figures/{sc['png']}"))
     verdicts = [judge_paired(seed_curves(arms, findings, analysis.x_axis), f, analysis, aa) for f in findings]
-    sweeps = [sweep(arms, sp, analysis, names, out_dir) for sp in sweep_plots]
+    copy = aa[1] if aa else None  # the A/A copy would draw a second point at its source's x
+    sweeps = [sweep([a for a in arms if a.name != copy], sp, analysis, names, out_dir) for sp in sweep_plots]
     metrics = [m for m in analysis.figures if any(len(a.band(m).steps) for a in arms)]
     rows = arm_rows(arms, analysis, metrics, settings)
     evaluated = eval_column(arms)
