@@ -38,7 +38,8 @@ def run(tmp_path_factory, tiny_model_path):
         "observe.tensorboard=false", "eval.every_steps=0",
         f"observe.output_dir={out}", "name=algo", "save_final=false",
         "algo.entropy_control.enabled=true", f"algo.entropy_control.target={TARGET}",
-        f"algo.entropy_control.delta={DELTA}", "algo.kl.coef=1e-3", f"algo.kl.reset_every={RESET_EVERY}",
+        f"algo.entropy_control.delta={DELTA}", "algo.entropy_control.coef_max=null",  # c rises k * DELTA
+        "algo.kl.coef=1e-3", f"algo.kl.reset_every={RESET_EVERY}",
         "algo.decoupled=true", "algo.is_weight_cap=2.0", "algo.dual_clip=3.0",
     ])
     # zero-variance groups are kept: an entropy bonus this strong can make every reward 0, and

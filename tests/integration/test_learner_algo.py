@@ -181,7 +181,8 @@ def test_adaptive_entropy_alpha_follows_the_equation_on_measured_entropy(model_d
 
 def test_lagged_entropy_control_uses_the_previous_step(model_dir):
     path, vocab = model_dir
-    algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05, "measure": "lagged"})
+    algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05, "measure": "lagged",
+                                       "coef_max": None})
     learner = LearnerRank(path, LearnerConfig(lr=1e-3), algo)
     try:
         rows = run_steps(learner, vocab, 3)
@@ -216,7 +217,8 @@ def test_algo_state_is_saved_with_the_policy_and_restored(model_dir, tmp_path):
     import json
 
     path, vocab = model_dir
-    algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05}, kl={"track": True})
+    algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05, "coef_max": None},
+                      kl={"track": True})
     learner = LearnerRank(path, LearnerConfig(lr=1e-3), algo)
     try:
         run_steps(learner, vocab, 3, requests={2})

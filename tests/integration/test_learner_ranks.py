@@ -26,7 +26,8 @@ STEPS = 3
 BUDGET = 64
 # the optimizer steps also run the learner's state: adaptive entropy control fed the measured
 # e_k (target above it, so alpha grows from 0) and a KL term whose reference resets at step 2
-STEP_ALGO = AlgoConfig(aggregation="token_mean", entropy_control={"enabled": True, "target": 10.0, "delta": 0.05},
+STEP_ALGO = AlgoConfig(aggregation="token_mean",
+                       entropy_control={"enabled": True, "target": 10.0, "delta": 0.05, "coef_max": None},
                        kl={"coef": 0.01, "reset_every": 2})
 
 
@@ -144,7 +145,8 @@ def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24
     return {"grads": grads, "metrics": metrics}
 
 
-ENTROPY_ALGO = AlgoConfig(aggregation="token_mean", entropy_control={"enabled": True, "target": 10.0, "delta": 0.05})
+ENTROPY_ALGO = AlgoConfig(aggregation="token_mean", entropy_control={"enabled": True, "target": 10.0, "delta": 0.05,
+                                                                          "coef_max": None})
 
 
 def run_entropy_rank(rank, world, port, model, backend, stage):
