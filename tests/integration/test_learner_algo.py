@@ -319,7 +319,7 @@ def test_adaptive_entropy_coefficient_moves_once_per_rollout_batch(model_dir):
     above the policy's entropy): alpha is c_0 = 0 for the whole first batch and Delta for the
     second, and e_k is the first batch's mean entropy at its start, every token once."""
     path, vocab = model_dir
-    algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05})
+    algo = AlgoConfig(entropy_control={"enabled": True, "target": 10.0, "delta": 0.05, "coef_max": None})
     learner = LearnerRank(path, LearnerConfig(lr=1e-3), algo)
     batch, plan = batch_plan(vocab)
     try:

@@ -30,7 +30,9 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(ray_cluster, tmp_pa
     assert all(h["timing/gc_s"] >= 0 for h in orch.history) and orch.history[-1]["timing/gc_total_s"] >= 0
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 8
     assert [h["learner/version"] for h in orch.history] == list(range(1, 9))
-    assert max(h["staleness/max"] for h in orch.history) <= staleness
+    # the bound holds when a response enters training; a split response's rest follows one step later
+    assert max(h["staleness/async_max"] for h in orch.history) <= staleness
+    assert max(h["staleness/max"] for h in orch.history) <= staleness + 1
     assert actor_versions == [8, 8]
     # mean penalty per step: in [-0.5, 0], and below 0 whenever a response ran out of tokens
     scored = [h for h in orch.history if h["reward/num_samples"]]  # a step can find the buffer full
