@@ -148,19 +148,10 @@ def forward_backward(
         logp, entropy = out.logprobs, out.entropy
         dev = logp.device
         old, adv = mb.old_logprobs.to(dev), mb.advantages.to(dev)
-        seq_ids = mb.sequence_ids().to(dev)
-        anchor = old
+        anchor = None
         if algo.decoupled:
-            prox = proximal(mb).to(device=dev, dtype=logp.dtype) if proximal is not None else logp.detach()
-            anchor = prox
-        pg, diag = policy_terms(algo.policy_loss, logp, anchor, adv, eps_low=algo.eps_low, eps_high=algo.eps_high,
-                                dual_clip=algo.dual_clip, seq_ids=seq_ids, m2po_cut=m2po_cut)
-        if algo.decoupled:
-            weight, weight_diag = behaviour_weight(algo.behaviour_weight, anchor - old, cap=algo.is_weight_cap,
-                                                   seq_ids=seq_ids, icepop_low=algo.icepop_low,
-                                                   icepop_high=algo.icepop_high)
-            pg = pg * weight.to(pg.dtype)
-            diag.update(weight_diag)
+            anchor = proximal(mb).to(device=dev, dtype=logp.dtype) if proximal is not None else logp.detach()
+        pg, diag = policy_and_weight(algo, logp, old, adv, mb.sequence_ids().to(dev), anchor, m2po_cut)
         weights = token_weights(algo.aggregation, mb.seq_loss_tokens.to(dev), counts, dtype=pg.dtype)
         pg_share = weighted_sum(pg, weights)
         loss = pg_share - entropy_coef * weighted_sum(entropy, weights)
@@ -176,21 +167,7 @@ def forward_backward(
         backward(loss)
         scalars["loss"] += float(loss.detach())
         scalars["pg"] += float(pg_share.detach())
-        tally.tokens += mb.num_loss_tokens
-        tally.add("entropy", entropy)
-        tally.add("behaviour_nll", -old)  # E[-log pi_b(a)] = H(pi_b): the actors' entropy, sampled
-        tally.add("ratio", diag["ratio"])
-        tally.add("abs_logp_diff", (logp - old).abs())
-        for flag in ("clipped_low", "clipped_high", "clipped_dual", "is_weight_capped", "is_weight_masked", "masked"):
-            if flag in diag:
-                tally.add(flag, diag[flag])
-        if "is_weight" in diag:
-            tally.add("is_weight", diag["is_weight"])
-        if version is not None:
-            cpu = {k: v.detach().cpu() for k, v in diag.items()}  # gathered over ranks as objects
-            tally.tables.append(TokenTable.from_policy_loss(
-                version, mb.versions, logp.detach().cpu(), entropy.detach().cpu(), mb.old_logprobs,
-                mb.advantages, cpu, mb.response_lengths))
+        _tally_tokens(tally, mb, logp, entropy, old, diag, version)
     if reduce is not None:
         reduce(tally, scalars)
     metrics = _metrics(tally, scalars, ref_logprobs is not None, algo.decoupled, moe is not None)
@@ -199,6 +176,44 @@ def forward_backward(
         longest = int(table.response_length.max()) if table.num_tokens else 1
         metrics.update(decompose(table, max(max_response_tokens, longest, 1)))
     return metrics
+
+
+def policy_and_weight(algo: AlgoConfig, logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
+                      seq_ids: torch.Tensor, proximal: torch.Tensor | None,
+                      m2po_cut: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token policy loss [T] and its diagnostics: algo.policy_loss against pi_prox
+    (`proximal`, decoupled) or pi_b (`old`), times algo.behaviour_weight of pi_prox / pi_b when
+    decoupled (algo/corrections.py)."""
+    anchor = old if proximal is None else proximal
+    pg, diag = policy_terms(algo.policy_loss, logp, anchor, adv, eps_low=algo.eps_low, eps_high=algo.eps_high,
+                            dual_clip=algo.dual_clip, seq_ids=seq_ids, m2po_cut=m2po_cut)
+    if proximal is not None:
+        weight, weight_diag = behaviour_weight(algo.behaviour_weight, proximal - old, cap=algo.is_weight_cap,
+                                               seq_ids=seq_ids, icepop_low=algo.icepop_low,
+                                               icepop_high=algo.icepop_high)
+        pg = pg * weight.to(pg.dtype)
+        diag.update(weight_diag)
+    return pg, diag
+
+
+def _tally_tokens(tally: Tally, mb: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor, old: torch.Tensor,
+                  diag: dict[str, torch.Tensor], version: int | None) -> None:
+    """A micro-batch's loss tokens into the step's sums, and (with `version`) its token table."""
+    tally.tokens += mb.num_loss_tokens
+    tally.add("entropy", entropy)
+    tally.add("behaviour_nll", -old)  # E[-log pi_b(a)] = H(pi_b): the actors' entropy, sampled
+    tally.add("ratio", diag["ratio"])
+    tally.add("abs_logp_diff", (logp - old).abs())
+    for flag in ("clipped_low", "clipped_high", "clipped_dual", "is_weight_capped", "is_weight_masked", "masked"):
+        if flag in diag:
+            tally.add(flag, diag[flag])
+    if "is_weight" in diag:
+        tally.add("is_weight", diag["is_weight"])
+    if version is not None:
+        cpu = {k: v.detach().cpu() for k, v in diag.items()}  # gathered over ranks as objects
+        tally.tables.append(TokenTable.from_policy_loss(
+            version, mb.versions, logp.detach().cpu(), entropy.detach().cpu(), mb.old_logprobs,
+            mb.advantages, cpu, mb.response_lengths))
 
 
 @torch.no_grad()

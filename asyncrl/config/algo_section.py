@@ -1,0 +1,142 @@
+"""The `algo` section of the config: the policy loss and its off-policy corrections, the entropy
+bonus and its adaptive control (Skywork-OR1 MAGIC), the KL penalty and reference resets (ProRL),
+advantages and the loss aggregation."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from asyncrl.config.section import _Section
+
+__all__ = ["IS_WEIGHT_CAP", "AlgoConfig", "EntropyControlConfig", "KLConfig"]
+
+
+class EntropyControlConfig(_Section):
+    """Skywork-OR1's adaptive entropy control (MAGIC) comes in two settings: the paper's text
+    (section 3.2.5: delta 0.005, c unbounded, e_k the entropy of the rollouts) and its released
+    training scripts (delta 1e-4, c capped at 0.005, e_k the sampled negative log-likelihood,
+    `measure: sampled_nll`). The defaults are the paper's delta with the released cap."""
+
+    enabled: bool = False
+    """Adaptive entropy control (Skywork-OR1 eq. 3.2): alpha_k = c_k * 1{e_k <= target}."""
+    target: float = Field(0.2, gt=0)
+    """Target entropy tgt in nats per token (Skywork-OR1: 0.2)."""
+    delta: float = Field(0.005, gt=0)
+    """Step Delta by which c moves toward the target each optimizer step (paper: 0.005; released
+    scripts: 1e-4)."""
+    coef_max: float | None = Field(0.005, ge=0)
+    """Upper bound c_max of c (released scripts: 0.005; None: unbounded, as the paper's text)."""
+    measure: Literal["exact", "lagged", "sampled_nll"] = "exact"
+    """exact: e_k is the current policy's entropy on this step's loss tokens, measured by an extra
+    no-grad forward before the step; lagged: e_k is the previous step's (free, one step late);
+    sampled_nll: the mean -log pi_behaviour of the sampled tokens (free, the actors' policy, as
+    the released scripts measure it)."""
+
+
+class KLConfig(_Section):
+    coef: float = Field(0.0, ge=0)
+    """beta: loss += beta * agg(KL to the reference) (Skywork-OR1 0, ProRL 1e-4, Ring-lite 1e-3)."""
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (k3 = exp(d) - d - 1 with d = log pi_ref - log pi)."""
+    grad_cap: float | None = Field(None, gt=0)
+    """Clip each token's KL gradient to [-C, C], value unchanged (None: off). k3's gradient
+    1 - e^d grows to about -2,980 a token at d = 8; k2's is linear in d."""
+    track: bool = False
+    """Hold a reference and log KL to it even when coef is 0 (costs one no-grad forward per step)."""
+    reset_every: int | None = Field(None, gt=0)
+    """Reference reset every this many optimizer steps (ProRL section 3.3.1; None: never)."""
+    reset_kl_threshold: float | None = Field(None, gt=0)
+    """Reference reset when a step's mean KL exceeds this (None: never)."""
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.coef > 0 or self.track
+
+
+IS_WEIGHT_CAP = 2.0
+
+
+class AlgoConfig(_Section):
+    advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+    """grpo: (r - mean) / (std + eps); drgrpo: r - mean; rloo: r - mean of the others."""
+    advantage_std: Literal["population", "sample"] = "population"
+    """grpo's std over the group: population (divides by n) or sample (by n - 1, torch.std's
+    default, as verl's and TRL's GRPO compute it). The papers' formulas do not say which."""
+    truncation_mask: Literal["none", "before", "after"] = "none"
+    """Advantage mask for responses cut at max_tokens (Skywork-OR1 section 3.2.3)."""
+    no_eos_penalty: float = Field(0.0, ge=0)
+    """Subtracted from the reward of a response that never emits EOS (ProRL runs 4-5)."""
+    overlong_buffer: int | None = Field(None, gt=0)
+    """DAPO soft overlong punishment: tokens before max_tokens where the penalty ramps (None: off)."""
+    overlong_penalty_factor: float = Field(1.0, ge=0)
+    """Scale of DAPO's overlong penalty (1 in DAPO)."""
+    advantage_eps: float = Field(1e-6, gt=0)
+    """eps in the GRPO denominator."""
+    drop_zero_variance_groups: bool = True
+    """Drop groups with no non-zero advantage after the truncation mask (Skywork-OR1 section 3.1;
+    without a mask: rewards all equal, DAPO's dynamic sampling), counted in metrics."""
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    """Lower clip bound: ratio clipped at 1 - eps_low."""
+    eps_high: float = Field(0.28, ge=0)
+    """Upper clip bound: 1 + eps_high (clip-higher when > eps_low)."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual clip: for A < 0 cap the token loss at -c * A (None: off)."""
+    decoupled: bool = False
+    """Decoupled PPO (AReaL): ratio against pi_prox, the learner's policy at the start of the
+    step's rollout batch (fixed over its N_SGD steps; a step that is its own batch: the start of
+    the step, ratio 1), each token weighted by pi_prox / pi_b truncated at is_weight_cap."""
+    is_weight_cap: float | None = Field(IS_WEIGHT_CAP, gt=0)
+    """C, the truncation of the decoupled importance weight (None: untruncated); only read with
+    decoupled. A streaming step is its own rollout batch, so its ratio to pi_prox is exactly 1 and
+    PPO's clip never acts: the cap is then the only trust region (2: truncated IS's C, Yao et al.
+    2025)."""
+    policy_loss: Literal["ppo", "is", "cispo", "gspo", "m2po"] = "ppo"
+    """The per-token policy loss (algo/corrections.py): ppo (clip-higher, dual clip), is (unclipped
+    importance sampling), cispo (MiniMax-M1: clipped, stop-gradient IS weight), gspo (sequence
+    ratio; its paper's eps are 3e-4 / 4e-4), m2po (unclipped, second-moment token mask)."""
+    behaviour_weight: Literal["token_tis", "seq_tis", "icepop", "none"] = "token_tis"
+    """With decoupled: the weight of pi_prox / pi_b on each token: token_tis (truncated at
+    is_weight_cap: AReaL's decoupled PPO), seq_tis (the sequence's product, truncated), icepop
+    (the ratio inside [icepop_low, icepop_high], else 0), none."""
+    icepop_low: float = Field(0.5, gt=0, lt=1)
+    """IcePop's lower bound alpha on pi_prox / pi_b (Ring-1T: 0.5)."""
+    icepop_high: float = Field(5.0, gt=1)
+    """IcePop's upper bound beta on pi_prox / pi_b (Ring-1T: 5)."""
+    m2po_tau: float = Field(0.04, gt=0)
+    """M2PO's bound tau on the mean squared log ratio of the tokens kept (M2PO: 0.04)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Fixed entropy bonus coefficient alpha (loss -= alpha * entropy); 0 with entropy_control."""
+    entropy_control: EntropyControlConfig = EntropyControlConfig()
+    """Adaptive entropy coefficient (Skywork-OR1 MAGIC)."""
+    kl: KLConfig = KLConfig()
+    """KL penalty to a reference policy held by the learner, and reference resets (ProRL)."""
+    moe_aux_loss_coef: float = Field(0.0, ge=0)
+    """Coefficient of the router load-balance loss when the model returns one (Ring-lite eq. 5)."""
+    moe_z_loss_coef: float = Field(0.0, ge=0)
+    """Coefficient of the router z-loss when the model returns one (Ring-lite eq. 5)."""
+    aggregation: Literal["budget", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "budget"
+    """budget: sum / Phi (C3PO); token_mean: / step tokens; seq_mean_*: mean over the step's sequences."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "AlgoConfig":
+        if self.is_weight_cap != IS_WEIGHT_CAP and not self.decoupled:  # the default is written out too
+            raise ValueError("algo.is_weight_cap only applies with algo.decoupled=true")
+        if self.dual_clip is not None and self.policy_loss != "ppo":
+            raise ValueError(f"algo.dual_clip applies to algo.policy_loss=ppo, not {self.policy_loss}")
+        if self.behaviour_weight != "token_tis" and not self.decoupled:
+            raise ValueError("algo.behaviour_weight weights pi_prox / pi_b: it needs algo.decoupled=true")
+        if self.decoupled and self.is_weight_cap is None:
+            warnings.warn("algo.decoupled with algo.is_weight_cap null: a streaming step's ratio to pi_prox is "
+                          "exactly 1, so nothing bounds its update (no clip acts, the weight is uncapped)",
+                          stacklevel=2)
+        if self.entropy_control.enabled and self.entropy_coef > 0:
+            raise ValueError("algo.entropy_coef must be 0 when algo.entropy_control.enabled "
+                             "(the controller sets the coefficient)")
+        kl = self.kl
+        if (kl.reset_every or kl.reset_kl_threshold) and not kl.needs_reference:
+            raise ValueError("algo.kl.reset_every / reset_kl_threshold need a reference: "
+                             "set algo.kl.coef > 0 or algo.kl.track=true")
+        return self
