@@ -1,0 +1,13 @@
+"""A digital twin of a GPU cluster for asyncrl's loop: engines, learner and network as cost
+models on a virtual clock, the real driver deciding (cluster.py). It measures what the one CPU
+machine cannot: the asynchronous advantage, the split of GPUs, the staleness and the driver's
+own load at a cluster's scale (tools/bench_twin.py, tools/plan_cluster.py, docs/design/twin.md).
+
+    scenario.py  the YAML a scenario is (configs/twin/)
+    costs.py     engine step, learner step, push: pure cost models
+    workload.py  response lengths and rewards, deterministic per sample
+    engine.py    continuous batching in closed form between events
+    actor.py     a rollout actor's requests, gate, drain and in-flight updates
+    capacity.py  the ideal rates of a split
+    cluster.py   the event loop around the real driver; its results
+"""

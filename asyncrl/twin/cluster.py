@@ -1,0 +1,298 @@
+"""The twin: a cluster's engines, learner and network as cost models on a virtual clock, and the
+real driver (orchestrator/driver.py) deciding everything, turned as orchestrator.py turns it.
+
+    SimActor/SimEngine ─frame (real codec)─► inbox ─► [driver turn: decode, ingest, rewards;
+        every BOOKKEEPING_S: admit, next batch (split and encoded per rank), finish a step]
+    grants ─► actors        batch ─► simulated learner (LearnerCost) ─► push (PushCost; the
+    engines drain or abort first, by sync mode) ─► the next version
+
+The driver is one thread: a turn starts when the previous one ended and no push is running (the
+orchestrator's loop waits in the push), and, with `charge_driver`, lasts the real CPU time its
+calls took (time.thread_time), so a driver that cannot keep up shows as engines waiting for
+prompts and a learner waiting for batches. Without it the run is a pure function of the
+scenario (what the determinism test compares); its CPU time is measured either way
+(`driver_core_frac`).
+
+Modes: `inflight` and `drain` are asyncrl's asynchronous loop with that sync.mode and the
+scenario's max_staleness; `sync` is the baseline TRL and verl users run: a rollout batch of
+`sync_prompts` prompts, one optimizer step on all of it, a push, repeat
+(buffer.rollout_batch_prompts = minibatch_prompts, max_staleness 0; tools/bench_async_vs_sync.py
+runs the same on the real system).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.twin.actor import SimActor
+from asyncrl.twin.capacity import gen_tokens_per_s, train_tokens_per_s
+from asyncrl.twin.engine import SimEngine
+from asyncrl.twin.events import EventQueue
+from asyncrl.twin.scenario import Scenario
+
+MODES = ("sync", "drain", "inflight")
+
+
+def sync_prompts(sc: Scenario, mean_len: float) -> int:
+    """Prompts of a synchronous step: Phi's worth of responses at the mean length."""
+    if sc.run.sync_prompts is not None:
+        return sc.run.sync_prompts
+    return max(1, round(sc.run.token_budget / (sc.workload.group_size * mean_len)))
+
+
+def driver_overrides(sc: Scenario, mode: str, mean_len: float, workdir: Path) -> list[str]:
+    """The asyncrl config the real driver runs with in this mode."""
+    if mode not in MODES:
+        raise ValueError(f"twin mode must be one of {', '.join(MODES)}, got {mode!r}")
+    w, r = sc.workload, sc.run
+    per_actor = r.max_in_flight_prompts or max(1, -(-2 * sc.engine.max_num_seqs // w.group_size))
+    out = [f"seed={sc.seed}", f"total_steps={r.steps}", "reward.placement=actor", "eval.every_steps=0",
+           f"rollout.num_actors={sc.split.engines}", f"rollout.group_size={w.group_size}",
+           f"rollout.max_tokens={w.max_tokens}", f"rollout.max_in_flight_prompts={per_actor}",
+           f"model.max_model_len={w.max_tokens + 512}", f"buffer.token_budget={r.token_budget}",
+           "observe.tensorboard=false", "observe.console=off", f"observe.output_dir={workdir}", *r.overrides]
+    if mode == "sync":
+        n = sync_prompts(sc, mean_len)
+        return [*out, "buffer.max_staleness=0", f"buffer.rollout_batch_prompts={n}", f"buffer.minibatch_prompts={n}",
+                "sync.mode=drain"]
+    return [*out, f"buffer.max_staleness={r.max_staleness}", f"sync.mode={mode}"]
+
+
+@dataclass
+class _Row:
+    t: float
+    loss_tokens: int
+    staleness_mean: float
+    staleness_max: float
+    driver_cpu_s: float
+
+
+@dataclass
+class _Busy:
+    """Busy time per timeline bin."""
+
+    bin_s: float
+    by_bin: dict[int, float] = field(default_factory=dict)
+
+    def add(self, t0: float, t1: float) -> None:
+        b = int(t0 // self.bin_s)
+        while t0 < t1:
+            end = min(t1, (b + 1) * self.bin_s)
+            self.by_bin[b] = self.by_bin.get(b, 0.0) + end - t0
+            t0, b = end, b + 1
+
+
+class Twin:
+    def __init__(self, sc: Scenario, mode: str, charge_driver: bool = True):
+        from asyncrl.config import load_config
+        from asyncrl.observe.metrics import MetricsWriter
+        from asyncrl.orchestrator.driver import BOOKKEEPING_S, build_driver
+        from asyncrl.tiny.tokenizer import save_tokenizer
+
+        self.sc, self.mode, self.charge = sc, mode, charge_driver
+        self.lengths, self.rewards = sc.lengths(), sc.pass_rates()
+        self.mean_len, self.mean_sq_len = self.lengths.expected(), self.lengths.expected_square()
+        self._tmp = Path(tempfile.mkdtemp(prefix="asyncrl-twin-"))
+        save_tokenizer(self._tmp)  # the driver's prompts are the built-in task's; the twin sets lengths
+        self.cfg = load_config(None, driver_overrides(sc, mode, self.mean_len, self._tmp))
+        self.driver = build_driver(self.cfg, str(self._tmp), MetricsWriter(self._tmp / "twin", tensorboard=False),
+                                   say=lambda *_: None)
+        self.bookkeeping_s = BOOKKEEPING_S
+        self.events = EventQueue()
+        self.engine_cost, self.kv_tokens = sc.engine_cost(), sc.kv_tokens()
+        self.learner_cost, self.push_cost = sc.learner_cost(), sc.push_cost()
+        self.ranks = sc.learner.ranks or sc.split.train_gpus
+        self.bin_s = sc.run.timeline_bin_s or max(self.learner_cost.step_s(sc.run.token_budget) / 4, 1e-3)
+        self.engines = [SimEngine(self.engine_cost, sc.engine.max_num_seqs, self.kv_tokens, self.events,
+                                  on_finished=lambda *_: None, bin_s=self.bin_s) for _ in range(sc.split.engines)]
+        self.actors = [SimActor(i, e, self.cfg.sync.mode, sc.workload.prompt_tokens, self.lengths, self.rewards,
+                                self._deliver) for i, e in enumerate(self.engines)]
+        self.actor_ids = list(range(len(self.actors)))
+        # the driver's thread
+        self.inbox: list[bytes] = []
+        self.driver_free = self.next_bookkeeping = 0.0
+        self.driver_cpu_s = 0.0
+        self._turn_pending = False
+        # the learner and pushes
+        self.step = self.version = 0
+        self.learner_state = "idle"  # training | done (waiting for the driver to see it) | pushing
+        self.learner_busy = _Busy(self.bin_s)
+        self._step_t0 = 0.0
+        self._ready_left, self._ready_at, self._push_t0 = 0, 0.0, 0.0
+        self.rows: list[_Row] = []
+        self._batch_loss_tokens = 0
+        self.push_s: list[float] = []
+        self.frames = self.samples_in = 0
+
+    # -- the driver's thread ------------------------------------------------------------------
+
+    def _deliver(self, frame: bytes, samples: int, t: float) -> None:
+        self.inbox.append(frame)
+        self.frames += 1
+        self.samples_in += samples
+        self._request_turn(t)
+
+    def _request_turn(self, t: float) -> None:
+        if not self._turn_pending and self.learner_state != "pushing":
+            self._turn_pending = True
+            self.events.at(max(t, self.driver_free), self._turn)
+
+    def _turn(self, t: float) -> None:
+        from asyncrl.buffer.packing import rank_batches
+        from asyncrl.transport.codec import decode_samples, encode_batch
+
+        self._turn_pending = False
+        if self.learner_state == "pushing":  # the push ends with a turn
+            return
+        d, cpu0 = self.driver, time.thread_time()
+        frames, self.inbox = self.inbox, []
+        for f in frames:
+            d.ingest(decode_samples(f))
+        d.poll_rewards(self.step)
+        grants, batch, finished, bookkeeping = [], None, False, t >= self.next_bookkeeping
+        if bookkeeping:
+            self.next_bookkeeping = t + self.bookkeeping_s
+            grants = d.admit(self.version, self.actor_ids, step_running=self.learner_state != "idle")
+            if self.learner_state == "idle":
+                batch = d.next_batch(self.version)
+                if batch is not None:  # streamed to the ranks as learner_group.py does
+                    for part in rank_batches(self.step + 1, batch.chunks, self.ranks, batch.token_budget, batch.role,
+                                             batch.opened if batch.role == "open" else None):
+                        encode_batch(part)
+            elif self.learner_state == "done":
+                self.step += 1
+                self.version += 1
+                d.observe_learner({})
+                finished = True
+        t_end = self._charge(t, cpu0)
+        if grants or batch is not None or finished:
+            self.events.at(t_end, lambda now: self._carry_out(now, grants, batch, finished))
+        if not bookkeeping:
+            self._turn_pending = True
+            self.events.at(max(self.next_bookkeeping, t_end), self._turn)
+
+    def _charge(self, t: float, cpu0: float) -> float:
+        cpu = time.thread_time() - cpu0
+        self.driver_cpu_s += cpu
+        self.driver_free = t + (cpu if self.charge else 0.0)
+        return self.driver_free
+
+    def _carry_out(self, t: float, grants: list, batch: Any, finished: bool) -> None:
+        for g in grants:
+            self.actors[g.actor].submit(g.prompts, g.spec, g.group_size, t)
+        if batch is not None:
+            self._start_step(batch, t)
+        if finished:
+            self._start_push(t)
+
+    # -- the learner --------------------------------------------------------------------------
+
+    def _start_step(self, batch: Any, t: float) -> None:
+        prompt = self.sc.workload.prompt_tokens
+        tokens = sum(prompt + len(c.response_ids) for c in batch.chunks)
+        self._batch_loss_tokens = sum(len(c.old_logprobs) for c in batch.chunks)
+        self.learner_state, self._step_t0 = "training", t
+        self.events.at(t + self.learner_cost.step_s(tokens), self._step_done)
+
+    def _step_done(self, t: float) -> None:
+        self.learner_busy.add(self._step_t0, t)
+        self.learner_state = "done"
+        self._request_turn(t)
+
+    def _start_push(self, t: float) -> None:
+        """Every actor gets idle (drain or abort), then the broadcast and the loads; the driver
+        waits in it, as the orchestrator's loop waits in WeightSync.push."""
+        self.learner_state, self._push_t0 = "pushing", t
+        self._ready_left, self._ready_at = len(self.actors), t
+        for a in self.actors:
+            a.begin_update(t, self._actor_ready)
+
+    def _actor_ready(self, t: float) -> None:
+        self._ready_left -= 1
+        self._ready_at = max(self._ready_at, t)
+        if self._ready_left == 0:
+            self.events.at(self._ready_at + self.push_cost.push_s(), self._push_done)
+
+    def _push_done(self, t: float) -> None:
+        self.push_s.append(t - self._push_t0)
+        for a in self.actors:
+            a.end_update(self.version, t)
+        self.learner_state = "idle"
+        cpu0 = time.thread_time()
+        row = self.driver.step_metrics(self.step, 0)
+        self.driver.end_step(self.step, row.get("reward/mean"))
+        self._charge(t, cpu0)
+        self.rows.append(_Row(t, self._batch_loss_tokens, float(row.get("staleness/mean") or 0.0),
+                              float(row.get("staleness/max") or 0.0), self.driver_cpu_s))
+        self._request_turn(t)
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        try:
+            self._request_turn(0.0)
+            while len(self.rows) < self.sc.run.steps:
+                if not self.events.run_next():
+                    raise RuntimeError(f"twin ({self.mode}) stalled at step {self.step}: nothing is left to happen "
+                                       f"({self.driver.ledger.accounting()})")
+            return self.result()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.driver.rewards.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def result(self) -> dict[str, Any]:
+        sc, w = self.sc, min(self.sc.run.warmup_steps, len(self.rows) - 1)
+        first, last = self.rows[w - 1] if w else None, self.rows[-1]
+        t0 = first.t if first else 0.0
+        window = last.t - t0
+        measured = self.rows[w:]
+        loss_tokens = sum(r.loss_tokens for r in measured)
+        c = self.driver.ledger.counts
+        keep = c.samples_kept / max(c.samples_kept + c.samples_rejected, 1)
+        gen_cap = gen_tokens_per_s(self.engine_cost, len(self.engines), sc.engine.max_num_seqs, self.kv_tokens,
+                                   sc.workload.prompt_tokens, self.mean_len, self.mean_sq_len)
+        train_cap = train_tokens_per_s(self.learner_cost, self.push_cost, sc.run.token_budget,
+                                       sc.workload.prompt_tokens, self.mean_len)
+        ideal = min(gen_cap * keep, train_cap)
+        b0, b1 = math.ceil(t0 / self.bin_s), math.floor(last.t / self.bin_s)
+        span = max(b1 - b0, 1) * self.bin_s
+        gen_busy = sum(e.stats.busy_by_bin.get(b, 0.0) for e in self.engines for b in range(b0, b1))
+        train_busy = sum(self.learner_busy.by_bin.get(b, 0.0) for b in range(b0, b1))
+        tokens = sum(r.loss_tokens * r.staleness_mean for r in measured)
+        stats = self.driver.ledger.buffer.stats
+        rate = loss_tokens / window
+        return {
+            "scenario": sc.name, "mode": self.mode, "steps": len(self.rows), "measured_steps": len(measured),
+            "sim_s": round(last.t, 3), "window_s": round(window, 3), "steps_per_s": len(measured) / window,
+            "trained_tokens_per_s": rate, "ideal_tokens_per_s": ideal, "fraction_of_ideal": rate / ideal,
+            "gen_capacity_tokens_per_s": gen_cap, "train_capacity_tokens_per_s": train_cap, "keep_frac": keep,
+            "gen_util": gen_busy / (len(self.engines) * span), "train_util": train_busy / span,
+            "staleness_mean": tokens / loss_tokens if loss_tokens else 0.0,
+            "staleness_max": max(r.staleness_max for r in measured),
+            "length_bias": stats.length_bias,
+            "stale_dropped_frac": stats.tokens_dropped_stale / max(stats.tokens_in, 1),
+            "push_s_mean": sum(self.push_s) / len(self.push_s),
+            "driver_core_frac": (last.driver_cpu_s - (first.driver_cpu_s if first else 0.0)) / window,
+            "driver_charged": self.charge,
+            "engines": len(self.engines), "kv_tokens": self.kv_tokens, "samples": self.samples_in,
+            "frames": self.frames, "preemptions": sum(e.stats.preemptions for e in self.engines),
+            "resumed_requests": sum(a.resumed for a in self.actors),
+            "timeline": self.timeline(b0, b1),
+        }
+
+    def timeline(self, b0: int, b1: int) -> dict[str, list[float]]:
+        """GPU utilisation per bin: the engines' mean and the learner's."""
+        n = len(self.engines)
+        return {"t": [b * self.bin_s for b in range(b1)],
+                "gen": [sum(e.stats.busy_by_bin.get(b, 0.0) for e in self.engines) / (n * self.bin_s) for b in range(b1)],
+                "train": [self.learner_busy.by_bin.get(b, 0.0) / self.bin_s for b in range(b1)],
+                "window": [b0 * self.bin_s, b1 * self.bin_s]}

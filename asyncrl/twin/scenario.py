@@ -1,0 +1,204 @@
+"""A twin scenario (configs/twin/*.yaml): the hardware, the model, how its GPUs are split between
+generation and training, the engines' and the learner's costs, the workload and the run's
+asyncrl settings. Unknown keys are errors, as in a run config; `key=value` overrides as on
+`asyncrl run`. Every figure in a shipped scenario names its source in a comment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from asyncrl.config.load import ConfigError, _set_dotted, explain, parse_override, read_yaml
+from asyncrl.config.section import _Section
+from asyncrl.twin.costs import EngineCost, LearnerCost, PushCost, engine_cost_from_hardware, kv_capacity_tokens
+from asyncrl.twin.workload import Lengths, PassRates, lengths_of_run
+
+
+class Link(_Section):
+    alpha_s: float = Field(gt=0)
+    """Latency of one message (one bucket of a broadcast)."""
+    beta_bytes_per_s: float = Field(gt=0)
+    """Bandwidth a broadcast gets from it."""
+
+
+class Hardware(_Section):
+    gpu: str = "H100-SXM"
+    peak_flops: float = Field(989e12, gt=0)
+    """Dense BF16 FLOP/s of one GPU."""
+    hbm_bytes_per_s: float = Field(3.35e12, gt=0)
+    gpu_memory_gib: float = Field(80, gt=0)
+    gpus_per_node: int = Field(8, ge=1)
+    intra_node: Link = Link(alpha_s=10e-6, beta_bytes_per_s=150e9)
+    inter_node: Link = Link(alpha_s=20e-6, beta_bytes_per_s=40e9)
+
+
+class Model(_Section):
+    params: float = Field(gt=0)
+    bytes_per_param: float = Field(2, gt=0)
+    """Of the weights the engines hold and the push carries (2: bf16)."""
+    kv_bytes_per_token: float = Field(gt=0)
+    """2 (K and V) x layers x KV heads x head dim x bytes."""
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+
+class Split(_Section):
+    gen_gpus: int = Field(ge=1)
+    train_gpus: int = Field(ge=1)
+    tp: int = Field(1, ge=1)
+    """GPUs per engine (tensor parallel)."""
+
+    @model_validator(mode="after")
+    def _whole_engines(self) -> "Split":
+        if self.gen_gpus % self.tp:
+            raise ValueError(f"gen_gpus ({self.gen_gpus}) must be a multiple of tp ({self.tp})")
+        return self
+
+    @property
+    def engines(self) -> int:
+        return self.gen_gpus // self.tp
+
+
+class Engine(_Section):
+    max_num_seqs: int = Field(256, ge=1)
+    memory_utilization: float = Field(0.9, gt=0, le=1)
+    bandwidth_efficiency: float = Field(0.6, gt=0, le=1)
+    """Share of HBM bandwidth a decode step gets (weights and KV reads)."""
+    prefill_mfu: float = Field(0.5, gt=0, le=1)
+    step_overhead_s: float = Field(0.0, ge=0)
+    """Per step beyond the memory model: scheduling, sampling, kernel launches."""
+    c0_s: float | None = Field(None, ge=0)
+    """Explicit costs (a calibrated machine) replace the ones derived from the hardware."""
+    c_seq_s: float | None = Field(None, ge=0)
+    c_ctx_s: float | None = Field(None, ge=0)
+    c_prefill_s: float | None = Field(None, ge=0)
+    kv_tokens: int | None = Field(None, ge=1)
+
+
+class Learner(_Section):
+    mfu: float = Field(0.4, gt=0, le=1)
+    flops_per_param_token: float = Field(6.0, gt=0)
+    fixed_s: float = Field(0.0, ge=0)
+    per_token_s: float = Field(0.0, ge=0)
+    ranks: int | None = Field(None, ge=1)
+    """Learner processes the batch is split over (default: one per training GPU)."""
+
+
+class Push(_Section):
+    bucket_mb: int = Field(256, gt=0)
+    load_bytes_per_s: float = Field(100e9, gt=0)
+    fixed_s: float = Field(0.0, ge=0)
+    link: Literal["auto", "intra_node", "inter_node"] = "auto"
+    """auto: inter_node when generation and training span more than one node."""
+
+
+class LengthSpec(_Section):
+    kind: Literal["fixed", "lognormal", "empirical"] = "lognormal"
+    mean: float = Field(0.0, ge=0)
+    sigma: float = Field(0.0, ge=0)
+    samples: str | None = None
+    """kind empirical: a real run's samples.jsonl (its response lengths)."""
+
+
+class PassRateSpec(_Section):
+    alpha: float = Field(1.0, gt=0)
+    beta: float = Field(1.0, gt=0)
+    drift_per_version: float = 0.0
+
+
+class Workload(_Section):
+    prompt_tokens: int = Field(gt=0)
+    max_tokens: int = Field(gt=0)
+    group_size: int = Field(ge=1)
+    lengths: LengthSpec
+    pass_rate: PassRateSpec = PassRateSpec()
+
+
+class Run(_Section):
+    token_budget: int = Field(gt=0)
+    """Phi: loss tokens per optimizer step."""
+    max_staleness: int = Field(1, ge=0)
+    sync_mode: Literal["inflight", "drain"] = "inflight"
+    max_in_flight_prompts: int | None = Field(None, ge=1)
+    """Per actor; default: enough to keep its engine's max_num_seqs busy twice over."""
+    sync_prompts: int | None = Field(None, ge=1)
+    """Prompts per synchronous step (the baseline); default: Phi's worth at the mean length."""
+    steps: int = Field(12, ge=1)
+    warmup_steps: int = Field(2, ge=0)
+    overrides: list[str] = []
+    """Further asyncrl config overrides (section.field=value) for the real driver."""
+    timeline_bin_s: float | None = Field(None, gt=0)
+
+
+class Scenario(_Section):
+    name: str
+    seed: int = 0
+    hardware: Hardware = Hardware()
+    model: Model
+    split: Split
+    engine: Engine = Engine()
+    learner: Learner = Learner()
+    push: Push = Push()
+    workload: Workload
+    run: Run
+
+    @property
+    def nodes(self) -> int:
+        g = self.hardware.gpus_per_node
+        return -(-(self.split.gen_gpus + self.split.train_gpus) // g)
+
+    def engine_cost(self) -> EngineCost:
+        e, m, h = self.engine, self.model, self.hardware
+        derived = engine_cost_from_hardware(m.params, m.weight_bytes, m.kv_bytes_per_token, self.split.tp,
+                                            h.peak_flops, h.hbm_bytes_per_s, e.bandwidth_efficiency,
+                                            e.prefill_mfu, e.step_overhead_s)
+        return EngineCost(*(given if given is not None else default for given, default in
+                            zip((e.c0_s, e.c_seq_s, e.c_ctx_s, e.c_prefill_s),
+                                (derived.c0_s, derived.c_seq_s, derived.c_ctx_s, derived.c_prefill_s))))
+
+    def kv_tokens(self) -> int:
+        if self.engine.kv_tokens is not None:
+            return self.engine.kv_tokens
+        return kv_capacity_tokens(self.split.tp, self.hardware.gpu_memory_gib * 2**30, self.engine.memory_utilization,
+                                  self.model.weight_bytes, self.model.kv_bytes_per_token)
+
+    def learner_cost(self) -> LearnerCost:
+        lc = self.learner
+        return LearnerCost(self.model.params, self.split.train_gpus, self.hardware.peak_flops, lc.mfu,
+                           lc.flops_per_param_token, lc.fixed_s, lc.per_token_s)
+
+    def push_cost(self) -> PushCost:
+        link = self.push.link
+        if link == "auto":
+            link = "inter_node" if self.nodes > 1 else "intra_node"
+        ln: Link = getattr(self.hardware, link)
+        return PushCost(self.model.weight_bytes, self.push.bucket_mb * 2**20, ln.alpha_s, ln.beta_bytes_per_s,
+                        self.push.load_bytes_per_s, self.push.fixed_s)
+
+    def lengths(self) -> Lengths:
+        ls, w = self.workload.lengths, self.workload
+        hist = lengths_of_run(ls.samples) if ls.kind == "empirical" and ls.samples else ()
+        return Lengths(ls.kind, w.max_tokens, self.seed, ls.mean, ls.sigma, hist)
+
+    def pass_rates(self) -> PassRates:
+        p = self.workload.pass_rate
+        return PassRates(p.alpha, p.beta, p.drift_per_version, self.seed)
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """A scenario file with `section.field=value` overrides; ConfigError names what is wrong."""
+    path = Path(path)
+    tree: dict[str, Any] = read_yaml(path)
+    for text in overrides or []:
+        _set_dotted(tree, *parse_override(text))
+    samples = tree.get("workload", {}).get("lengths", {}).get("samples")
+    if samples and not Path(samples).is_absolute() and (path.parent / samples).exists():
+        tree["workload"]["lengths"]["samples"] = str((path.parent / samples).resolve())
+    try:
+        return Scenario.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(explain(e, Scenario, f"invalid twin scenario {path}")) from None

@@ -1,0 +1,71 @@
+"""The twin (asyncrl/twin/) running the real driver: throughput against hand-computed rates for
+constant lengths and constant costs, and a run replayed exactly for a seed."""
+
+import json
+
+import pytest
+
+from asyncrl.twin.cluster import Twin
+from asyncrl.twin.scenario import Scenario
+
+L, PROMPT, G = 100, 20, 4  # response and prompt tokens, group size
+
+
+def scenario(mode_overrides: dict, **run) -> Scenario:
+    """Two engines whose every step takes 10 ms whatever they hold (64 requests at most), constant
+    responses of L tokens, every group kept (zero-variance groups are not dropped)."""
+    tree = {
+        "name": "hand", "seed": 3,
+        "model": {"params": 1.0, "kv_bytes_per_token": 1.0, "bytes_per_param": 1.0},
+        "split": {"gen_gpus": 2, "train_gpus": 1},
+        "engine": {"c0_s": 0.01, "c_seq_s": 0.0, "c_ctx_s": 0.0, "c_prefill_s": 0.0, "kv_tokens": 1_000_000,
+                   "max_num_seqs": 64},
+        "learner": {"mfu": 1.0, "fixed_s": 0.5, "per_token_s": 1e-4},
+        "push": {"fixed_s": 0.2, "load_bytes_per_s": 1e30},
+        "hardware": {"peak_flops": 1e30, "intra_node": {"alpha_s": 1e-12, "beta_bytes_per_s": 1e30}},
+        "workload": {"prompt_tokens": PROMPT, "max_tokens": 2 * L, "group_size": G,
+                     "lengths": {"kind": "fixed", "mean": L}, "pass_rate": {"alpha": 1, "beta": 1}},
+        "run": {"token_budget": 3200, "max_staleness": 8, "steps": 14, "warmup_steps": 4, "sync_prompts": 8,
+                "overrides": ["algo.drop_zero_variance_groups=false"], **run},
+    }
+    for dotted, value in mode_overrides.items():
+        section, key = dotted.split(".")
+        tree[section][key] = value
+    return Scenario.model_validate(tree)
+
+
+def test_sync_step_is_one_batch_generated_then_trained_then_pushed():
+    r = Twin(scenario({}), "sync", charge_driver=False).run()
+    # 8 prompts x 4 = 32 responses (3200 tokens) on two engines at once: 100 steps of 10 ms; the
+    # step trains 32 x (20 + 100) tokens: 0.5 + 3840e-4 s; the push 0.2 s
+    period = L * 0.01 + 0.5 + 32 * (PROMPT + L) * 1e-4 + 0.2
+    assert r["steps_per_s"] == pytest.approx(1 / period, rel=0.01)
+    assert r["trained_tokens_per_s"] == pytest.approx(3200 / period, rel=0.01)
+    assert r["staleness_max"] == 0 and r["stale_dropped_frac"] == 0
+
+
+def test_async_is_the_min_of_generation_and_training_rates():
+    # generation-bound: 2 engines x 64 tokens per 10 ms = 12,800 tokens/s, against a learner that
+    # would take 3200 tokens in 0.05 s + a free push
+    # (every response ends in the same step, so steps come 4 at a time: whole waves are measured)
+    fast_learner = {"learner.fixed_s": 0.05, "learner.per_token_s": 0.0, "push.fixed_s": 0.0}
+    r = Twin(scenario(fast_learner, steps=16, warmup_steps=4), "inflight", charge_driver=False).run()
+    assert r["trained_tokens_per_s"] == pytest.approx(12_800, rel=0.03)
+    assert r["gen_util"] > 0.97
+    # training-bound: a step of 1 s and a push of 0.2 s a step, 3200 tokens each
+    slow_learner = {"learner.fixed_s": 1.0, "learner.per_token_s": 0.0}
+    r = Twin(scenario(slow_learner), "inflight", charge_driver=False).run()
+    assert r["trained_tokens_per_s"] == pytest.approx(3200 / 1.2, rel=0.01)
+    assert r["train_util"] == pytest.approx(1.0 / 1.2, rel=0.01)
+    assert r["fraction_of_ideal"] == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_twin_run_replays_exactly_for_a_seed():
+    sc = scenario({"workload.lengths": {"kind": "lognormal", "mean": 60, "sigma": 0.8},
+                   "workload.pass_rate": {"alpha": 1, "beta": 2, "drift_per_version": 0.1}},
+                  overrides=[], steps=8, warmup_steps=2)
+    runs = [Twin(sc, "inflight", charge_driver=False).run() for _ in range(2)]
+    for r in runs:
+        r.pop("driver_core_frac")  # the driver's measured CPU time: not part of the simulation
+    assert json.dumps(runs[0], sort_keys=True) == json.dumps(runs[1], sort_keys=True)
+    assert runs[0]["resumed_requests"] > 0 and 0 < runs[0]["keep_frac"] < 1  # in-flight updates, dropped groups
