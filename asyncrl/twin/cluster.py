@@ -95,6 +95,7 @@ class Twin:
         from asyncrl.orchestrator.driver import BOOKKEEPING_S, build_driver
         from asyncrl.tiny.tokenizer import save_tokenizer
 
+        sc = sc.for_mode(mode)
         self.sc, self.mode, self.charge = sc, mode, charge_driver
         self.lengths, self.rewards = sc.lengths(), sc.pass_rates()
         self.mean_len, self.mean_sq_len = self.lengths.expected(), self.lengths.expected_square()
@@ -262,7 +263,8 @@ class Twin:
                                    sc.workload.prompt_tokens, self.mean_len, self.mean_sq_len)
         train_cap = train_tokens_per_s(self.learner_cost, self.push_cost, sc.run.token_budget,
                                        sc.workload.prompt_tokens, self.mean_len)
-        ideal = min(gen_cap * keep, train_cap)
+        # split: both sides run at once; colocated: the same GPUs take turns
+        ideal = 1 / (1 / (gen_cap * keep) + 1 / train_cap) if sc.split.colocated else min(gen_cap * keep, train_cap)
         b0, b1 = math.ceil(t0 / self.bin_s), math.floor(last.t / self.bin_s)
         span = max(b1 - b0, 1) * self.bin_s
         gen_busy = sum(e.stats.busy_by_bin.get(b, 0.0) for e in self.engines for b in range(b0, b1))

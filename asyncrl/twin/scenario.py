@@ -51,6 +51,8 @@ class Split(_Section):
     train_gpus: int = Field(ge=1)
     tp: int = Field(1, ge=1)
     """GPUs per engine (tensor parallel)."""
+    colocated: bool = False
+    """The same GPUs generate and train, in turns (the synchronous baseline's placement)."""
 
     @model_validator(mode="after")
     def _whole_engines(self) -> "Split":
@@ -127,6 +129,9 @@ class Run(_Section):
     """Per actor; default: enough to keep its engine's max_num_seqs busy twice over."""
     sync_prompts: int | None = Field(None, ge=1)
     """Prompts per synchronous step (the baseline); default: Phi's worth at the mean length."""
+    sync_colocated: bool = True
+    """The synchronous baseline on every GPU for both phases (verl's and TRL's colocated
+    placement: all GPUs generate, then all train); false: on the asynchronous split."""
     steps: int = Field(12, ge=1)
     warmup_steps: int = Field(2, ge=0)
     overrides: list[str] = []
@@ -146,10 +151,18 @@ class Scenario(_Section):
     workload: Workload
     run: Run
 
+    def for_mode(self, mode: str) -> "Scenario":
+        """The scenario a mode runs: the synchronous baseline, colocated, has every GPU on both sides."""
+        if mode != "sync" or not self.run.sync_colocated:
+            return self
+        total = self.split.gen_gpus + self.split.train_gpus
+        split = Split(gen_gpus=total - total % self.split.tp, train_gpus=total, tp=self.split.tp, colocated=True)
+        return self.model_copy(update={"split": split})
+
     @property
     def nodes(self) -> int:
-        g = self.hardware.gpus_per_node
-        return -(-(self.split.gen_gpus + self.split.train_gpus) // g)
+        s = self.split
+        return -(-(s.gen_gpus if s.colocated else s.gen_gpus + s.train_gpus) // self.hardware.gpus_per_node)
 
     def engine_cost(self) -> EngineCost:
         e, m, h = self.engine, self.model, self.hardware

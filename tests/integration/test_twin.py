@@ -36,7 +36,7 @@ def scenario(mode_overrides: dict, **run) -> Scenario:
 
 def test_sync_step_is_one_batch_generated_then_trained_then_pushed():
     r = Twin(scenario({}), "sync", charge_driver=False).run()
-    # 8 prompts x 4 = 32 responses (3200 tokens) on two engines at once: 100 steps of 10 ms; the
+    # colocated on all 3 GPUs: 8 prompts x 4 = 32 responses (3200 tokens) at once, 100 steps of 10 ms; the
     # step trains 32 x (20 + 100) tokens: 0.5 + 3840e-4 s; the push 0.2 s
     period = L * 0.01 + 0.5 + 32 * (PROMPT + L) * 1e-4 + 0.2
     assert r["steps_per_s"] == pytest.approx(1 / period, rel=0.01)

@@ -1,0 +1,50 @@
+"""`asyncrl twin`: a scenario of a GPU cluster (configs/twin/*.yaml) in the digital twin, the real
+driver deciding: the synchronous baseline, drain and in-flight asynchronous modes, a table, a
+utilisation figure and, last, one line of JSON (asyncrl/twin/).
+
+    asyncrl twin configs/twin/areal_math_1p5b_1node.yaml
+    asyncrl twin configs/twin/short_response_1p5b.yaml --modes sync inflight split.gen_gpus=5 split.train_gpus=3
+    asyncrl twin SCENARIO --no-charge         the driver's CPU time not charged: a pure function of the scenario
+
+The JSON holds trained_tokens_per_s, sync_trained_tokens_per_s, async_over_sync,
+ideal_tokens_per_s, fraction_of_ideal, gen_util, train_util, staleness_mean, staleness_max,
+length_bias and driver_core_frac (the driver's real CPU seconds per simulated second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SUMMARY = "a GPU cluster's sync, drain and in-flight modes in the digital twin (real driver)"
+
+
+def main(argv: list[str]) -> int:
+    from asyncrl.config.load import ConfigError
+    from asyncrl.twin.bench import figure, run_modes, summary, table
+    from asyncrl.twin.cluster import MODES
+    from asyncrl.twin.scenario import load_scenario
+
+    p = argparse.ArgumentParser(prog="asyncrl twin", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", help="a twin scenario file (configs/twin/*.yaml)")
+    p.add_argument("overrides", nargs="*", help="section.field=value, e.g. split.gen_gpus=5 run.max_staleness=2")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--out", default=None, help="directory of the figure and results.json (default: runs/twin/<name>)")
+    p.add_argument("--no-charge", action="store_true", help="do not charge the driver's CPU time to the clock")
+    args = p.parse_args(argv)
+    try:
+        sc = load_scenario(args.scenario, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}")
+        return 2
+    results = run_modes(sc, args.modes, charge_driver=not args.no_charge)
+    out = Path(args.out or Path("runs") / "twin" / sc.name)
+    print(table(results))
+    png = figure(results, out / "utilisation.png", f"{sc.name}: {sc.split.gen_gpus} generation + "
+                 f"{sc.split.train_gpus} training GPUs, eta {sc.run.max_staleness}")
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"figure: {png}; every mode's results: {out / 'results.json'}")
+    print(json.dumps(summary(sc, results)))
+    return 0
