@@ -10,6 +10,7 @@ subcommand per tool, each a module here that parses its arguments and calls one 
     asyncrl study STUDY [--quick] [--plan] [overrides ...]     a grid of runs and its report (asyncrl/lab/study/)
     asyncrl plot RUN_DIR ... --out DIR                         figures and a report of any runs
     asyncrl twin SCENARIO [overrides ...]                      a GPU cluster in the digital twin (asyncrl/twin/)
+    asyncrl plan-cluster SCENARIO [--gpus N]                   its best generation/training split and eta
 
 RECIPE and STUDY are a path or the name of a shipped one (`grpo`, `staleness`). `asyncrl <command>
 --help` lists a command's options. The scripts in launch/ and tools/ call the same functions.
@@ -19,11 +20,12 @@ from __future__ import annotations
 
 import sys
 
-from asyncrl.cli import choose_checkpoint, evaluate, filter_difficulty, plot, run, sample, scale, study, twin
+from asyncrl.cli import (choose_checkpoint, evaluate, filter_difficulty, plan_cluster, plot, run, sample, scale,
+                         study, twin)
 
 COMMANDS = {"run": run, "scale": scale, "evaluate": evaluate, "sample": sample,
             "filter-difficulty": filter_difficulty, "choose-checkpoint": choose_checkpoint,
-            "study": study, "plot": plot, "twin": twin}
+            "study": study, "plot": plot, "twin": twin, "plan-cluster": plan_cluster}
 
 
 def usage() -> str:

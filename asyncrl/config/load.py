@@ -183,7 +183,8 @@ def find_recipe(name: str, recipe: Path) -> Path:
 
 def shipped_recipes() -> list[str]:
     """The names `base:` and --config accept for the recipes shipped in configs/ (`grpo`, `studies/...`)."""
-    return sorted(str(p.relative_to(CONFIGS_DIR).with_suffix("")) for p in CONFIGS_DIR.rglob("*.yaml"))
+    return sorted(str(p.relative_to(CONFIGS_DIR).with_suffix("")) for p in CONFIGS_DIR.rglob("*.yaml")
+                  if p.relative_to(CONFIGS_DIR).parts[0] != "twin")  # twin scenarios are not run recipes
 
 
 def recipe_file(path: str | Path) -> Path:

@@ -17,7 +17,11 @@ Modes: `inflight` and `drain` are asyncrl's asynchronous loop with that sync.mod
 scenario's max_staleness; `sync` is the baseline TRL and verl users run: a rollout batch of
 `sync_prompts` prompts, one optimizer step on all of it, a push, repeat
 (buffer.rollout_batch_prompts = minibatch_prompts, max_staleness 0; tools/bench_async_vs_sync.py
-runs the same on the real system).
+runs the same on the real system), on every GPU for both phases (colocated, Scenario.for_mode).
+
+`trained_tokens_per_s` counts the loss tokens with a non-zero advantage: the asynchronous modes
+drop zero-variance groups before training (dynamic sampling), the synchronous step trains them
+with no gradient, and only the tokens that move the policy compare the two.
 """
 
 from __future__ import annotations
@@ -57,10 +61,15 @@ def driver_overrides(sc: Scenario, mode: str, mean_len: float, workdir: Path) ->
            f"rollout.max_tokens={w.max_tokens}", f"rollout.max_in_flight_prompts={per_actor}",
            f"model.max_model_len={w.max_tokens + 512}", f"buffer.token_budget={r.token_budget}",
            "observe.tensorboard=false", "observe.console=off", f"observe.output_dir={workdir}", *r.overrides]
+    given = {o.split("=", 1)[0].strip() for o in r.overrides}
     if mode == "sync":
         n = sync_prompts(sc, mean_len)
+        # a rollout batch trained whole, zero-variance groups too (no dynamic sampling: its
+        # replacement groups would start late and lengthen the step; they carry no gradient,
+        # so trained_tokens_per_s counts only tokens with a non-zero advantage in every mode)
         return [*out, "buffer.max_staleness=0", f"buffer.rollout_batch_prompts={n}", f"buffer.minibatch_prompts={n}",
-                "sync.mode=drain"]
+                "sync.mode=drain", *(["algo.drop_zero_variance_groups=false"]
+                                     if "algo.drop_zero_variance_groups" not in given else [])]
     return [*out, f"buffer.max_staleness={r.max_staleness}", f"sync.mode={mode}"]
 
 
@@ -68,6 +77,8 @@ def driver_overrides(sc: Scenario, mode: str, mean_len: float, workdir: Path) ->
 class _Row:
     t: float
     loss_tokens: int
+    useful_tokens: int
+    """Loss tokens with a non-zero advantage (a zero-variance group's carry no gradient)."""
     staleness_mean: float
     staleness_max: float
     driver_cpu_s: float
@@ -127,7 +138,7 @@ class Twin:
         self._step_t0 = 0.0
         self._ready_left, self._ready_at, self._push_t0 = 0, 0.0, 0.0
         self.rows: list[_Row] = []
-        self._batch_loss_tokens = 0
+        self._batch_tokens = (0, 0)  # loss tokens, useful ones
         self.push_s: list[float] = []
         self.frames = self.samples_in = 0
 
@@ -197,7 +208,8 @@ class Twin:
     def _start_step(self, batch: Any, t: float) -> None:
         prompt = self.sc.workload.prompt_tokens
         tokens = sum(prompt + len(c.response_ids) for c in batch.chunks)
-        self._batch_loss_tokens = sum(len(c.old_logprobs) for c in batch.chunks)
+        self._batch_tokens = (sum(len(c.old_logprobs) for c in batch.chunks),
+                              sum(len(c.old_logprobs) for c in batch.chunks if c.advantage != 0))
         self.learner_state, self._step_t0 = "training", t
         self.events.at(t + self.learner_cost.step_s(tokens), self._step_done)
 
@@ -229,7 +241,7 @@ class Twin:
         row = self.driver.step_metrics(self.step, 0)
         self.driver.end_step(self.step, row.get("reward/mean"))
         self._charge(t, cpu0)
-        self.rows.append(_Row(t, self._batch_loss_tokens, float(row.get("staleness/mean") or 0.0),
+        self.rows.append(_Row(t, *self._batch_tokens, float(row.get("staleness/mean") or 0.0),
                               float(row.get("staleness/max") or 0.0), self.driver_cpu_s))
         self._request_turn(t)
 
@@ -257,25 +269,34 @@ class Twin:
         window = last.t - t0
         measured = self.rows[w:]
         loss_tokens = sum(r.loss_tokens for r in measured)
-        c = self.driver.ledger.counts
-        keep = c.samples_kept / max(c.samples_kept + c.samples_rejected, 1)
+        useful = sum(r.useful_tokens for r in measured)
+        # the share of generated work that can carry a gradient (groups with mixed rewards)
+        if self.cfg.algo.drop_zero_variance_groups:
+            a = self.driver.ledger.assembler.stats
+            keep = 1 - a.groups_zero_variance / max(a.groups_complete, 1)
+        else:  # trained with zero advantages: their share of the tokens trained
+            keep = useful / max(loss_tokens, 1)
         gen_cap = gen_tokens_per_s(self.engine_cost, len(self.engines), sc.engine.max_num_seqs, self.kv_tokens,
                                    sc.workload.prompt_tokens, self.mean_len, self.mean_sq_len)
         train_cap = train_tokens_per_s(self.learner_cost, self.push_cost, sc.run.token_budget,
                                        sc.workload.prompt_tokens, self.mean_len)
-        # split: both sides run at once; colocated: the same GPUs take turns
-        ideal = 1 / (1 / (gen_cap * keep) + 1 / train_cap) if sc.split.colocated else min(gen_cap * keep, train_cap)
+        # in useful tokens: zero-variance groups take generation time, and training time too
+        # when they are not dropped; split: both sides run at once; colocated: they take turns
+        gen_useful = gen_cap * keep
+        train_useful = train_cap * (1.0 if self.cfg.algo.drop_zero_variance_groups else keep)
+        ideal = 1 / (1 / gen_useful + 1 / train_useful) if sc.split.colocated else min(gen_useful, train_useful)
         b0, b1 = math.ceil(t0 / self.bin_s), math.floor(last.t / self.bin_s)
         span = max(b1 - b0, 1) * self.bin_s
         gen_busy = sum(e.stats.busy_by_bin.get(b, 0.0) for e in self.engines for b in range(b0, b1))
         train_busy = sum(self.learner_busy.by_bin.get(b, 0.0) for b in range(b0, b1))
         tokens = sum(r.loss_tokens * r.staleness_mean for r in measured)
         stats = self.driver.ledger.buffer.stats
-        rate = loss_tokens / window
+        rate = useful / window
         return {
             "scenario": sc.name, "mode": self.mode, "steps": len(self.rows), "measured_steps": len(measured),
             "sim_s": round(last.t, 3), "window_s": round(window, 3), "steps_per_s": len(measured) / window,
-            "trained_tokens_per_s": rate, "ideal_tokens_per_s": ideal, "fraction_of_ideal": rate / ideal,
+            "trained_tokens_per_s": rate, "all_trained_tokens_per_s": loss_tokens / window,
+            "ideal_tokens_per_s": ideal, "fraction_of_ideal": rate / ideal,
             "gen_capacity_tokens_per_s": gen_cap, "train_capacity_tokens_per_s": train_cap, "keep_frac": keep,
             "gen_util": gen_busy / (len(self.engines) * span), "train_util": train_busy / span,
             "staleness_mean": tokens / loss_tokens if loss_tokens else 0.0,

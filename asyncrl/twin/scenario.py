@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from asyncrl.config.load import ConfigError, _set_dotted, explain, parse_override, read_yaml
+from asyncrl.config.load import ConfigError, _set_dotted, explain, parse_override, read_recipe
 from asyncrl.config.section import _Section
 from asyncrl.twin.costs import EngineCost, LearnerCost, PushCost, engine_cost_from_hardware, kv_capacity_tokens
 from asyncrl.twin.workload import Lengths, PassRates, lengths_of_run
@@ -203,9 +203,10 @@ class Scenario(_Section):
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """A scenario file with `section.field=value` overrides; ConfigError names what is wrong."""
+    """A scenario file (with `base:` scenarios under it, as recipes have) and `section.field=value`
+    overrides; ConfigError names what is wrong."""
     path = Path(path)
-    tree: dict[str, Any] = read_yaml(path)
+    tree: dict[str, Any] = read_recipe(path)
     for text in overrides or []:
         _set_dotted(tree, *parse_override(text))
     samples = tree.get("workload", {}).get("lengths", {}).get("samples")

@@ -40,7 +40,10 @@ def test_sync_step_is_one_batch_generated_then_trained_then_pushed():
     # step trains 32 x (20 + 100) tokens: 0.5 + 3840e-4 s; the push 0.2 s
     period = L * 0.01 + 0.5 + 32 * (PROMPT + L) * 1e-4 + 0.2
     assert r["steps_per_s"] == pytest.approx(1 / period, rel=0.01)
-    assert r["trained_tokens_per_s"] == pytest.approx(3200 / period, rel=0.01)
+    assert r["all_trained_tokens_per_s"] == pytest.approx(3200 / period, rel=0.01)
+    # only groups with mixed rewards carry a gradient
+    assert r["trained_tokens_per_s"] == pytest.approx(3200 / period * r["keep_frac"], rel=0.05)
+    assert 0.3 < r["keep_frac"] < 0.9
     assert r["staleness_max"] == 0 and r["stale_dropped_frac"] == 0
 
 
@@ -50,14 +53,14 @@ def test_async_is_the_min_of_generation_and_training_rates():
     # (every response ends in the same step, so steps come 4 at a time: whole waves are measured)
     fast_learner = {"learner.fixed_s": 0.05, "learner.per_token_s": 0.0, "push.fixed_s": 0.0}
     r = Twin(scenario(fast_learner, steps=16, warmup_steps=4), "inflight", charge_driver=False).run()
-    assert r["trained_tokens_per_s"] == pytest.approx(12_800, rel=0.03)
+    assert r["all_trained_tokens_per_s"] == pytest.approx(12_800, rel=0.03)
     assert r["gen_util"] > 0.97
     # training-bound: a step of 1 s and a push of 0.2 s a step, 3200 tokens each
     slow_learner = {"learner.fixed_s": 1.0, "learner.per_token_s": 0.0}
     r = Twin(scenario(slow_learner), "inflight", charge_driver=False).run()
-    assert r["trained_tokens_per_s"] == pytest.approx(3200 / 1.2, rel=0.01)
+    assert r["all_trained_tokens_per_s"] == pytest.approx(3200 / 1.2, rel=0.01)
     assert r["train_util"] == pytest.approx(1.0 / 1.2, rel=0.01)
-    assert r["fraction_of_ideal"] == pytest.approx(1.0, rel=0.01)
+    assert r["fraction_of_ideal"] == pytest.approx(1.0, rel=0.03)
 
 
 def test_a_twin_run_replays_exactly_for_a_seed():
