@@ -92,7 +92,8 @@ class StepStats:
         """`completion` (and `prompt`): the texts, kept as an example if the window needs more."""
         if completion is not None and self.wants_example():
             self._examples.append({
-                "prompt_id": s.prompt_id, "prompt": prompt, "response": completion, "reward": reward,
+                "prompt_id": s.prompt_id, "prompt": prompt, "response": completion,
+                "response_tokens": len(s.response_ids), "reward": reward,
                 "outcome": info.get("outcome"), "version": s.versions[0] if s.versions else None,
                 "finish_reason": s.finish_reason, "data_source": s.metadata.get("data_source"),
                 **({"info": extra} if (extra := own_info(info)) else {})})

@@ -25,3 +25,13 @@ def train_tokens_per_s(learner: LearnerCost, push: PushCost, token_budget: int, 
     """Loss tokens a second of a learner that trains Phi a step and pushes after each."""
     forwarded = token_budget * (1 + prompt_tokens / mean_len)
     return token_budget / (learner.step_s(round(forwarded)) + push.push_s())
+
+
+def keep_fraction(alpha: float, beta: float, group_size: int) -> float:
+    """Share of groups with mixed rewards when each prompt's pass rate is Beta(alpha, beta):
+    1 - E[p^n] - E[(1 - p)^n], with E[p^n] = prod_{i<n} (alpha + i) / (alpha + beta + i)."""
+    all_right = all_wrong = 1.0
+    for i in range(group_size):
+        all_right *= (alpha + i) / (alpha + beta + i)
+        all_wrong *= (beta + i) / (alpha + beta + i)
+    return 1.0 - all_right - all_wrong

@@ -12,19 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.twin.capacity import gen_tokens_per_s, train_tokens_per_s
+from asyncrl.twin.capacity import gen_tokens_per_s, keep_fraction, train_tokens_per_s
 from asyncrl.twin.cluster import Twin
 from asyncrl.twin.scenario import Scenario, Split
-
-
-def keep_fraction(alpha: float, beta: float, group_size: int) -> float:
-    """Share of groups with mixed rewards when each prompt's pass rate is Beta(alpha, beta):
-    1 - E[p^n] - E[(1 - p)^n], with E[p^n] = prod_{i<n} (alpha + i) / (alpha + beta + i)."""
-    all_right = all_wrong = 1.0
-    for i in range(group_size):
-        all_right *= (alpha + i) / (alpha + beta + i)
-        all_wrong *= (beta + i) / (alpha + beta + i)
-    return 1.0 - all_right - all_wrong
 
 
 def with_split(sc: Scenario, gen_gpus: int, train_gpus: int, eta: int | None = None) -> Scenario:

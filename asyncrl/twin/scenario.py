@@ -103,7 +103,9 @@ class LengthSpec(_Section):
     mean: float = Field(0.0, ge=0)
     sigma: float = Field(0.0, ge=0)
     samples: str | None = None
-    """kind empirical: a real run's samples.jsonl (its response lengths)."""
+    """kind empirical: a real run's samples.jsonl (its completions' response_tokens)."""
+    values: list[int] = []
+    """kind empirical: the lengths themselves (tools/validate_twin.py writes those it measured)."""
 
 
 class PassRateSpec(_Section):
@@ -194,7 +196,7 @@ class Scenario(_Section):
 
     def lengths(self) -> Lengths:
         ls, w = self.workload.lengths, self.workload
-        hist = lengths_of_run(ls.samples) if ls.kind == "empirical" and ls.samples else ()
+        hist = lengths_of_run(ls.samples) if ls.kind == "empirical" and ls.samples else ls.values
         return Lengths(ls.kind, w.max_tokens, self.seed, ls.mean, ls.sigma, hist)
 
     def pass_rates(self) -> PassRates:

@@ -50,15 +50,15 @@ class Lengths:
 
 
 def lengths_of_run(samples_jsonl: str | Path) -> list[int]:
-    """The response lengths a real run wrote to samples.jsonl (`response_len` or the token ids)."""
+    """The response lengths (`response_tokens`) of the completions a real run wrote to samples.jsonl."""
     out = []
     for line in Path(samples_jsonl).read_text().splitlines():
         row = json.loads(line)
-        n = row.get("response_len") or row.get("response_length") or len(row.get("response_ids", []))
+        n = row.get("response_tokens")
         if n:
             out.append(int(n))
     if not out:
-        raise ValueError(f"{samples_jsonl} holds no response lengths")
+        raise ValueError(f"{samples_jsonl} holds no response lengths (runs before response_tokens was written have none)")
     return out
 
 
