@@ -168,6 +168,7 @@ class Twin:
             d.ingest(decode_samples(f))
         d.poll_rewards(self.step)
         grants, batch, finished, bookkeeping = [], None, False, t >= self.next_bookkeeping
+        buffered = d.ledger.buffer.num_loss_tokens
         if bookkeeping:
             self.next_bookkeeping = t + self.bookkeeping_s
             grants = d.admit(self.version, self.actor_ids, step_running=self.learner_state != "idle")
@@ -183,9 +184,12 @@ class Twin:
                 d.observe_learner({})
                 finished = True
         t_end = self._charge(t, cpu0)
-        if grants or batch is not None or finished:
+        acted = bool(grants) or batch is not None or finished
+        if acted:
             self.events.at(t_end, lambda now: self._carry_out(now, grants, batch, finished))
-        if not bookkeeping:
+        if not bookkeeping or acted or d.ledger.buffer.num_loss_tokens != buffered:
+            # the orchestrator's loop looks again BOOKKEEPING_S later; what this turn did (a step
+            # started, stale tokens dropped by a cut) may open room for more, with no event to say so
             self._turn_pending = True
             self.events.at(max(self.next_bookkeeping, t_end), self._turn)
 
