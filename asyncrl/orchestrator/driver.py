@@ -47,6 +47,9 @@ from asyncrl.types import PromptItem, Sample
 # tens of microseconds (Ray checks among them), and under load the loop turns every few samples,
 # so every turn would spend more on them than on its samples. 2 ms is nothing next to a step.
 BOOKKEEPING_S = 0.002
+# With no sample arriving, a loop turn waits this long for one before it looks at the learner
+# again: a step that ends then is noticed up to this late (the twin charges it too).
+RECV_WAIT_S = 0.01
 
 
 @dataclass(frozen=True)

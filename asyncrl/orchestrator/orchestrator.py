@@ -55,7 +55,7 @@ from asyncrl.orchestrator import checkpoint, components
 from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.checkpointer import Checkpointer
 from asyncrl.orchestrator.collector import ScheduledCollector
-from asyncrl.orchestrator.driver import BOOKKEEPING_S, Driver, build_driver
+from asyncrl.orchestrator.driver import BOOKKEEPING_S, RECV_WAIT_S, Driver, build_driver
 from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
 from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
@@ -224,7 +224,7 @@ class Orchestrator:
                         continue
                     self.checkpoints.poll()
                     self.collector.maybe_collect()
-                sample = self.samples.recv(timeout_s=0.01)
+                sample = self.samples.recv(timeout_s=RECV_WAIT_S)
                 if sample is not None:
                     self._ingest([sample])
                 self._poll_rewards()

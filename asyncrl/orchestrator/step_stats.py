@@ -19,6 +19,7 @@ steps the rest of a response split at the Phi boundary follows its prefix by (us
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import Counter
 from typing import Any
@@ -44,9 +45,13 @@ class StepStats:
         self.total_samples = 0
         self.total_gen_tokens = 0
         self.examples_per_step = examples_per_step
-        # a few completions to read next to the numbers; not checkpointed (a resumed run's first
-        # step may show fewer)
+        # a few completions to read next to the numbers, a uniform sample of the step's (reservoir
+        # sampling: the first to finish are the short ones, and lengths drawn from samples.jsonl
+        # must not lean short); not checkpointed (a resumed run's first step may show fewer)
         self._examples: list[dict[str, Any]] = []
+        self._offered = 0  # completions offered this window
+        self._slot: int | None = None  # where wants_example said the next one goes (-1: nowhere)
+        self._rng = random.Random(0)
 
     def _reset(self) -> None:
         self.rewards: list[float] = []
@@ -84,19 +89,33 @@ class StepStats:
         self._t_last = time.monotonic()
 
     def wants_example(self) -> bool:
-        """Whether the next sample's completion would be kept (decode its text only then)."""
-        return len(self._examples) < self.examples_per_step
+        """Whether the next sample's completion is kept (decode its text only then): the n-th of
+        the window replaces a random kept one with probability examples_per_step / n."""
+        if self._slot is None:
+            self._slot = self._draw_slot()
+        return self._slot >= 0
+
+    def _draw_slot(self) -> int:
+        self._offered += 1
+        if len(self._examples) < self.examples_per_step:
+            return len(self._examples)
+        j = self._rng.randrange(self._offered)
+        return j if j < self.examples_per_step else -1
 
     def add_sample(self, s: Sample, reward: float, info: dict[str, Any], latency_s: float = 0.0,
                    completion: str | None = None, prompt: str | None = None) -> None:
-        """`completion` (and `prompt`): the texts, kept as an example if the window needs more."""
-        if completion is not None and self.wants_example():
-            self._examples.append({
+        """`completion` (and `prompt`): the texts, kept as an example if the draw of
+        `wants_example` (made now, if it was not asked) says so; without them the sample is not
+        offered as an example."""
+        slot, self._slot = self._slot, None
+        if completion is not None and (slot := self._draw_slot() if slot is None else slot) >= 0:
+            example = {
                 "prompt_id": s.prompt_id, "prompt": prompt, "response": completion,
                 "response_tokens": len(s.response_ids), "reward": reward,
                 "outcome": info.get("outcome"), "version": s.versions[0] if s.versions else None,
                 "finish_reason": s.finish_reason, "data_source": s.metadata.get("data_source"),
-                **({"info": extra} if (extra := own_info(info)) else {})})
+                **({"info": extra} if (extra := own_info(info)) else {})}
+            self._examples[slot:slot + 1] = [example]
         self.rewards.append(reward)
         self.by_source.setdefault(str(s.metadata.get("data_source", "unknown")), []).append(reward)
         self.latencies.append(latency_s)
@@ -130,7 +149,7 @@ class StepStats:
 
     def take_examples(self) -> list[dict[str, Any]]:
         """The example completions kept since the last call (at most `examples_per_step`)."""
-        out, self._examples = self._examples, []
+        out, self._examples, self._offered = self._examples, [], 0
         return out
 
     def flush(self, pipeline: dict[str, Any]) -> dict[str, Any]:

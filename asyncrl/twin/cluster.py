@@ -103,7 +103,7 @@ class Twin:
     def __init__(self, sc: Scenario, mode: str, charge_driver: bool = True):
         from asyncrl.config import load_config
         from asyncrl.observe.metrics import MetricsWriter
-        from asyncrl.orchestrator.driver import BOOKKEEPING_S, build_driver
+        from asyncrl.orchestrator.driver import BOOKKEEPING_S, RECV_WAIT_S, build_driver
         from asyncrl.tiny.tokenizer import save_tokenizer
 
         sc = sc.for_mode(mode)
@@ -115,7 +115,7 @@ class Twin:
         self.cfg = load_config(None, driver_overrides(sc, mode, self.mean_len, self._tmp))
         self.driver = build_driver(self.cfg, str(self._tmp), MetricsWriter(self._tmp / "twin", tensorboard=False),
                                    say=lambda *_: None)
-        self.bookkeeping_s = BOOKKEEPING_S
+        self.bookkeeping_s, self.recv_wait_s = BOOKKEEPING_S, RECV_WAIT_S
         self.events = EventQueue()
         self.engine_cost, self.kv_tokens = sc.engine_cost(), sc.kv_tokens()
         self.learner_cost, self.push_cost = sc.learner_cost(), sc.push_cost()
@@ -130,7 +130,8 @@ class Twin:
         self.inbox: list[bytes] = []
         self.driver_free = self.next_bookkeeping = 0.0
         self.driver_cpu_s = 0.0
-        self._turn_pending = False
+        self._turn_at: float | None = None  # when the next turn is scheduled (None: none is)
+        self._turn_token = 0
         # the learner and pushes
         self.step = self.version = 0
         self.learner_state = "idle"  # training | done (waiting for the driver to see it) | pushing
@@ -151,15 +152,25 @@ class Twin:
         self._request_turn(t)
 
     def _request_turn(self, t: float) -> None:
-        if not self._turn_pending and self.learner_state != "pushing":
-            self._turn_pending = True
-            self.events.at(max(t, self.driver_free), self._turn)
+        """A turn at t, or as soon after as the driver is free (unless one comes sooner)."""
+        t = max(t, self.driver_free)
+        if self.learner_state != "pushing" and (self._turn_at is None or t < self._turn_at):
+            self._turn_at, self._turn_token = t, self._turn_token + 1
+            self.events.at(t, lambda now, token=self._turn_token: self._turn(now, token))
 
-    def _turn(self, t: float) -> None:
+    def _on_wake(self, t: float) -> None:
+        """Something the driver sees only when it looks (the learner's step ended): with no sample
+        arriving, its loop looks every RECV_WAIT_S from when it last went idle."""
+        waited = max(t - self.driver_free, 0.0)
+        self._request_turn(max(t, self.driver_free + math.ceil(waited / self.recv_wait_s - 1e-9) * self.recv_wait_s))
+
+    def _turn(self, t: float, token: int) -> None:
         from asyncrl.buffer.packing import rank_batches
         from asyncrl.transport.codec import decode_samples, encode_batch
 
-        self._turn_pending = False
+        if token != self._turn_token:
+            return  # superseded by an earlier turn
+        self._turn_at = None
         if self.learner_state == "pushing":  # the push ends with a turn
             return
         d, cpu0 = self.driver, time.thread_time()
@@ -190,8 +201,7 @@ class Twin:
         if not bookkeeping or acted or d.ledger.buffer.num_loss_tokens != buffered:
             # the orchestrator's loop looks again BOOKKEEPING_S later; what this turn did (a step
             # started, stale tokens dropped by a cut) may open room for more, with no event to say so
-            self._turn_pending = True
-            self.events.at(max(self.next_bookkeeping, t_end), self._turn)
+            self._request_turn(max(self.next_bookkeeping, t_end))
 
     def _charge(self, t: float, cpu0: float) -> float:
         cpu = time.thread_time() - cpu0
@@ -220,7 +230,7 @@ class Twin:
     def _step_done(self, t: float) -> None:
         self.learner_busy.add(self._step_t0, t)
         self.learner_state = "done"
-        self._request_turn(t)
+        self._on_wake(t)
 
     def _start_push(self, t: float) -> None:
         """Every actor gets idle (drain or abort), then the broadcast and the loads; the driver

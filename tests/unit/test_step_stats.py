@@ -3,6 +3,8 @@ the code verifier's tests) are computed from the samples scored since the last f
 a few completions are kept as examples; a trained token's lag splits into reuse and asynchrony."""
 
 
+from collections import Counter
+
 import pytest
 
 from asyncrl.buffer.base import ResponseCursor
@@ -81,27 +83,40 @@ def test_running_totals_end_in_total():
     assert all(k.startswith("buffer/") for k in totals.keys() - {"rollout/samples_total", "rollout/frames_dropped_total"})
 
 
-def test_examples_are_the_first_completions_of_the_window_capped_and_taken_once():
+def test_examples_are_capped_and_taken_once():
     stats = StepStats(examples_per_step=2)
     stats.add_sample(sample("math", prompt_id="p0"), 1.0, {"outcome": "verified"})  # no text: not an example
-    stats.add_sample(sample("math", prompt_id="p1", version=3), 1.0, {"outcome": "verified"}, completion="42",
+    stats.add_sample(sample("math", n_tokens=1, prompt_id="p1", version=3), 1.0, {"outcome": "verified"}, completion="42",
                      prompt="6*7=")
-    stats.add_sample(sample("code", prompt_id="p2", finish="length"), 0.0, {}, completion="def f(")
-    assert not stats.wants_example()  # two kept: no need to decode another one's text
-    stats.add_sample(sample("math", prompt_id="p3"), 0.0, {"outcome": "wrong"}, completion="41")
+    stats.add_sample(sample("code", n_tokens=5, prompt_id="p2", finish="length"), 0.0, {}, completion="def f(")
     row = stats.flush(PIPELINE)
     assert not any("example" in k or "sample_text" in k for k in row)  # examples never go in the row
     assert stats.take_examples() == [
-        {"prompt_id": "p1", "prompt": "6*7=", "response": "42", "reward": 1.0, "outcome": "verified", "version": 3,
-         "finish_reason": "stop", "data_source": "math"},
-        {"prompt_id": "p2", "prompt": None, "response": "def f(", "reward": 0.0, "outcome": None, "version": 0,
-         "finish_reason": "length", "data_source": "code"}]
+        {"prompt_id": "p1", "prompt": "6*7=", "response": "42", "response_tokens": 1, "reward": 1.0,
+         "outcome": "verified", "version": 3, "finish_reason": "stop", "data_source": "math"},
+        {"prompt_id": "p2", "prompt": None, "response": "def f(", "response_tokens": 5, "reward": 0.0, "outcome": None,
+         "version": 0, "finish_reason": "length", "data_source": "code"}]
     assert stats.take_examples() == [] and stats.wants_example()
     empty = Sample("p4", "g", 0, [1], [], [], [], "stop", 0)  # an empty response has no version
     stats.add_sample(empty, 0.0, {"outcome": "wrong"}, completion="")
-    assert stats.take_examples() == [{"prompt_id": "p4", "prompt": None, "response": "", "reward": 0.0,
-                                      "outcome": "wrong",
+    assert stats.take_examples() == [{"prompt_id": "p4", "prompt": None, "response": "", "response_tokens": 0,
+                                      "reward": 0.0, "outcome": "wrong",
                                       "version": None, "finish_reason": "stop", "data_source": None}]
+
+
+def test_examples_are_a_uniform_sample_of_the_window_not_the_first_to_finish():
+    # the router's way: ask, then pass the text only if asked for; 10 completions a window, 2 kept:
+    # each position is kept with probability 2/10 (the first ones would always be, by arrival)
+    stats, kept = StepStats(examples_per_step=2), Counter()
+    windows = 3000
+    for _ in range(windows):
+        for i in range(10):
+            want = stats.wants_example()
+            stats.add_sample(sample("math", prompt_id=f"p{i}"), 1.0, {}, completion="x" if want else None)
+        kept.update(e["prompt_id"] for e in stats.take_examples())
+    assert sum(kept.values()) == 2 * windows
+    for i in range(10):
+        assert kept[f"p{i}"] / windows == pytest.approx(0.2, abs=0.03)
 
 
 def test_rollout_batch_lag_splits_into_reuse_and_asynchrony():
