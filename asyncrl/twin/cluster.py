@@ -225,11 +225,20 @@ class Twin:
         self._batch_tokens = (sum(len(c.old_logprobs) for c in batch.chunks),
                               sum(len(c.old_logprobs) for c in batch.chunks if c.advantage != 0))
         self.learner_state, self._step_t0 = "training", t
+        self._contend(t)
         self.events.at(t + self.learner_cost.step_s(tokens), self._step_done)
+
+    def _contend(self, t: float) -> None:
+        """Engines that share cores with the learner are slower while it trains."""
+        factor = self.sc.engine.slowdown_while_training if self.learner_state == "training" else 1.0
+        if factor != 1.0 or self.sc.engine.slowdown_while_training != 1.0:
+            for e in self.engines:
+                e.set_slowdown(factor, t)
 
     def _step_done(self, t: float) -> None:
         self.learner_busy.add(self._step_t0, t)
         self.learner_state = "done"
+        self._contend(t)
         self._on_wake(t)
 
     def _start_push(self, t: float) -> None:
@@ -254,7 +263,7 @@ class Twin:
         cpu0 = time.thread_time()
         row = self.driver.step_metrics(self.step, 0)
         self.driver.end_step(self.step, row.get("reward/mean"))
-        self._charge(t, cpu0)
+        self.driver_free = self._charge(t, cpu0) + self.sc.learner.loop_overhead_s
         self.rows.append(_Row(t, *self._batch_tokens, float(row.get("staleness/mean") or 0.0),
                               float(row.get("staleness/max") or 0.0), self.driver_cpu_s))
         self._request_turn(t)

@@ -30,29 +30,38 @@ class EngineCost:
     """Per token of context held by the running requests (its KV read)."""
     c_prefill_s: float
     """Per prompt token prefilled."""
+    c_request_s: float = 0.0
+    """Per request started (scheduling it, the actor's task, its stream): what a batch of short
+    responses or an in-flight update's resumes pay beyond their tokens."""
+
+    def scaled(self, factor: float) -> "EngineCost":
+        """Every constant times `factor` (an engine slowed by sharing its cores)."""
+        return EngineCost(self.c0_s * factor, self.c_seq_s * factor, self.c_ctx_s * factor, self.c_prefill_s * factor,
+                          self.c_request_s * factor)
 
     def step_s(self, batch: int, context: int, prefill: int = 0) -> float:
         return self.c0_s + self.c_seq_s * batch + self.c_ctx_s * context + self.c_prefill_s * prefill
 
-    def steps_s(self, k: int, batch: int, context: int, prefill: int = 0) -> float:
+    def steps_s(self, k: int, batch: int, context: int, prefill: int = 0, started: int = 0) -> float:
         """Time of k steps of `batch` requests that start with `context` tokens (each step adds
-        `batch`), the first one also prefilling `prefill` tokens: sum over i < k of
-        step_s(batch, context + i * batch)."""
+        `batch`), the first one also prefilling `prefill` tokens of `started` new requests: sum
+        over i < k of step_s(batch, context + i * batch), plus the first step's admissions."""
         per = self.c0_s + self.c_seq_s * batch + self.c_ctx_s * context
-        return self.c_prefill_s * prefill + k * per + self.c_ctx_s * batch * k * (k - 1) / 2
+        first = self.c_prefill_s * prefill + self.c_request_s * started
+        return first + k * per + self.c_ctx_s * batch * k * (k - 1) / 2
 
-    def steps_done(self, elapsed_s: float, batch: int, context: int, prefill: int = 0) -> int:
+    def steps_done(self, elapsed_s: float, batch: int, context: int, prefill: int = 0, started: int = 0) -> int:
         """How many whole steps of `steps_s` fit in `elapsed_s` (the inverse of steps_s)."""
         a = self.c_ctx_s * batch / 2
         b = self.c0_s + self.c_seq_s * batch + self.c_ctx_s * context - a
-        c = self.c_prefill_s * prefill - elapsed_s
+        c = self.c_prefill_s * prefill + self.c_request_s * started - elapsed_s
         if c > 0:
             return 0
         k = -c / b if a == 0 else (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
         k = max(int(k), 0)
-        while k > 0 and self.steps_s(k, batch, context, prefill) > elapsed_s:  # float rounding
+        while k > 0 and self.steps_s(k, batch, context, prefill, started) > elapsed_s:  # float rounding
             k -= 1
-        while self.steps_s(k + 1, batch, context, prefill) <= elapsed_s:
+        while self.steps_s(k + 1, batch, context, prefill, started) <= elapsed_s:
             k += 1
         return k
 

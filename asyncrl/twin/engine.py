@@ -41,9 +41,12 @@ class Request:
 @dataclass
 class _Stretch:
     t0: float
+    cost: EngineCost
     batch: int
     context: int
     prefill: int
+    started: int
+    """Requests admitted at its start (each pays EngineCost.c_request_s)."""
     steps: int
     """Steps planned: the stretch ends after them unless cut short."""
     token: int = 0
@@ -71,6 +74,7 @@ class SimEngine:
         self.stretch: _Stretch | None = None
         self._token = 0
         self._abort: Callable[[list[Request], float], None] | None = None
+        self.slowdown = 1.0  # on the costs of the stretches planned from now on (set_slowdown)
         self.stats = EngineStats()
 
     @property
@@ -92,6 +96,14 @@ class SimEngine:
         elif len(self.running) < self.max_num_seqs:
             self._cut(t)  # they can join at the next step
 
+    def set_slowdown(self, factor: float, t: float) -> None:
+        """Steps from the next boundary on take `factor` times their cost (a machine where the
+        engine shares cores with the learner: slower while it trains)."""
+        if factor != self.slowdown:
+            self.slowdown = factor
+            if self.stretch is not None:
+                self._cut(t)
+
     def abort(self, t: float, on_aborted: Callable[[list[Request], float], None]) -> None:
         """At the end of the running step (now, if idle): every request comes back to `on_aborted`."""
         self._abort = on_aborted
@@ -103,11 +115,12 @@ class SimEngine:
     # -- stretches ------------------------------------------------------------------------------
 
     def _plan(self, t: float) -> None:
-        prefill = 0
+        prefill = started = 0
         while (self.waiting and len(self.running) < self.max_num_seqs
                and self.context + prefill + self.waiting[0].context + len(self.running) + 1 <= self.kv_tokens):
             r = self.waiting.popleft()
             prefill += r.context
+            started += 1
             self.running.append(r)
         if not self.running:
             self.stretch = None
@@ -119,20 +132,22 @@ class SimEngine:
         by_finish = min(r.remaining for r in self.running)
         by_cache = (self.kv_tokens - self.context) // batch
         self._token += 1
-        self.stretch = _Stretch(t, batch, self.context, prefill, max(1, min(by_finish, by_cache)), self._token)
+        cost = self.cost if self.slowdown == 1.0 else self.cost.scaled(self.slowdown)
+        self.stretch = _Stretch(t, cost, batch, self.context, prefill, started, max(1, min(by_finish, by_cache)),
+                                self._token)
         self.stats.prefill_tokens += prefill
         self._schedule()
 
     def _schedule(self) -> None:
         s = self.stretch
-        self.events.at(s.t0 + self.cost.steps_s(s.steps, s.batch, s.context, s.prefill),
+        self.events.at(s.t0 + s.cost.steps_s(s.steps, s.batch, s.context, s.prefill, s.started),
                        lambda t, token=s.token: self._end(t, token))
 
     def _cut(self, t: float) -> None:
         """End the stretch at the first step boundary at or after t."""
         s = self.stretch
-        done = self.cost.steps_done(t - s.t0, s.batch, s.context, s.prefill)
-        steps = done if self.cost.steps_s(done, s.batch, s.context, s.prefill) >= t - s.t0 and done else done + 1
+        done = s.cost.steps_done(t - s.t0, s.batch, s.context, s.prefill, s.started)
+        steps = done if s.cost.steps_s(done, s.batch, s.context, s.prefill, s.started) >= t - s.t0 and done else done + 1
         if steps < s.steps:
             self._token += 1
             s.steps, s.token = steps, self._token

@@ -78,7 +78,12 @@ class Engine(_Section):
     c_seq_s: float | None = Field(None, ge=0)
     c_ctx_s: float | None = Field(None, ge=0)
     c_prefill_s: float | None = Field(None, ge=0)
+    c_request_s: float = Field(0.0, ge=0)
+    """Per request started (EngineCost.c_request_s); 0 next to a GPU's steps."""
     kv_tokens: int | None = Field(None, ge=1)
+    slowdown_while_training: float = Field(1.0, ge=1)
+    """Steps take this many times their cost while the learner trains: 1 where generation and
+    training have hardware of their own; above 1 on a machine where they share cores (the CPU demo)."""
 
 
 class Learner(_Section):
@@ -86,6 +91,10 @@ class Learner(_Section):
     flops_per_param_token: float = Field(6.0, gt=0)
     fixed_s: float = Field(0.0, ge=0)
     per_token_s: float = Field(0.0, ge=0)
+    loop_overhead_s: float = Field(0.0, ge=0)
+    """Per step, the orchestrator's own work around it, the driver's thread blocked: the Ray
+    calls that start the step and collect its result, the row and samples it writes (tens of ms;
+    calibrated machines measure it, GPU scenarios can leave it at 0 next to steps of seconds)."""
     ranks: int | None = Field(None, ge=1)
     """Learner processes the batch is split over (default: one per training GPU)."""
 
@@ -173,7 +182,8 @@ class Scenario(_Section):
                                             e.prefill_mfu, e.step_overhead_s)
         return EngineCost(*(given if given is not None else default for given, default in
                             zip((e.c0_s, e.c_seq_s, e.c_ctx_s, e.c_prefill_s),
-                                (derived.c0_s, derived.c_seq_s, derived.c_ctx_s, derived.c_prefill_s))))
+                                (derived.c0_s, derived.c_seq_s, derived.c_ctx_s, derived.c_prefill_s))),
+                          c_request_s=e.c_request_s)
 
     def kv_tokens(self) -> int:
         if self.engine.kv_tokens is not None:

@@ -18,17 +18,19 @@ def test_keep_fraction_of_beta_pass_rates():
 def test_schedule_sums_of_a_batch():
     # 3 requests of 2, 4 and 4 tokens on an engine of 2 sequences: steps 1-2 run 2 (the 2-token
     # one ends), then 4 and the third run 2 more (the first 4-token one ends at step 4), then the
-    # third runs alone 2 steps: 6 steps, 2+2+2+2+1+1 = 10 batch-steps
-    assert schedule_sums([5, 5, 5], [2, 4, 4], max_num_seqs=2, kv_tokens=1000) == (6.0, 10.0)
+    # third runs alone 2 steps: 6 steps, 2+2+2+2+1+1 = 10 batch-steps, 3 requests
+    assert schedule_sums([5, 5, 5], [2, 4, 4], max_num_seqs=2, kv_tokens=1000) == (6.0, 10.0, 3.0)
 
 
 def test_fit_engine_recovers_the_constants():
-    probes = [(0.002 * s + 0.0001 * b, s, b) for s, b in [(16.0, 300.0), (17.0, 3000.0), (18.0, 1500.0)]]
-    c = fit_engine(probes)
-    assert (c.c0_s, c.c_seq_s) == (pytest.approx(0.002), pytest.approx(0.0001))
-    # noise that would make c_seq negative: refitted with c_seq = 0 (c0 = sum(s t) / sum(s^2))
-    c = fit_engine([(1.0, 10.0, 100.0), (0.9, 10.0, 1000.0)])
-    assert c.c_seq_s == 0 and c.c0_s == pytest.approx((10 * 1.0 + 10 * 0.9) / 200)
+    truth = lambda s, b, n: 0.002 * s + 0.0001 * b + 0.0005 * n  # noqa: E731
+    shapes = [(16.0, 300.0, 32.0), (17.0, 3000.0, 256.0), (1.0, 256.0, 256.0), (18.0, 1500.0, 128.0)]
+    c = fit_engine([(truth(*x), *x) for x in shapes])
+    assert (c.c0_s, c.c_seq_s, c.c_request_s) == (pytest.approx(0.002), pytest.approx(0.0001), pytest.approx(0.0005))
+    # noise that would make a constant negative: that term is dropped and the rest refitted
+    # (here c0 alone: sum(s t) / sum(s^2) over the two probes)
+    c = fit_engine([(1.0, 10.0, 100.0, 10.0), (0.9, 10.0, 1000.0, 10.0)])
+    assert c.c_seq_s == 0 and c.c_request_s == 0 and c.c0_s == pytest.approx((10 * 1.0 + 10 * 0.9) / 200)
 
 
 def test_fit_pass_rates_matches_mean_and_zero_variance_share():
