@@ -8,8 +8,7 @@ demo, then compare its predictions with real runs of four configurations.
    returned give each batch's steps, batch-steps and requests (asyncrl/twin/calibrate.py), and
    the times fit c0, c_seq and c_request.
 2. Calibration run: the demo's own settings (sync.mode inflight, max_staleness 1): the learner's
-   median step time and push time, the loop's own time a step (the first quartile of a step's
-   wall time beyond both), the response lengths, the mean reward, the share of
+   median step time and push time, the loop's own time a step (timing/loop_s), the response lengths, the mean reward, the share of
    zero-variance groups and the reward's drift give the rest of the scenario; the engine's
    slowdown while the learner trains (they share the two cores; alone in the probe they do not)
    is the one factor fitted, so that the twin runs this configuration at its measured steps/s.
@@ -97,17 +96,10 @@ def weighted_staleness(history: list[dict]) -> float:
     return sum(h["staleness/mean"] * h["learner/loss_tokens"] for h in history) / tokens
 
 
-def loop_overhead(history: list[dict], token_budget: int = 512) -> float:
-    """The loop's own time a step (rows, Ray calls): from a step's end to the next one's start,
-    less the push, over the steps after which the buffer already held the next batch (no wait
-    for data in it); the first quartile of a step's wall time beyond training and push if fewer
-    than 5 steps did."""
-    shifted = [history[i + 1]["timing/wait_for_data_s"] - history[i].get("sync/push_s", 0.0)
-               for i in range(len(history) - 1) if history[i]["buffer/loss_tokens"] >= token_budget]
-    if len(shifted) >= 5:
-        return max(statistics.median(shifted), 0.0)
-    return statistics.quantiles([h["timing/step_wall_s"] - h["timing/train_s"] - h.get("sync/push_s", 0.0)
-                                 for h in history], n=4)[0]
+def loop_overhead(history: list[dict]) -> float:
+    """The loop's own time a step outside the driver's calls (the twin charges those itself):
+    the row and samples written, the Ray calls that start a step (timing/loop_s), median."""
+    return statistics.median(h["timing/loop_s"] for h in history)
 
 
 def real_run(name: str, overrides: list[str], steps: int, warmup: int) -> dict:

@@ -94,6 +94,7 @@ class Orchestrator:
         self._stop_deadline = 0.0
         self._train_ref: GroupCall | None = None
         self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
+        self._loop_s = 0.0  # the loop's own work between two steps (timing/loop_s)
         self.model_path = ""
         self.driver = self.samples = self.learner = self.pool = self.weight_sync = None
         self.metrics = self.requests = None
@@ -284,6 +285,7 @@ class Orchestrator:
         self._wait_for_data_s = time.monotonic() - self._last_step_t
         self._step_started = time.monotonic()
         self._train_ref = self.learner.train_step(self.step + 1, batch, self.requests.take_reset(self.cfg))
+        self._loop_s += time.monotonic() - self._step_started
 
     def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None
@@ -297,6 +299,7 @@ class Orchestrator:
         train_s = time.monotonic() - self._step_started
         joined = self.pool.admit_started()
         sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}
+        pushed = time.monotonic()
         self._announce(joined)
         evaluator = self.driver.evaluator
         if sync:  # the actors now hold this version: its evaluation, if due
@@ -304,6 +307,7 @@ class Orchestrator:
                                  last=self.step >= self.cfg.total_steps, poll=self._poll_rewards)
         row = {"step": self.step, "learner/version": self.version, **result.metrics, **sync,
                "timing/train_s": train_s, "timing/wait_for_data_s": self._wait_for_data_s,
+               "timing/loop_s": self._loop_s,
                "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
                **self.driver.step_metrics(self.step, self.samples.num_dropped), **self.collector.metrics(),
                "rollout/actors": len(self.pool.ids)}
@@ -320,6 +324,7 @@ class Orchestrator:
         self.requests.apply_scale(self.pool, self.driver.ledger, self.step)
         if self.cfg.checkpoint.every_steps and self.step % self.cfg.checkpoint.every_steps == 0:
             self.checkpoints.save(self.step, self.state_dict(), self.learner)
+        self._loop_s = time.monotonic() - pushed  # the next row's, with the next step's start
         return row
 
     def _join_started_actors(self) -> None:
