@@ -8,7 +8,8 @@ demo, then compare its predictions with real runs of four configurations.
    returned give each batch's steps, batch-steps and requests (asyncrl/twin/calibrate.py), and
    the times fit c0, c_seq and c_request.
 2. Calibration run: the demo's own settings (sync.mode inflight, max_staleness 1): the learner's
-   median step time and push time, the loop's own time a step (timing/loop_s), the response lengths, the mean reward, the share of
+   median step time and push time, the loop's own time a step (timing/loop_s), the verifier's
+   time a sample, the response lengths, the mean reward, the share of
    zero-variance groups and the reward's drift give the rest of the scenario; the engine's
    slowdown while the learner trains (they share the two cores; alone in the probe they do not)
    is the one factor fitted, so that the twin runs this configuration at its measured steps/s.
@@ -109,7 +110,7 @@ def real_run(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
     r.update(staleness_mean=weighted_staleness(timed), history=timed,
              train_s=statistics.median(h["timing/train_s"] for h in timed),
              push_s=statistics.median(h["sync/push_s"] for h in timed if "sync/push_s" in h),
-             overhead_s=loop_overhead(timed),
+             overhead_s=loop_overhead(timed), reward_workers=orch.cfg.reward.num_workers,
              samples=str(orch.run_dir / "samples.jsonl"))
     return r
 
@@ -140,9 +141,10 @@ def calibrated_scenario(engine: dict, calib: dict, steps: int, warmup: int) -> d
         "workload": {"prompt_tokens": round(statistics.mean(prompts)), "max_tokens": 16,
                      "group_size": engine["group_size"],
                      "lengths": {"kind": "empirical", "values": sorted(lengths_of_run(calib["samples"]))},
-                     "pass_rate": {"alpha": alpha, "beta": beta, "drift_per_version": logit_drift(rewards)}},
+                     "pass_rate": {"alpha": alpha, "beta": beta, "drift_per_version": logit_drift(rewards)},
+                     "verify_s": statistics.median(h["reward/latency_mean_s"] for h in hist)},
         "run": {"token_budget": 512, "max_staleness": 1, "sync_mode": "inflight", "steps": steps,
-                "warmup_steps": warmup},
+                "warmup_steps": warmup, "reward_workers": calib["reward_workers"]},
     }
 
 

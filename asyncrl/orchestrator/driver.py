@@ -189,11 +189,13 @@ def build_ledger(cfg: Config, stage: ResolvedStage) -> GroupLedger:
         Shaping(a.no_eos_penalty, a.overlong_buffer, a.overlong_penalty_factor), cfg.reward.num_workers)
 
 
-def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = print) -> Driver:
+def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = print,
+                 rewards: RewardPool | None = None) -> Driver:
     """The driver of a run of `cfg` on the model at `model_path` (its tokenizer and data);
-    `metrics` receives the run's events (reward errors, evaluations)."""
+    `metrics` receives the run's events (reward errors, evaluations). `rewards`: a pool to use
+    instead of the config's (the twin's, on its virtual clock)."""
     stages = StageRunner(cfg, model_path)
-    rewards = build_reward_pool(cfg.reward, stages.data_sources)
+    rewards = rewards or build_reward_pool(cfg.reward, stages.data_sources)
     ledger = build_ledger(cfg, stages.current)
     stats = StepStats(cfg.observe.samples_per_step)
     evaluator = Evaluator.build(cfg, stages.tokenizer, metrics, say)

@@ -1,6 +1,7 @@
 """A simulated rollout actor: what rollout/actor.py's RolloutActor does with its engine, on the
 twin's clock. A prompt becomes n requests; a finished one leaves as a real `Sample` in a real
-frame (transport/codec.py), scored by the actor (reward.placement: actor); a weight update
+frame (transport/codec.py), scored by the driver's pool (twin/rewards.py) or, with
+reward.placement actor, by the actor; a weight update
 closes the gate to new requests and gets the engine idle by its sync mode:
 
 - drain: the running requests finish (the engine idles for the longest of them);
@@ -12,11 +13,13 @@ closes the gate to new requests and gets the engine idle by its sync mode:
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 from dataclasses import dataclass, field
 
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.transport.codec import encode_samples
 from asyncrl.twin.engine import Request, SimEngine
+from asyncrl.twin.rewards import score
 from asyncrl.twin.workload import Lengths, PassRates
 from asyncrl.types import PromptItem, Sample
 
@@ -40,9 +43,10 @@ class _Draw:
 
 class SimActor:
     def __init__(self, actor_id: int, engine: SimEngine, sync_mode: str, prompt_tokens: int,
-                 lengths: Lengths, rewards: PassRates, deliver: Callable[[bytes, int, float], None]):
+                 lengths: Lengths, rewards: PassRates, deliver: Callable[[bytes, int, float], None],
+                 scored: bool = False):
         self.actor_id, self.engine, self.sync_mode, self.prompt_tokens = actor_id, engine, sync_mode, prompt_tokens
-        self.lengths, self.rewards, self.deliver = lengths, rewards, deliver
+        self.lengths, self.rewards, self.deliver, self.scored = lengths, rewards, deliver, scored
         self.version = 0
         self.gate_open = True
         self._held: list[Request] = []  # submitted while the gate was closed
@@ -72,15 +76,13 @@ class SimActor:
         for r in requests:
             d: _Draw = r.owner
             d.runs.append((d.version, r.generated))
-            versions = [v for v, n in d.runs for _ in range(n)]
-            reward = self.rewards.reward(d.prompt.metadata.get("record_key", d.prompt.prompt_id), d.prompt.prompt_id,
-                                         d.index, versions[0])
-            samples.append(Sample(d.prompt.prompt_id, d.prompt.prompt_id, d.index, d.prompt.prompt_ids,
-                                  [TOKEN] * d.length, [-1.0] * d.length, versions,
-                                  "length" if d.length >= d.max_tokens else "stop", self.actor_id, d.prompt.metadata,
-                                  d.temperature, reward,
-                                  {"outcome": "correct" if reward else "wrong", "verifier": "twin",
-                                   "data_source": d.prompt.metadata.get("data_source", "twin")}))
+            versions = list(chain.from_iterable([v] * n for v, n in d.runs))
+            s = Sample(d.prompt.prompt_id, d.prompt.prompt_id, d.index, d.prompt.prompt_ids, [TOKEN] * d.length,
+                       [-1.0] * d.length, versions, "length" if d.length >= d.max_tokens else "stop", self.actor_id,
+                       d.prompt.metadata, d.temperature)
+            if self.scored:  # reward.placement actor: the actor's verifier, beside the engine
+                s.reward, s.reward_info = score(self.rewards, s)
+            samples.append(s)
             self.generated_samples += 1
             self.generated_tokens += d.length
         self.deliver(encode_samples(samples), len(samples), t)

@@ -1,7 +1,7 @@
 """The twin: a cluster's engines, learner and network as cost models on a virtual clock, and the
 real driver (orchestrator/driver.py) deciding everything, turned as orchestrator.py turns it.
 
-    SimActor/SimEngine ─frame (real codec)─► inbox ─► [driver turn: decode, ingest, rewards;
+    SimActor/SimEngine ─frame (real codec)─► inbox ─► [driver turn: decode, ingest, verifiers (TwinRewardPool);
         every BOOKKEEPING_S: admit, next batch (split and encoded per rank), finish a step]
     grants ─► actors        batch ─► simulated learner (LearnerCost) ─► push (PushCost; the
     engines drain or abort first, by sync mode) ─► the next version
@@ -38,6 +38,7 @@ from asyncrl.twin.actor import SimActor
 from asyncrl.twin.capacity import gen_tokens_per_s, train_tokens_per_s
 from asyncrl.twin.engine import SimEngine
 from asyncrl.twin.events import EventQueue
+from asyncrl.twin.rewards import TwinRewardPool
 from asyncrl.twin.scenario import Scenario
 
 MODES = ("sync", "drain", "inflight")
@@ -56,7 +57,8 @@ def driver_overrides(sc: Scenario, mode: str, mean_len: float, workdir: Path) ->
         raise ValueError(f"twin mode must be one of {', '.join(MODES)}, got {mode!r}")
     w, r = sc.workload, sc.run
     per_actor = r.max_in_flight_prompts or max(1, -(-2 * sc.engine.max_num_seqs // w.group_size))
-    out = [f"seed={sc.seed}", f"total_steps={r.steps}", "reward.placement=actor", "eval.every_steps=0",
+    out = [f"seed={sc.seed}", f"total_steps={r.steps}", f"reward.placement={r.reward_placement}",
+           f"reward.num_workers={r.reward_workers}", "eval.every_steps=0",
            f"rollout.num_actors={sc.split.engines}", f"rollout.group_size={w.group_size}",
            f"rollout.max_tokens={w.max_tokens}", f"rollout.max_in_flight_prompts={per_actor}",
            f"model.max_model_len={w.max_tokens + 512}", f"buffer.token_budget={r.token_budget}",
@@ -113,10 +115,13 @@ class Twin:
         self._tmp = Path(tempfile.mkdtemp(prefix="asyncrl-twin-"))
         save_tokenizer(self._tmp)  # the driver's prompts are the built-in task's; the twin sets lengths
         self.cfg = load_config(None, driver_overrides(sc, mode, self.mean_len, self._tmp))
-        self.driver = build_driver(self.cfg, str(self._tmp), MetricsWriter(self._tmp / "twin", tensorboard=False),
-                                   say=lambda *_: None)
-        self.bookkeeping_s, self.recv_wait_s = BOOKKEEPING_S, RECV_WAIT_S
         self.events = EventQueue()
+        # the driver's verifiers on this clock (reward.placement driver), or the actors' (actor):
+        # then the driver's pool only scores evaluations, and there are none
+        pool = TwinRewardPool(self.events, sc.run.reward_workers, sc.workload.verify_s, self.rewards, self._on_wake)
+        self.driver = build_driver(self.cfg, str(self._tmp), MetricsWriter(self._tmp / "twin", tensorboard=False),
+                                   say=lambda *_: None, rewards=pool)
+        self.bookkeeping_s, self.recv_wait_s = BOOKKEEPING_S, RECV_WAIT_S
         self.engine_cost, self.kv_tokens = sc.engine_cost(), sc.kv_tokens()
         self.learner_cost, self.push_cost = sc.learner_cost(), sc.push_cost()
         self.ranks = sc.learner.ranks or sc.split.train_gpus
@@ -124,7 +129,8 @@ class Twin:
         self.engines = [SimEngine(self.engine_cost, sc.engine.max_num_seqs, self.kv_tokens, self.events,
                                   on_finished=lambda *_: None, bin_s=self.bin_s) for _ in range(sc.split.engines)]
         self.actors = [SimActor(i, e, self.cfg.sync.mode, sc.workload.prompt_tokens, self.lengths, self.rewards,
-                                self._deliver) for i, e in enumerate(self.engines)]
+                                self._deliver, scored=sc.run.reward_placement == "actor")
+                       for i, e in enumerate(self.engines)]
         self.actor_ids = list(range(len(self.actors)))
         # the driver's thread
         self.inbox: list[bytes] = []

@@ -129,6 +129,9 @@ class Workload(_Section):
     group_size: int = Field(ge=1)
     lengths: LengthSpec
     pass_rate: PassRateSpec = PassRateSpec()
+    verify_s: float = Field(0.0026, ge=0)
+    """A verifier call's time a sample (default: the math verifier's 2.6 ms on this project's CPU,
+    tools/bench_rewards.py)."""
 
 
 class Run(_Section):
@@ -145,6 +148,10 @@ class Run(_Section):
     placement: all GPUs generate, then all train); false: on the asynchronous split."""
     steps: int = Field(12, ge=1)
     warmup_steps: int = Field(2, ge=0)
+    reward_placement: Literal["driver", "actor"] = "driver"
+    """Where samples are scored (reward.placement): the driver's pool of reward_workers, or each actor."""
+    reward_workers: int = Field(2, ge=1)
+    """reward.num_workers: the driver's verifier processes (asyncrl's default is 2)."""
     overrides: list[str] = []
     """Further asyncrl config overrides (section.field=value) for the real driver."""
     timeline_bin_s: float | None = Field(None, gt=0)

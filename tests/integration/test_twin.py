@@ -13,7 +13,8 @@ L, PROMPT, G = 100, 20, 4  # response and prompt tokens, group size
 
 def scenario(mode_overrides: dict, **run) -> Scenario:
     """Two engines whose every step takes 10 ms whatever they hold (64 requests at most), constant
-    responses of L tokens, every group kept (zero-variance groups are not dropped)."""
+    responses of L tokens, verifiers that take no time, every group kept (zero-variance groups are
+    not dropped)."""
     tree = {
         "name": "hand", "seed": 3,
         "model": {"params": 1.0, "kv_bytes_per_token": 1.0, "bytes_per_param": 1.0},
@@ -24,7 +25,7 @@ def scenario(mode_overrides: dict, **run) -> Scenario:
         "push": {"fixed_s": 0.2, "load_bytes_per_s": 1e30},
         "hardware": {"peak_flops": 1e30, "intra_node": {"alpha_s": 1e-12, "beta_bytes_per_s": 1e30}},
         "workload": {"prompt_tokens": PROMPT, "max_tokens": 2 * L, "group_size": G,
-                     "lengths": {"kind": "fixed", "mean": L}, "pass_rate": {"alpha": 1, "beta": 1}},
+                     "lengths": {"kind": "fixed", "mean": L}, "pass_rate": {"alpha": 1, "beta": 1}, "verify_s": 0.0},
         "run": {"token_budget": 3200, "max_staleness": 8, "steps": 14, "warmup_steps": 4, "sync_prompts": 8,
                 "overrides": ["algo.drop_zero_variance_groups=false"], **run},
     }
