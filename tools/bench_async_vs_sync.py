@@ -1,7 +1,7 @@
 """Asynchronous mode vs the synchronous step verl and TRL users run, on the same config:
-trained tokens and samples per second, measured in one run.
+trained tokens, samples and reward gained per second, in alternating rounds.
 
-    python tools/bench_async_vs_sync.py --steps 100 [--sync-prompts 8] [section.field=value ...]
+    python tools/bench_async_vs_sync.py --steps 100 [--rounds 3] [--sync-prompts 8] [section.field=value ...]
 
 - sync (the baseline): generate a rollout batch of `--sync-prompts` prompts with the current
   weights, train one optimizer step on every token of it, push, repeat
@@ -11,19 +11,24 @@ trained tokens and samples per second, measured in one run.
   tokens (`buffer.token_budget`), tokens up to `max_staleness=1` versions old, in-flight pushes.
 
 With the default 8 prompts x group_size 8 a synchronous step trains 64 samples, about what a
-Phi = 512 step holds on the tiny task. Each mode starts its own Ray cluster and engines;
-start-up is excluded (rates over the steps after the first `--warmup`). Prints a table, the
-share of generated tokens each mode dropped as stale, and the ratio async / sync of trained
-tokens per second.
+Phi = 512 step holds on the tiny task. Every round runs sync then async, each with its own Ray
+cluster and engines (start-up excluded: rates over the steps after `--warmup`), and records the
+cores other processes used meanwhile (tools/rounds.py). Prints every round, the median ratios
+async / sync, and refuses to report them if the machine's other load differed between the sides.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
 import time
 
 from loop_bench import run_loop
+from rounds import alternate, median_ratio, verdict
+
+KEYS = ("steps_per_s", "trained_tokens_per_s", "samples_per_s", "gain_per_s", "stale_dropped_frac", "other_cores")
 
 
 def sync_overrides(prompts: int) -> list[str]:
@@ -41,20 +46,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sync-prompts", type=int, default=8, help="prompts per synchronous step")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     t0 = time.monotonic()
-    sync = run_mode("sync", args.steps, args.warmup, [*args.overrides, *sync_overrides(args.sync_prompts)])
-    async_ = run_mode("async", args.steps, args.warmup, [*args.overrides, "buffer.max_staleness=1"])
-    print(f"{'mode':<8}{'steps/s':>9}{'trained tok/s':>15}{'wait/step s':>13}{'stale dropped':>15}"
-          f"{'reward(last10)':>16}")
-    for name, r in (("sync", sync), ("async", async_)):
-        print(f"{name:<8}{r['steps_per_s']:>9.2f}{r['trained_tokens_per_s']:>15,.0f}"
-              f"{r['wait_for_data_s_per_step']:>13.3f}{r['stale_dropped_frac']:>15.1%}{r['reward_last_10']:>16.3f}")
-    ratio = async_["trained_tokens_per_s"] / sync["trained_tokens_per_s"]
-    print(f"async / sync trained tokens per second: {ratio:.2f}x   (bench took {time.monotonic() - t0:.0f}s)")
-    print(json.dumps({"sync": sync, "async": async_, "ratio": ratio}))
+    results = alternate({
+        "sync": lambda: run_mode("sync", args.steps, args.warmup, [*args.overrides, *sync_overrides(args.sync_prompts)]),
+        "async": lambda: run_mode("async", args.steps, args.warmup, [*args.overrides, "buffer.max_staleness=1"]),
+    }, args.rounds)
+    print(f"{'mode':<8}" + "".join(f"{k:>22}" for k in KEYS) + "   (medians)")
+    for name, rs in results.items():
+        print(f"{name:<8}" + "".join(f"{statistics.median(r[k] for r in rs):>22.4g}" for k in KEYS))
+    ratios = {k: median_ratio(results, k, "async", "sync") for k in ("trained_tokens_per_s", "samples_per_s", "gain_per_s")}
+    refused = verdict(results)
+    out = {"rounds": results, "ratios": ratios, "refused": refused, "bench_s": time.monotonic() - t0}
+    if refused:
+        print(f"not reported: {refused}")
+        print(json.dumps(out))
+        sys.exit(3)
+    print("async / sync (median of the rounds' ratios): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """asyncrl vs TRL's GRPOTrainer on the built-in task: samples/s and reward gained per second.
 
     pip install -e ".[cpu,bench]"          # TRL is a benchmark dependency, not a core one
-    python tools/bench_vs_trl.py --steps 100 [asyncrl overrides ...]
+    python tools/bench_vs_trl.py --steps 100 [--rounds 3] [asyncrl overrides ...]
 
 Both train the default tiny model from the same start on the same training prompts, scored by
 the same verifier (asyncrl's reward router, called in TRL's process), with the same group size
@@ -16,24 +16,28 @@ samples/s counts the samples generated and scored; loss tokens/s the response to
 a loss (TRL: every completion token; asyncrl: Phi a step, after dropping zero-variance groups and
 stale tokens); reward gain per second is the mean reward of the last fifth of steps minus the
 first fifth, over the wall time of the run's steps.
-Prints both and the ratios asyncrl / TRL.
+
+The sides alternate (TRL, asyncrl, TRL, ...) for `--rounds` rounds, each recording the cores
+other processes used meanwhile (tools/rounds.py): a torch process with two threads slows
+several-fold beside other work on two cores. Prints every round, the medians and the median of
+the rounds' ratios asyncrl / TRL; refuses to report them when the sides saw different load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
 import tempfile
 import time
 
+from loop_bench import reward_gain as gain
 from loop_bench import run_loop
+from rounds import alternate, median_ratio, verdict
 
 GROUP, PROMPTS, MAX_TOKENS, LR = 8, 8, 16, 3e-4
-
-
-def gain(rewards: list[float]) -> float:
-    fifth = max(1, len(rewards) // 5)
-    return sum(rewards[-fifth:]) / fifth - sum(rewards[:fifth]) / fifth
+KEYS = ("samples_per_s", "loss_tokens_per_s", "reward_gain", "gain_per_s", "wall_s", "other_cores")
 
 
 def run_trl(steps: int, warmup: int) -> dict:
@@ -116,18 +120,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("overrides", nargs="*", help="asyncrl config overrides")
     args = p.parse_args()
-    trl = run_trl(args.steps, args.warmup)
-    ours = run_asyncrl(args.steps, args.warmup, args.overrides)
-    print(f"{'':<9}{'samples/s':>11}{'loss tok/s':>12}{'reward gain':>13}{'gain/s':>10}{'steps':>7}{'wall s':>8}")
-    for name, r in (("TRL", trl), ("asyncrl", ours)):
-        print(f"{name:<9}{r['samples_per_s']:>11.0f}{r['loss_tokens_per_s']:>12,.0f}{r['reward_gain']:>+13.3f}{r['gain_per_s']:>10.4f}"
-              f"{r['steps']:>7}{r['wall_s']:>8.0f}")
-    ratio = ours["samples_per_s"] / trl["samples_per_s"]
-    print(f"asyncrl / TRL samples/s: {ratio:.2f}x; reward gain per second: "
-          f"{ours['gain_per_s']:.4f} vs {trl['gain_per_s']:.4f}")
-    print(json.dumps({"trl": trl, "asyncrl": ours, "ratio": ratio}))
+    t0 = time.monotonic()
+    results = alternate({"trl": lambda: run_trl(args.steps, args.warmup),
+                         "asyncrl": lambda: run_asyncrl(args.steps, args.warmup, args.overrides)}, args.rounds)
+    print(f"{'':<9}" + "".join(f"{k:>19}" for k in KEYS) + "   (medians)")
+    for name, rs in results.items():
+        print(f"{name:<9}" + "".join(f"{statistics.median(r[k] for r in rs):>19.4g}" for k in KEYS))
+    ratios = {k: median_ratio(results, k, "asyncrl", "trl") for k in ("samples_per_s", "loss_tokens_per_s", "gain_per_s")}
+    refused = verdict(results)
+    out = {"rounds": results, "ratios": ratios, "refused": refused, "bench_s": time.monotonic() - t0}
+    if refused:
+        print(f"not reported: {refused}")
+        print(json.dumps(out))
+        sys.exit(3)
+    print("asyncrl / TRL (median of the rounds' ratios): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

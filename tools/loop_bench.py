@@ -8,6 +8,12 @@ import time
 from typing import Any
 
 
+def reward_gain(rewards: list[float]) -> float:
+    """Mean reward of the last fifth of the steps minus the first fifth's."""
+    fifth = max(1, len(rewards) // 5)
+    return sum(rewards[-fifth:]) / fifth - sum(rewards[:fifth]) / fifth
+
+
 def run_loop(name: str, steps: int, warmup: int, overrides: list[str]) -> dict[str, Any]:
     """Run `steps` steps; rates over the steps after the first `warmup`. Returns the rates, the
     median step wall time, and the orchestrator (its history and reward pool stats)."""
@@ -34,11 +40,15 @@ def run_loop(name: str, steps: int, warmup: int, overrides: list[str]) -> dict[s
     walls = sorted(h["timing/step_wall_s"] for h in timed)
     wall = sum(walls)
     rewards = [h["reward/mean"] for h in orch.history if h.get("reward/mean") is not None]
+    all_wall = sum(h["timing/step_wall_s"] for h in orch.history)
     return {
         "name": name,
         "steps_per_s": len(timed) / wall,
         "median_step_s": walls[len(walls) // 2],
+        "samples_per_s": sum(h["reward/num_samples"] for h in timed) / wall,
         "trained_tokens_per_s": sum(h["learner/loss_tokens"] for h in timed) / wall,
+        "reward_gain": reward_gain(rewards),
+        "gain_per_s": reward_gain(rewards) / all_wall,
         "wait_for_data_s_per_step": sum(h["timing/wait_for_data_s"] for h in timed) / len(timed),
         "stale_dropped_frac": (orch.history[-1]["buffer/tokens_dropped_stale_total"]
                                / max(orch.history[-1]["buffer/tokens_in_total"], 1)),

@@ -37,7 +37,7 @@ class LoadMeter:
                 cpu = t.user + t.system
             except psutil.Error:
                 continue
-            self._first.setdefault(p.pid, cpu if self._started else 0.0)
+            self._first.setdefault(p.pid, 0.0 if self._started else cpu)  # born during the side: from 0
             self._last[p.pid] = cpu
         return sum(self._last[pid] - self._first[pid] for pid in self._last)
 
