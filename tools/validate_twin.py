@@ -142,7 +142,8 @@ def calibrated_scenario(engine: dict, calib: dict, steps: int, warmup: int) -> d
                      "group_size": engine["group_size"],
                      "lengths": {"kind": "empirical", "values": sorted(lengths_of_run(calib["samples"]))},
                      "pass_rate": {"alpha": alpha, "beta": beta, "drift_per_version": logit_drift(rewards)},
-                     "verify_s": statistics.median(h["reward/latency_mean_s"] for h in hist)},
+                     "verify_s": statistics.median(h["reward/latency_mean_s"] for h in hist
+                                                   if h.get("reward/latency_mean_s") is not None)},
         "run": {"token_budget": 512, "max_staleness": 1, "sync_mode": "inflight", "steps": steps,
                 "warmup_steps": warmup, "reward_workers": calib["reward_workers"]},
     }
