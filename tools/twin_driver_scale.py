@@ -1,11 +1,14 @@
 """How large a cluster one driver serves: the AReaL-like scenario at growing GPU counts in the
 twin, the real driver's CPU time charged, and where that time goes.
 
-    python tools/twin_driver_scale.py [--gpus 64 256 1024] [--steps 6] [--profile]
+    python tools/twin_driver_scale.py [--gpus 64 256] [--placement actor] [--eta 2] [--steps 6] [--profile]
 
 Each size splits its GPUs 3:1 between generation and training (the planner's ratio for this
-workload) and grows Phi with the cluster, 16M loss tokens a step at 64 GPUs (steps of about the
-same length). `driver_core_frac` is the driver's real CPU seconds per simulated second: past 1
+workload) and grows Phi with it, 16M loss tokens a step at 64 GPUs: with Phi fixed, the staleness
+bound caps the requests in flight at (eta + 1) steps' worth and added engines would run nearly
+empty. Samples are scored by the driver's pool of 8 workers or by the actors (--placement).
+The twin holds every finished, untrained token as Python lists (about 24 bytes a token), so a
+cluster's Phi must fit this machine's memory a few times over. `driver_core_frac` is the driver's real CPU seconds per simulated second: past 1
 the driver cannot keep up and the cluster waits for it (fraction_of_ideal falls). --profile
 prints the driver's ten costliest functions at each size (cProfile, their own time).
 """
@@ -28,6 +31,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--placement", choices=["driver", "actor"], default="driver", help="reward.placement")
+    p.add_argument("--eta", type=int, default=2, help="buffer.max_staleness")
     args = p.parse_args()
     from asyncrl.twin.cluster import Twin
     from asyncrl.twin.scenario import load_scenario
@@ -38,7 +43,9 @@ def main() -> None:
         phi = 16_000_000 * gpus // 64
         sc = load_scenario(SCENARIO, [f"split.gen_gpus={gen}", f"split.train_gpus={gpus - gen}",
                                       f"run.token_budget={phi}", f"run.steps={args.steps}",
-                                      f"run.warmup_steps={args.warmup}", f"name=areal_1p5b_{gpus}gpu"])
+                                      f"run.warmup_steps={args.warmup}", "run.reward_workers=8",
+                                      f"run.reward_placement={args.placement}", f"run.max_staleness={args.eta}",
+                                      f"name=areal_1p5b_{gpus}gpu"])
         t0 = time.monotonic()
         twin = Twin(sc, "inflight")
         prof = cProfile.Profile() if args.profile else None
@@ -48,7 +55,8 @@ def main() -> None:
         if prof:
             prof.disable()
         wall = time.monotonic() - t0
-        row = {"gpus": gpus, "gen_gpus": gen, "token_budget": phi, "driver_core_frac": r["driver_core_frac"],
+        row = {"gpus": gpus, "gen_gpus": gen, "token_budget": phi, "placement": args.placement, "eta": args.eta,
+               "driver_core_frac": r["driver_core_frac"],
                "trained_tokens_per_s": r["trained_tokens_per_s"], "fraction_of_ideal": r["fraction_of_ideal"],
                "samples_per_sim_s": r["samples"] / r["sim_s"], "gen_util": r["gen_util"], "train_util": r["train_util"],
                "wall_s": wall}

@@ -124,8 +124,8 @@ class TokenBuffer:
         for i, p in enumerate(self._queue):
             if i > 0 and p.sample.versions[0] >= oldest_ok:
                 break
-            if p.entered_at is not None:
-                continue
+            if p.entered_at is not None or p.remaining == 0 or p.sample.versions[p.offset] >= oldest_ok:
+                continue  # nothing stale left in it (the common case: checked without a call)
             stale = stale_prefix(p.sample.versions, p.offset, oldest_ok)
             if stale:
                 p.offset += stale
