@@ -1,10 +1,11 @@
 """How large a cluster one driver serves: the AReaL-like scenario at growing GPU counts in the
 twin, the real driver's CPU time charged, and where that time goes.
 
-    python tools/twin_driver_scale.py [--gpus 64 256] [--placement actor] [--eta 2] [--steps 6] [--profile]
+    python tools/twin_driver_scale.py [--gpus 64 256] [--placement actor] [--eta 4] [--steps 6] [--profile]
 
 Each size splits its GPUs 3:1 between generation and training (the planner's ratio for this
-workload) and grows Phi with it, 16M loss tokens a step at 64 GPUs: with Phi fixed, the staleness
+workload) and grows Phi with it, 0.5M loss tokens a step a GPU as in the one-node scenario: with
+Phi fixed, the staleness
 bound caps the requests in flight at (eta + 1) steps' worth and added engines would run nearly
 empty. Samples are scored by the driver's pool of 8 workers or by the actors (--placement).
 The twin holds every finished, untrained token as Python lists (about 24 bytes a token), so a
@@ -32,7 +33,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--placement", choices=["driver", "actor"], default="driver", help="reward.placement")
-    p.add_argument("--eta", type=int, default=2, help="buffer.max_staleness")
+    p.add_argument("--eta", type=int, default=4, help="buffer.max_staleness")
+    p.add_argument("--phi-per-gpu", type=int, default=500_000, help="Phi = this x the GPUs (the 1-node scenario's)")
     args = p.parse_args()
     from asyncrl.twin.cluster import Twin
     from asyncrl.twin.scenario import load_scenario
@@ -40,7 +42,7 @@ def main() -> None:
     rows = []
     for gpus in args.gpus:
         gen = gpus * 3 // 4
-        phi = 16_000_000 * gpus // 64
+        phi = args.phi_per_gpu * gpus
         sc = load_scenario(SCENARIO, [f"split.gen_gpus={gen}", f"split.train_gpus={gpus - gen}",
                                       f"run.token_budget={phi}", f"run.steps={args.steps}",
                                       f"run.warmup_steps={args.warmup}", "run.reward_workers=8",
