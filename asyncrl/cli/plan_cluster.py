@@ -18,11 +18,7 @@ import json
 SUMMARY = "the best generation/training split and eta for a GPU count, from the digital twin"
 
 
-def main(argv: list[str]) -> int:
-    from asyncrl.config.load import ConfigError
-    from asyncrl.twin.plan import plan, run_overrides
-    from asyncrl.twin.scenario import load_scenario
-
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="asyncrl plan-cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="a twin scenario file (configs/twin/*.yaml): model, hardware, workload")
@@ -31,7 +27,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--etas", type=int, nargs="+", default=[1, 2, 4, 8], help="staleness bounds to try")
     p.add_argument("--splits", type=int, default=3, help="splits run in the twin (the best by closed form)")
     p.add_argument("--max-staleness-mean", type=float, default=None, help="only plans whose mean staleness is within this")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    from asyncrl.config.load import ConfigError
+    from asyncrl.twin.plan import plan, run_overrides
+    from asyncrl.twin.scenario import load_scenario
+
+    args = parse_args(argv)
     try:
         sc = load_scenario(args.scenario, args.overrides)
     except ConfigError as e:

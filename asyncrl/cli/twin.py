@@ -3,7 +3,7 @@ driver deciding: the synchronous baseline, drain and in-flight asynchronous mode
 utilisation figure and, last, one line of JSON (asyncrl/twin/).
 
     asyncrl twin configs/twin/areal_math_1p5b_1node.yaml
-    asyncrl twin configs/twin/short_response_1p5b.yaml --modes sync inflight split.gen_gpus=5 split.train_gpus=3
+    asyncrl twin configs/twin/short_response_1p5b.yaml split.gen_gpus=5 split.train_gpus=3 --modes sync inflight
     asyncrl twin SCENARIO --no-charge         the driver's CPU time not charged: a pure function of the scenario
 
 The JSON holds trained_tokens_per_s, sync_trained_tokens_per_s, async_over_sync,
@@ -20,11 +20,8 @@ from pathlib import Path
 SUMMARY = "a GPU cluster's sync, drain and in-flight modes in the digital twin (real driver)"
 
 
-def main(argv: list[str]) -> int:
-    from asyncrl.config.load import ConfigError
-    from asyncrl.twin.bench import figure, run_modes, summary, table
+def parse_args(argv: list[str]) -> argparse.Namespace:
     from asyncrl.twin.cluster import MODES
-    from asyncrl.twin.scenario import load_scenario
 
     p = argparse.ArgumentParser(prog="asyncrl twin", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,7 +30,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--out", default=None, help="directory of the figure and results.json (default: runs/twin/<name>)")
     p.add_argument("--no-charge", action="store_true", help="do not charge the driver's CPU time to the clock")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    from asyncrl.config.load import ConfigError
+    from asyncrl.twin.bench import figure, run_modes, summary, table
+    from asyncrl.twin.scenario import load_scenario
+
+    args = parse_args(argv)
     try:
         sc = load_scenario(args.scenario, args.overrides)
     except ConfigError as e:

@@ -78,6 +78,6 @@ def run_overrides(sc: Scenario, t: Trial) -> list[str]:
     tp = sc.split.tp
     return [f"rollout.num_actors={t.gen_gpus // tp}", f"rollout.num_gpus_per_actor={tp}",
             f"rollout.tensor_parallel_size={tp}", f"learner.num_ranks={t.train_gpus}", "learner.num_gpus=1",
-            "sync.type=nccl", f"sync.mode=inflight", f"buffer.max_staleness={t.eta}",
+            "sync.type=nccl", "sync.mode=inflight", f"buffer.max_staleness={t.eta}",
             f"buffer.token_budget={sc.run.token_budget}", f"rollout.group_size={sc.workload.group_size}",
             f"rollout.max_tokens={sc.workload.max_tokens}"]

@@ -85,3 +85,24 @@ def test_default_admission_keeps_the_length_bias_within_two_percent():
     r = Twin(sc, "inflight", charge_driver=False).run()
     assert r["stale_dropped_frac"] > 0  # the bound bites: some work goes stale
     assert abs(r["length_bias"]) < 0.02
+
+
+def test_asyncrl_twin_prints_the_summary_json_and_draws_the_figure(tmp_path, capsys):
+    import yaml
+
+    from asyncrl.cli.twin import main
+
+    path = tmp_path / "hand.yaml"
+    path.write_text(yaml.safe_dump(scenario({}, steps=8, warmup_steps=2).model_dump(exclude_none=True)))
+    assert main([str(path), "learner.fixed_s=1.0", "--modes", "sync", "inflight", "--no-charge",
+                 "--out", str(tmp_path / "out")]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("trained_tokens_per_s", "sync_trained_tokens_per_s", "async_over_sync", "ideal_tokens_per_s",
+                "fraction_of_ideal", "gen_util", "train_util", "staleness_mean", "staleness_max", "length_bias",
+                "driver_core_frac"):
+        assert isinstance(last[key], float), key
+    assert last["async_over_sync"] == pytest.approx(last["trained_tokens_per_s"] / last["sync_trained_tokens_per_s"])
+    assert (tmp_path / "out" / "utilisation.png").stat().st_size > 10_000
+    # a field the scenario does not have: one line naming it, exit 2
+    assert main([str(path), "run.max_stalenes=2"]) == 2
+    assert "run.max_stalenes" in capsys.readouterr().out
