@@ -20,13 +20,10 @@ async / sync, and refuses to report them if the machine's other load differed be
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
 import time
 
 from loop_bench import run_loop
-from rounds import alternate, median_ratio, verdict
+from rounds import alternate, report
 
 KEYS = ("steps_per_s", "trained_tokens_per_s", "samples_per_s", "gain_per_s", "stale_dropped_frac", "other_cores")
 
@@ -55,18 +52,7 @@ def main() -> None:
         "sync": lambda: run_mode("sync", args.steps, args.warmup, [*args.overrides, *sync_overrides(args.sync_prompts)]),
         "async": lambda: run_mode("async", args.steps, args.warmup, [*args.overrides, "buffer.max_staleness=1"]),
     }, args.rounds)
-    print(f"{'mode':<8}" + "".join(f"{k:>22}" for k in KEYS) + "   (medians)")
-    for name, rs in results.items():
-        print(f"{name:<8}" + "".join(f"{statistics.median(r[k] for r in rs):>22.4g}" for k in KEYS))
-    ratios = {k: median_ratio(results, k, "async", "sync") for k in ("trained_tokens_per_s", "samples_per_s", "gain_per_s")}
-    refused = verdict(results)
-    out = {"rounds": results, "ratios": ratios, "refused": refused, "bench_s": time.monotonic() - t0}
-    if refused:
-        print(f"not reported: {refused}")
-        print(json.dumps(out))
-        sys.exit(3)
-    print("async / sync (median of the rounds' ratios): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
-    print(json.dumps(out))
+    report(results, KEYS, ("trained_tokens_per_s", "samples_per_s", "gain_per_s"), "async", "sync", t0)
 
 
 if __name__ == "__main__":

@@ -26,15 +26,12 @@ the rounds' ratios asyncrl / TRL; refuses to report them when the sides saw diff
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
 import tempfile
 import time
 
 from loop_bench import reward_gain as gain
 from loop_bench import run_loop
-from rounds import alternate, median_ratio, verdict
+from rounds import alternate, report
 
 GROUP, PROMPTS, MAX_TOKENS, LR = 8, 8, 16, 3e-4
 KEYS = ("samples_per_s", "loss_tokens_per_s", "reward_gain", "gain_per_s", "wall_s", "other_cores")
@@ -126,18 +123,7 @@ def main() -> None:
     t0 = time.monotonic()
     results = alternate({"trl": lambda: run_trl(args.steps, args.warmup),
                          "asyncrl": lambda: run_asyncrl(args.steps, args.warmup, args.overrides)}, args.rounds)
-    print(f"{'':<9}" + "".join(f"{k:>19}" for k in KEYS) + "   (medians)")
-    for name, rs in results.items():
-        print(f"{name:<9}" + "".join(f"{statistics.median(r[k] for r in rs):>19.4g}" for k in KEYS))
-    ratios = {k: median_ratio(results, k, "asyncrl", "trl") for k in ("samples_per_s", "loss_tokens_per_s", "gain_per_s")}
-    refused = verdict(results)
-    out = {"rounds": results, "ratios": ratios, "refused": refused, "bench_s": time.monotonic() - t0}
-    if refused:
-        print(f"not reported: {refused}")
-        print(json.dumps(out))
-        sys.exit(3)
-    print("asyncrl / TRL (median of the rounds' ratios): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
-    print(json.dumps(out))
+    report(results, KEYS, ("samples_per_s", "loss_tokens_per_s", "gain_per_s"), "asyncrl", "trl", t0)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ saw different load (by more than `max_gap` cores, medians) or a busy machine (`m
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -96,3 +98,21 @@ def verdict(results: dict[str, list[dict]], max_gap: float = 0.3, max_other: flo
 def median_ratio(results: dict[str, list[dict]], key: str, num: str, den: str) -> float:
     """Median over rounds of num's `key` / den's `key` (each round's own pair)."""
     return statistics.median(a[key] / b[key] for a, b in zip(results[num], results[den]))
+
+
+def report(results: dict[str, list[dict]], keys: tuple[str, ...], ratio_keys: tuple[str, ...], num: str, den: str,
+           started: float) -> None:
+    """The medians of every side, the median ratios num / den, and the JSON last line; exits 3
+    without the ratios when `verdict` refuses the comparison."""
+    print(f"{'':<9}" + "".join(f"{k:>22}" for k in keys) + "   (medians)")
+    for name, rs in results.items():
+        print(f"{name:<9}" + "".join(f"{statistics.median(r[k] for r in rs):>22.4g}" for k in keys))
+    ratios = {k: median_ratio(results, k, num, den) for k in ratio_keys}
+    refused = verdict(results)
+    out = {"rounds": results, "ratios": ratios, "refused": refused, "bench_s": time.monotonic() - started}
+    if refused:
+        print(f"not reported: {refused}")
+        print(json.dumps(out))
+        sys.exit(3)
+    print(f"{num} / {den} (median of the rounds' ratios): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    print(json.dumps(out))

@@ -5,7 +5,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from rounds import LoadMeter, alternate, median_ratio, verdict  # noqa: E402
