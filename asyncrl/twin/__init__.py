@@ -8,6 +8,10 @@ own load at a cluster's scale (tools/bench_twin.py, tools/plan_cluster.py, docs/
     workload.py  response lengths and rewards, deterministic per sample
     engine.py    continuous batching in closed form between events
     actor.py     a rollout actor's requests, gate, drain and in-flight updates
-    capacity.py  the ideal rates of a split
+    rewards.py   the driver's verifier pool on the virtual clock
+    capacity.py  the ideal rates of a split, the share of groups dynamic sampling keeps
     cluster.py   the event loop around the real driver; its results
+    bench.py     a scenario's modes side by side: table, figure, summary JSON (asyncrl twin)
+    plan.py      the best split and staleness bound for a GPU count (asyncrl plan-cluster)
+    calibrate.py fitting a scenario to a measured machine (tools/validate_twin.py)
 """
