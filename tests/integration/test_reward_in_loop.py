@@ -67,7 +67,8 @@ def test_hanging_verifier_costs_rewards_not_steps(runs):
     # A stall guard, not the speed figure (tools/bench_reward_faults.py measures that: 1.04 over
     # three alternating rounds). The bugs it catches (samples piling up unscored, a worker
     # re-importing the script on every replacement, a hung group holding the actor idle until its
-    # timeout) made steps 3 to 100x slower; one short run varies by +-30% on 2 shared cores, and
+    # timeout) made steps 2 to 100x slower; one short run varies by +-30% on 2 shared cores, and
     # on 2026-11-27 the same machine gave 0.32-0.34 both at this commit and at the one before it
-    # (c985ef8, whose CI had passed at 0.35): the guard sits at 4x.
+    # (c985ef8, whose CI had passed at 0.35). The guard sits at 4x: it catches the stalls, not a
+    # 2x slowdown (neither did 0.35), which bench_reward_faults.py would show.
     assert ratio > 0.25, (steady_step_s(plain), steady_step_s(hang))
