@@ -19,10 +19,9 @@ SUMMARY = "the best generation/training split and eta for a GPU count, from the 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="asyncrl plan-cluster", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", help="a twin scenario file (configs/twin/*.yaml): model, hardware, workload")
-    p.add_argument("overrides", nargs="*", help="section.field=value, e.g. model.params=7e9 workload.lengths.mean=4000")
+    from asyncrl.cli.twin import scenario_parser
+
+    p = scenario_parser("asyncrl plan-cluster", __doc__, "model.params=7e9 workload.lengths.mean=4000")
     p.add_argument("--gpus", type=int, default=None, help="GPUs to split (default: the scenario's)")
     p.add_argument("--etas", type=int, nargs="+", default=[1, 2, 4, 8], help="staleness bounds to try")
     p.add_argument("--splits", type=int, default=3, help="splits run in the twin (the best by closed form)")
@@ -31,15 +30,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from asyncrl.config.load import ConfigError
+    from asyncrl.cli.twin import load_or_say
     from asyncrl.twin.plan import plan, run_overrides
-    from asyncrl.twin.scenario import load_scenario
 
     args = parse_args(argv)
-    try:
-        sc = load_scenario(args.scenario, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}")
+    if (sc := load_or_say(args)) is None:
         return 2
     gpus = args.gpus or sc.split.gen_gpus + sc.split.train_gpus
     if gpus < sc.split.tp + 1:

@@ -16,17 +16,35 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 SUMMARY = "a GPU cluster's sync, drain and in-flight modes in the digital twin (real driver)"
+
+
+def scenario_parser(prog: str, doc: str | None, example: str) -> argparse.ArgumentParser:
+    """A command's parser whose first arguments are a twin scenario and its overrides."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", help="a twin scenario file (configs/twin/*.yaml)")
+    p.add_argument("overrides", nargs="*", help=f"section.field=value, e.g. {example}")
+    return p
+
+
+def load_or_say(args: argparse.Namespace) -> Any:
+    """The scenario the arguments name, or None after printing what is wrong with it."""
+    from asyncrl.config.load import ConfigError
+    from asyncrl.twin.scenario import load_scenario
+
+    try:
+        return load_scenario(args.scenario, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}")
+        return None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from asyncrl.twin.cluster import MODES
 
-    p = argparse.ArgumentParser(prog="asyncrl twin", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", help="a twin scenario file (configs/twin/*.yaml)")
-    p.add_argument("overrides", nargs="*", help="section.field=value, e.g. split.gen_gpus=5 run.max_staleness=2")
+    p = scenario_parser("asyncrl twin", __doc__, "split.gen_gpus=5 run.max_staleness=2")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--out", default=None, help="directory of the figure and results.json (default: runs/twin/<name>)")
     p.add_argument("--no-charge", action="store_true", help="do not charge the driver's CPU time to the clock")
@@ -34,15 +52,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from asyncrl.config.load import ConfigError
     from asyncrl.twin.bench import figure, run_modes, summary, table
-    from asyncrl.twin.scenario import load_scenario
 
     args = parse_args(argv)
-    try:
-        sc = load_scenario(args.scenario, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}")
+    if (sc := load_or_say(args)) is None:
         return 2
     results = run_modes(sc, args.modes, charge_driver=not args.no_charge)
     out = Path(args.out or Path("runs") / "twin" / sc.name)
