@@ -3,15 +3,37 @@
 prompt source ──PromptItem──► rollout actor ──Sample──► reward ──ScoredSample──► group assembler
 ──Group──► token buffer ──Batch (of SequenceChunk)──► learner
 
-They are dataclasses of python scalars and lists (no tensors, no Ray handles) so every edge can
-encode them as msgpack, and every pure component can be tested with hand-built values.
+They are dataclasses of python scalars and sequences (no tensors, no Ray handles) so every edge
+can encode them as msgpack, and every pure component can be tested with hand-built values.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
+
+IntSeq = Sequence[int]
+"""Token ids or versions: a list where a record is built, an `array("i")` where it was decoded
+from a frame (transport/codec.py). The driver holds every buffered token: 4 bytes a token in an
+array against 36 in a list of ints, and a frame decodes without a Python object per token."""
+FloatSeq = Sequence[float]
+"""Logprobs: a list, or an `array("f")` decoded from a frame (float32, as the engine computes them)."""
+R = TypeVar("R")
+
+
+def as_list(seq: Sequence) -> list:
+    """A token column as a list (the same one if it is one)."""
+    return seq if isinstance(seq, list) else seq.tolist() if isinstance(seq, array) else list(seq)
+
+
+def with_lists(record: R) -> R:
+    """A copy of a record whose token columns are lists: what msgpack and json take (a checkpoint
+    of the buffer), what a tokenizer decodes, what a test compares with its hand-built values."""
+    arrays = {f.name: v.tolist() for f in fields(record) if isinstance(v := getattr(record, f.name), array)}
+    return replace(record, **arrays) if arrays else record
 
 FINISH_REASONS = ("stop", "length", "abort")
 BATCH_ROLES = ("own", "open", "continue")
@@ -34,11 +56,11 @@ class Sample:
     prompt_id: str
     group_id: str
     sample_index: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
+    prompt_ids: IntSeq
+    response_ids: IntSeq
+    logprobs: FloatSeq
     """Behaviour-policy logprob of every response token (as sampled, after temperature)."""
-    versions: list[int]
+    versions: IntSeq
     """Policy version that produced every response token (may change mid-sequence)."""
     finish_reason: str
     actor_id: int
@@ -98,13 +120,13 @@ class SequenceChunk:
 
     group_id: str
     sample_index: int
-    prompt_ids: list[int]
-    response_ids: list[int]
+    prompt_ids: IntSeq
+    response_ids: IntSeq
     """Response tokens up to loss_end (later tokens are not needed by a causal model)."""
     loss_start: int
-    old_logprobs: list[float]
+    old_logprobs: FloatSeq
     """Behaviour logprobs of the loss tokens, len == loss_end - loss_start."""
-    versions: list[int]
+    versions: IntSeq
     """Versions of the loss tokens."""
     advantage: float
     temperature: float = 1.0

@@ -8,10 +8,11 @@ workload) and grows Phi with it, 0.5M loss tokens a step a GPU as in the one-nod
 Phi fixed, the staleness
 bound caps the requests in flight at (eta + 1) steps' worth and added engines would run nearly
 empty. Samples are scored by the driver's pool of 8 workers or by the actors (--placement).
-The twin holds every finished, untrained token as Python lists (about 24 bytes a token), so a
-cluster's Phi must fit this machine's memory a few times over. `driver_core_frac` is the driver's real CPU seconds per simulated second: past 1
-the driver cannot keep up and the cluster waits for it (fraction_of_ideal falls). --profile
-prints the driver's ten costliest functions at each size (cProfile, their own time).
+The driver holds every finished, untrained token as decoded from its frame (12 bytes a token:
+id, version, logprob), so a cluster's Phi must fit this machine's memory a few times over.
+`driver_core_frac` is the driver's real CPU seconds per simulated second: past 1 the driver
+cannot keep up and the cluster waits for it (fraction_of_ideal falls). --profile prints the
+costliest functions at each size (cProfile, their own time; the twin's own work included).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from asyncrl.algo.batch_ess import Moments
-from asyncrl.types import Group, Sample, ScoredSample, SequenceChunk
+from asyncrl.types import Group, Sample, ScoredSample, SequenceChunk, with_lists
 
 
 @dataclass
@@ -100,7 +100,7 @@ class ResponseCursor:
         return chunk
 
     def to_state(self) -> dict[str, Any]:
-        return {"sample": asdict(self.sample), "advantage": self.advantage, "offset": self.offset,
+        return {"sample": asdict(with_lists(self.sample)), "advantage": self.advantage, "offset": self.offset,
                 "entered_at": self.entered_at}
 
     @classmethod
@@ -114,7 +114,7 @@ def sample_from_state(d: dict[str, Any]) -> Sample:
 
 def group_to_state(g: Group) -> dict[str, Any]:
     return {"group_id": g.group_id, "advantages": list(g.advantages),
-            "samples": [{"sample": asdict(m.sample), "reward": m.reward, "info": m.reward_info} for m in g.samples]}
+            "samples": [{"sample": asdict(with_lists(m.sample)), "reward": m.reward, "info": m.reward_info} for m in g.samples]}
 
 
 def group_from_state(d: dict[str, Any]) -> Group:

@@ -29,7 +29,7 @@ from asyncrl.data.stages import ResolvedStage, resolve_stages
 from asyncrl.observe.metrics import EventLog, Say
 from asyncrl.reward.registry import route
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.types import ActorCallFailed, PromptItem
+from asyncrl.types import ActorCallFailed, PromptItem, as_list
 
 if TYPE_CHECKING:  # the pool runs Ray; evaluation only asks it for a call
     from asyncrl.orchestrator.actor_pool import ActorPool
@@ -123,7 +123,7 @@ class Evaluator:
         self._expected = len(samples)
         for s in samples:
             index = int(s.prompt_id.rsplit("-", 1)[1])
-            text = tokenizer.decode(s.response_ids, skip_special_tokens=True)
+            text = tokenizer.decode(as_list(s.response_ids), skip_special_tokens=True)
             rewards.submit(EvalKey(index, len(s.response_ids), text, s.metadata), text, s.metadata)
 
     def on_scored(self, key: EvalKey, reward: float) -> None:

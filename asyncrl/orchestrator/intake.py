@@ -43,7 +43,7 @@ class SampleIntake:
         wanted = []
         for s in samples:
             if self.probe_ids is None and s.response_ids:
-                self.probe_ids = s.prompt_ids + s.response_ids
+                self.probe_ids = [*s.prompt_ids, *s.response_ids]  # a list: it goes to engines and checkpoints
             if self.ledger.on_generated(s) is None:
                 continue
             if s.reward is None:

@@ -14,6 +14,7 @@ from asyncrl.orchestrator.ledger import GroupLedger
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.reward.errors import ERROR_OUTCOMES, RewardErrorMonitor, format_report
 from asyncrl.reward.pool import RewardResult
+from asyncrl.types import IntSeq, as_list
 
 if TYPE_CHECKING:  # it loads a tokenizer, and the router only records pass rates in it
     from asyncrl.orchestrator.stage_runner import StageRunner
@@ -42,8 +43,8 @@ class ResultRouter:
                                       prompt=self._text(r.key.prompt_ids) if example else None)
                 self.stages.record(r.key.metadata, r.reward)
 
-    def _text(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+    def _text(self, token_ids: IntSeq) -> str:
+        return self.tokenizer.decode(as_list(token_ids), skip_special_tokens=True)
 
     def _report(self, report: dict[str, Any] | None, step: int) -> None:
         if report is not None:

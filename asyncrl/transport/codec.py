@@ -2,12 +2,14 @@
 
 No pickle: a frame is a msgpack map of a few scalars and columns. A frame carries a list of
 records (the samples an actor finished at once, or a learner rank's chunks of one step) column by
-column: each field of the records is one entry, a msgpack list with a value per record (token ids
-and versions as a list of int lists), except logprobs: float32 (as the engine computes them),
-packed little-endian and concatenated over the frame's records, cut by the records' token
-counts. msgpack builds those lists in C, so decoding a frame costs a few calls per column and a
-constructor call per record, not a map and four array conversions per record: the driver's one
-thread decodes every sample of every actor (tools/bench_orchestrator.py measures it).
+column: each scalar field of the records is one entry, a msgpack list with a value per record;
+each token column (ids and versions as int32, logprobs as float32, as the engine computes them)
+is one byte string, the records' values packed little-endian and concatenated, cut by the
+records' lengths (a `*_lengths` column). Decoding a frame costs a few calls per column and a
+slice per record, never a Python object per token: the records come out holding `array`s
+(types.IntSeq), so the driver's one thread, which decodes every sample of every actor
+(tools/bench_orchestrator.py, tools/twin_driver_scale.py measure it), and its buffer, which holds
+every untrained token, pay bytes for tokens, not objects.
 
 Decoding validates the whole frame and raises `FrameError` for anything that is not a well-formed
 list of records, so a receiver can drop and count it instead of crashing the run.
@@ -19,7 +21,7 @@ import math
 import sys
 from array import array
 from dataclasses import fields
-from itertools import accumulate, chain
+from itertools import accumulate
 from operator import attrgetter
 from typing import Any
 
@@ -27,8 +29,10 @@ import msgpack
 
 from asyncrl.types import BATCH_ROLES, FINISH_REASONS, Batch, ResponseSpan, Sample, SequenceChunk
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _SWAP = sys.byteorder != "little"
+INT, FLOAT = "i", "f"  # int32 and float32
+assert array(INT).itemsize == 4 and array(FLOAT).itemsize == 4, "this platform's C int or float is not 32 bits"
 
 
 class FrameError(ValueError):
@@ -37,24 +41,27 @@ class FrameError(ValueError):
 
 # -- columns -----------------------------------------------------------------------------------
 
-def _pack_floats(seqs: list[list[float]]) -> bytes:
-    """Sequences of float32 values, concatenated (their lengths are known from other columns)."""
-    packed = array("f", chain.from_iterable(seqs))
+def _pack(seqs: list, typecode: str) -> bytes:
+    """Sequences of int32 or float32 values, concatenated (their lengths travel in another column).
+    An array of the right type is copied as it is, so re-encoding decoded records is a copy."""
+    packed = array(typecode)
+    for seq in seqs:
+        packed += seq if isinstance(seq, array) and seq.typecode == typecode else array(typecode, seq)
     if _SWAP:
         packed.byteswap()
     return packed.tobytes()
 
 
-def _unpack_floats(obj: dict, name: str, lengths: list[int]) -> list[list[float]]:
+def _unpack(obj: dict, name: str, typecode: str, lengths: list[int]) -> list[array]:
     raw = obj.get(name)
     if not isinstance(raw, bytes) or len(raw) != 4 * sum(lengths):
-        raise FrameError(f"field {name!r} must be {sum(lengths)} packed float32")
-    values = array("f")
+        raise FrameError(f"field {name!r} must be {sum(lengths)} packed 32-bit values")
+    values = array(typecode)
     values.frombytes(raw)
     if _SWAP:
         values.byteswap()
-    flat, ends = values.tolist(), list(accumulate(lengths))
-    return [flat[a:b] for a, b in zip([0, *ends], ends)]
+    ends = list(accumulate(lengths))
+    return [values[a:b] for a, b in zip([0, *ends], ends)]
 
 
 def _column(obj: dict, name: str, typ: type, count: int | None) -> list:
@@ -67,10 +74,17 @@ def _column(obj: dict, name: str, typ: type, count: int | None) -> list:
     return values
 
 
+def _lengths(obj: dict, name: str, count: int) -> list[int]:
+    values = _column(obj, name, int, count)
+    if values and min(values) < 0:
+        raise FrameError(f"field {name!r}: a negative length")
+    return values
+
+
 def _int_seqs(obj: dict, name: str, count: int) -> list[list[int]]:
-    """A list of `count` lists of ints (token ids, versions)."""
+    """A list of `count` msgpack lists of ints (a batch's layout spans)."""
     seqs = _column(obj, name, list, count)
-    if not set(map(type, chain.from_iterable(seqs))) <= {int}:
+    if not all(set(map(type, seq)) <= {int} for seq in seqs):
         raise FrameError(f"field {name!r}: every value must be an int")
     return seqs
 
@@ -105,28 +119,20 @@ def _count(obj: dict) -> int:
 
 # How each field of `Sample` travels, by its annotation: the columns are derived from
 # `dataclasses.fields(Sample)`, so a new field is one edit (in types.py); an annotation without a
-# column kind here fails at import.
+# column kind here fails at import. A token column ("IntSeq", "FloatSeq") is packed, cut by the
+# prompt's lengths (prompt_ids) or the response's (the rest).
 _KINDS = {"str": str, "int": int, "float": float, "float | None": float, "dict[str, Any]": dict,
-          "list[int]": "ints", "list[float]": "floats"}
+          "IntSeq": INT, "FloatSeq": FLOAT}
 SAMPLE_COLUMNS: list[tuple[str, Any]] = [(f.name, _KINDS[f.type]) for f in fields(Sample)]
 ACTOR_SCORED = ("reward", "reward_info", "reward_latency_s")
 """Columns only a frame of samples scored by their actor carries (reward.placement: actor)."""
 _FRAME_COLUMNS = {scored: [(n, k) for n, k in SAMPLE_COLUMNS if scored or n not in ACTOR_SCORED]
                   for scored in (False, True)}
+_TOKEN_KINDS = (INT, FLOAT)
 
 
-def _encode_column(values: list, kind: Any) -> Any:
-    if kind == "floats":
-        return _pack_floats(values)
-    return [float(v) for v in values] if kind is float else values
-
-
-def _decode_column(obj: dict, name: str, kind: Any, count: int, lengths: list[int]) -> list:
-    if kind == "ints":
-        return _int_seqs(obj, name, count)
-    if kind == "floats":
-        return _unpack_floats(obj, name, lengths)
-    return _column(obj, name, kind, count)
+def _lengths_of(name: str) -> str:
+    return "prompt_lengths" if name == "prompt_ids" else "response_lengths"
 
 
 def encode_samples(samples: list[Sample]) -> bytes:
@@ -137,9 +143,13 @@ def encode_samples(samples: list[Sample]) -> bytes:
     scored = {s.reward is not None for s in samples}
     if len(scored) > 1:
         raise ValueError("a frame's samples must be all scored by their actor or none")
-    frame: dict[str, Any] = {"v": FORMAT_VERSION, "kind": "samples", "count": len(samples)}
+    frame: dict[str, Any] = {"v": FORMAT_VERSION, "kind": "samples", "count": len(samples),
+                             "prompt_lengths": [len(s.prompt_ids) for s in samples],
+                             "response_lengths": [len(s.response_ids) for s in samples]}
     for name, kind in _FRAME_COLUMNS[scored == {True}]:
-        frame[name] = _encode_column(list(map(attrgetter(name), samples)), kind)
+        values = list(map(attrgetter(name), samples))
+        frame[name] = (_pack(values, kind) if kind in _TOKEN_KINDS
+                       else [float(v) for v in values] if kind is float else values)
     return msgpack.packb(frame, use_bin_type=True)
 
 
@@ -147,13 +157,10 @@ def decode_samples(frame: bytes) -> list[Sample]:
     """The samples of one frame, validated as a whole: any bad record rejects the frame."""
     obj = _load_map(frame, "samples")
     k = _count(obj)
-    response_ids = _int_seqs(obj, "response_ids", k)
-    lengths = list(map(len, response_ids))
-    col = {name: response_ids if name == "response_ids" else _decode_column(obj, name, kind, k, lengths)
-           for name, kind in _FRAME_COLUMNS["reward" in obj]}
-    if list(map(len, col["versions"])) != lengths:
-        raise FrameError("a sample's versions and response tokens disagree in length")
-    if not all(col["prompt_ids"]):
+    lengths = {name: _lengths(obj, name, k) for name in ("prompt_lengths", "response_lengths")}
+    col = {name: _unpack(obj, name, kind, lengths[_lengths_of(name)]) if kind in _TOKEN_KINDS
+           else _column(obj, name, kind, k) for name, kind in _FRAME_COLUMNS["reward" in obj]}
+    if not all(lengths["prompt_lengths"]):
         raise FrameError("a sample has an empty prompt")
     if k and min(col["sample_index"]) < 0:
         raise FrameError("a sample has a negative sample_index")
@@ -174,11 +181,13 @@ def _chunk_columns(chunks: list[SequenceChunk]) -> dict[str, Any]:
         "count": len(chunks),
         "group_id": [c.group_id for c in chunks],
         "sample_index": [c.sample_index for c in chunks],
-        "prompt_ids": [c.prompt_ids for c in chunks],
-        "response_ids": [c.response_ids for c in chunks],
+        "prompt_lengths": [len(c.prompt_ids) for c in chunks],
+        "response_lengths": [len(c.response_ids) for c in chunks],
+        "prompt_ids": _pack([c.prompt_ids for c in chunks], INT),
+        "response_ids": _pack([c.response_ids for c in chunks], INT),
         "loss_start": [c.loss_start for c in chunks],
-        "old_logprobs": _pack_floats([c.old_logprobs for c in chunks]),
-        "versions": [c.versions for c in chunks],
+        "old_logprobs": _pack([c.old_logprobs for c in chunks], FLOAT),
+        "versions": _pack([c.versions for c in chunks], INT),
         "advantage": [float(c.advantage) for c in chunks],
         "temperature": [float(c.temperature) for c in chunks],
         "response_length": [c.response_length for c in chunks],
@@ -189,25 +198,23 @@ def _decode_chunks(obj: Any, name: str) -> list[SequenceChunk]:
     if not isinstance(obj, dict):
         raise FrameError(f"{name} must be a map of columns")
     k = _count(obj)
-    response_ids = _int_seqs(obj, "response_ids", k)
+    prompt_lengths, response_lengths = _lengths(obj, "prompt_lengths", k), _lengths(obj, "response_lengths", k)
     loss_start = _column(obj, "loss_start", int, k)
-    loss_lens = [len(r) - s for r, s in zip(response_ids, loss_start)]
+    loss_lens = [n - s for n, s in zip(response_lengths, loss_start)]
     if k and (min(loss_start) < 0 or min(loss_lens) < 0):
         raise FrameError(f"{name}: a chunk's loss_start lies outside its response")
     columns = [
         _column(obj, "group_id", str, k),
         _column(obj, "sample_index", int, k),
-        _int_seqs(obj, "prompt_ids", k),
-        response_ids,
+        _unpack(obj, "prompt_ids", INT, prompt_lengths),
+        _unpack(obj, "response_ids", INT, response_lengths),
         loss_start,
-        _unpack_floats(obj, "old_logprobs", loss_lens),
-        _int_seqs(obj, "versions", k),
+        _unpack(obj, "old_logprobs", FLOAT, loss_lens),
+        _unpack(obj, "versions", INT, loss_lens),
         _column(obj, "advantage", float, k),
         _column(obj, "temperature", float, k),
         _column(obj, "response_length", int, k),
     ]
-    if list(map(len, columns[6])) != loss_lens:
-        raise FrameError(f"{name}: a chunk's versions and loss tokens disagree in length")
     return [SequenceChunk(*fields) for fields in zip(*columns)]
 
 

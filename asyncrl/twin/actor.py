@@ -12,8 +12,8 @@ closes the gate to new requests and gets the engine idle by its sync mode:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
-from itertools import chain
 from dataclasses import dataclass, field
 
 from asyncrl.rollout.engine import SamplingSpec
@@ -23,7 +23,8 @@ from asyncrl.twin.rewards import score
 from asyncrl.twin.workload import Lengths, PassRates
 from asyncrl.types import PromptItem, Sample
 
-TOKEN = 5  # every response token: the twin decides lengths and rewards, never text
+TOKEN = array("i", [5])  # every response token: the twin decides lengths and rewards, never text
+LOGPROB = array("f", [-1.0])
 
 
 @dataclass
@@ -76,9 +77,11 @@ class SimActor:
         for r in requests:
             d: _Draw = r.owner
             d.runs.append((d.version, r.generated))
-            versions = list(chain.from_iterable([v] * n for v, n in d.runs))
-            s = Sample(d.prompt.prompt_id, d.prompt.prompt_id, d.index, d.prompt.prompt_ids, [TOKEN] * d.length,
-                       [-1.0] * d.length, versions, "length" if d.length >= d.max_tokens else "stop", self.actor_id,
+            versions = array("i")
+            for v, n in d.runs:
+                versions += array("i", [v]) * n
+            s = Sample(d.prompt.prompt_id, d.prompt.prompt_id, d.index, d.prompt.prompt_ids, TOKEN * d.length,
+                       LOGPROB * d.length, versions, "length" if d.length >= d.max_tokens else "stop", self.actor_id,
                        d.prompt.metadata, d.temperature)
             if self.scored:  # reward.placement actor: the actor's verifier, beside the engine
                 s.reward, s.reward_info = score(self.rewards, s)

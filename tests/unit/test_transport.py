@@ -1,11 +1,12 @@
 import time
+from dataclasses import replace
 
 import msgpack
 import pytest
 
 from asyncrl.transport.codec import FrameError, decode_batch, decode_samples, encode_batch, encode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender, RecordBatcher
-from asyncrl.types import Batch, ResponseSpan, Sample, SequenceChunk
+from asyncrl.types import Batch, ResponseSpan, Sample, SequenceChunk, with_lists
 
 
 def sample(i=0):
@@ -16,14 +17,34 @@ def sample(i=0):
 
 
 def one(frame):
-    """The one sample a frame carries."""
-    (s,) = decode_samples(frame)
+    """The one sample a frame carries, its token columns as lists."""
+    (s,) = decoded(frame)
     return s
+
+
+def decoded(frame):
+    return [with_lists(s) for s in decode_samples(frame)]
+
+
+def batch_lists(b):
+    return replace(b, chunks=[with_lists(c) for c in b.chunks], opened=[with_lists(c) for c in b.opened])
 
 
 def test_sample_round_trip_is_exact():
     s = sample()
-    assert decode_samples(encode_samples([s])) == [s]
+    assert decoded(encode_samples([s])) == [s]
+
+
+def test_decoded_token_columns_are_packed_arrays_and_re_encode_as_they_came():
+    """The driver holds every buffered token as decoded: 4 bytes each in an array (a list of ints
+    costs 36), and a decoded record re-encodes (a batch of its chunks) without unpacking."""
+    frame = encode_samples([sample(0), sample(1)])
+    a, b = decode_samples(frame)
+    assert [type(x).__name__ for x in (a.prompt_ids, a.response_ids, a.logprobs, a.versions)] == ["array"] * 4
+    assert (a.response_ids.typecode, a.response_ids.itemsize, a.logprobs.typecode) == ("i", 4, "f")
+    assert b.response_ids.tolist() == [8, 9, 2] and b.versions.tolist() == [3, 3, 4]
+    assert encode_samples([a, b]) == frame
+    assert decoded(encode_samples([with_lists(a)])) == [sample(0)]
 
 
 def test_the_sample_wire_format_is_the_dataclass_fields():
@@ -35,7 +56,8 @@ def test_the_sample_wire_format_is_the_dataclass_fields():
 
     assert [name for name, _ in SAMPLE_COLUMNS] == [f.name for f in fields(Sample)]
     frame = msgpack.unpackb(encode_samples([sample()]))
-    assert set(frame) == {"v", "kind", "count"} | {f.name for f in fields(Sample)} - set(ACTOR_SCORED)
+    assert set(frame) == ({"v", "kind", "count", "prompt_lengths", "response_lengths"}
+                          | {f.name for f in fields(Sample)} - set(ACTOR_SCORED))
 
 
 def test_a_frame_of_several_samples_round_trips_in_order_with_their_own_lengths():
@@ -43,7 +65,7 @@ def test_a_frame_of_several_samples_round_trips_in_order_with_their_own_lengths(
     b.prompt_ids, b.response_ids, b.logprobs, b.versions = [4], [], [], []  # nothing generated: length 0
     c.response_ids, c.logprobs, c.versions = [8, 9, 10, 11, 2], [-0.125, -2.0, -0.5, -0.75, -1.5], [4, 4, 5, 5, 6]
     c.metadata, c.finish_reason, c.actor_id, c.temperature = {"answer": "7"}, "length", 3, 0.5
-    assert decode_samples(encode_samples([a, b, c])) == [a, b, c]
+    assert decoded(encode_samples([a, b, c])) == [a, b, c]
     assert decode_samples(encode_samples([])) == []
 
 
@@ -80,13 +102,13 @@ def test_batch_round_trip_is_exact():
     c = SequenceChunk("g", 0, [1, 2], [3, 4, 5], loss_start=1, old_logprobs=[-0.5, -0.75],
                       versions=[0, 1], advantage=-1.25, temperature=0.75)
     b = Batch(step=4, rank=0, chunks=[c], num_loss_tokens_global=2, num_sequences_global=1, token_budget=2)
-    assert decode_batch(encode_batch(b)) == b
+    assert batch_lists(decode_batch(encode_batch(b))) == b
     # the first step of a rollout batch carries this rank's share of it and the whole layout
     other = SequenceChunk("h", 1, [1], [6, 7], loss_start=0, old_logprobs=[-0.5, -0.5], versions=[1, 1], advantage=0.5)
     opening = Batch(step=5, rank=1, chunks=[c], num_loss_tokens_global=2, num_sequences_global=1, token_budget=2,
                     role="open", opened=[other], opened_layout=[ResponseSpan("g", 0, 1, 2), ResponseSpan.of(other)],
                     opened_offset=1)
-    assert decode_batch(encode_batch(opening)) == opening
+    assert batch_lists(decode_batch(encode_batch(opening))) == opening
     with pytest.raises(FrameError, match="role"):
         decode_batch(encode_batch(Batch(4, 0, [c], 2, 1, 2, role="first")))
 
@@ -96,7 +118,7 @@ def test_a_batch_of_chunks_of_different_lengths_round_trips_and_a_loss_range_out
               SequenceChunk("g", 1, [1, 2], [6], 0, [-2.0], [1], 0.5),
               SequenceChunk("h", 0, [9], [7, 8, 2, 2], 4, [], [], 0.0)]  # its loss tokens in an earlier batch
     b = Batch(step=1, rank=0, chunks=chunks, num_loss_tokens_global=3, num_sequences_global=3, token_budget=3)
-    assert decode_batch(encode_batch(b)) == b
+    assert batch_lists(decode_batch(encode_batch(b))) == b
     obj = msgpack.unpackb(encode_batch(b), raw=False)
     obj["chunks"]["loss_start"] = [1, 0, 5]  # 5 > 4 response tokens
     with pytest.raises(FrameError, match="outside"):
@@ -107,10 +129,11 @@ def test_a_batch_of_chunks_of_different_lengths_round_trips_and_a_loss_range_out
     b"",
     b"\xff\xfe garbage",
     msgpack.packb([1, 2, 3]),
-    msgpack.packb({"v": 2, "kind": "batch"}),
+    msgpack.packb({"v": 3, "kind": "batch"}),
     msgpack.packb({"v": 99, "kind": "samples"}),
-    msgpack.packb({"v": 2, "kind": "samples", "count": 1}),
-    msgpack.packb({"v": 2, "kind": "samples", "count": -1}),
+    msgpack.packb({"v": 2, "kind": "samples", "count": 0}),  # the format before packed token columns
+    msgpack.packb({"v": 3, "kind": "samples", "count": 1}),
+    msgpack.packb({"v": 3, "kind": "samples", "count": -1}),
 ])
 def test_malformed_frames_raise_frame_error(frame):
     with pytest.raises(FrameError):
@@ -126,11 +149,15 @@ def two_samples_with(field, value):
 
 @pytest.mark.parametrize("field,value,match", [
     ("logprobs", lambda raw: raw[:-4], "logprobs"),  # five float32 for six tokens
-    ("versions", lambda v: [v[0], v[1][:2]], "versions"),  # two versions for three tokens
-    ("response_ids", lambda r: [r[0], [*r[1], 5]], "logprobs"),  # a token with no logprob
-    ("response_ids", lambda r: [r[0], [8, "9", 2]], "int"),
-    ("prompt_ids", lambda p: p[:1], "prompt_ids"),  # one prompt for two samples
-    ("prompt_ids", lambda p: [p[0], []], "empty prompt"),
+    ("versions", lambda raw: raw[:-4], "versions"),  # five versions for six tokens
+    ("response_ids", lambda raw: raw + b"\0\0\0\0", "response_ids"),  # seven ids for six tokens
+    ("response_ids", [8, 9, 2, 8, 9, 2], "response_ids"),  # a list, not packed int32
+    ("response_lengths", lambda n: [n[0], n[1] + 1], "response_ids"),  # a token with no id, logprob, version
+    ("response_lengths", lambda n: [n[0], -1], "negative"),
+    ("response_lengths", [3], "response_lengths"),  # one length for two samples
+    ("prompt_lengths", lambda n: [n[0], "3"], "prompt_lengths"),
+    ("prompt_ids", lambda raw: raw[:12], "prompt_ids"),  # one prompt for two samples
+    ("prompt_lengths", lambda n: [n[0] + n[1], 0], "empty prompt"),
     ("finish_reason", ["stop", "exploded"], "exploded"),
     ("group_id", ["p1", 7], "group_id"),
     ("metadata", [{}], "metadata"),
