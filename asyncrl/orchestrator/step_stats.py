@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from asyncrl.buffer.stale_policy import lag_counts
 from asyncrl.types import Sample, SequenceChunk
 
 # Info keys the reward router sets or reports elsewhere (outcome fractions, errors, shaping terms).
@@ -35,6 +36,11 @@ def own_info(info: dict[str, Any], max_chars: int = 200) -> dict[str, Any]:
     the example completions in samples.jsonl, and its numbers averaged as reward/info/<key>."""
     return {k: v for k, v in info.items()
             if k not in ROUTER_INFO and not k.startswith("tests_") and len(repr(v)) <= max_chars}
+
+
+def _mean(counts: Counter[int]) -> float:
+    n = counts.total()
+    return sum(lag * k for lag, k in counts.items()) / n if n else 0.0
 
 
 class StepStats:
@@ -58,8 +64,8 @@ class StepStats:
         self.lengths: list[int] = []
         self.finish = Counter()
         self.outcomes = Counter()
-        self.lags: list[int] = []
-        self.async_lags: list[int] = []
+        self.lags: Counter[int] = Counter()  # lag -> tokens: a step holds Phi of them
+        self.async_lags: Counter[int] = Counter()
         self.reuse_lags: list[int] = []  # one per chunk: every token of a chunk has the same
         self.shaping: dict[str, float] = {}
         self.by_source: dict[str, list[float]] = {}
@@ -140,11 +146,10 @@ class StepStats:
         """A step's chunks, trained by `learner_version`; `batch_start_version`: the version their
         rollout batch was first trained at (the buffer's `batch_start_version`; None: this step)."""
         default = learner_version if batch_start_version is None else batch_start_version
-        lag = learner_version.__sub__  # map() over them: a C loop per chunk
-        for c in chunks:
+        for c in chunks:  # counted by runs of one version (a bisection each), not token by token
             start = default if c.entered_at is None else c.entered_at
-            self.lags.extend(map(lag, c.versions))
-            self.async_lags.extend(map(start.__sub__, c.versions))
+            self.lags.update(lag_counts(c.versions, 0, len(c.versions), learner_version))
+            self.async_lags.update(lag_counts(c.versions, 0, len(c.versions), start))
             self.reuse_lags.append(learner_version - start)
 
     def take_examples(self) -> list[dict[str, Any]]:
@@ -166,10 +171,10 @@ class StepStats:
             "rollout/samples_total": self.total_samples,
             "throughput/gen_tokens_per_s": sum(self.lengths) / dt,
             "throughput/samples_per_s": n / dt,
-            "staleness/mean": sum(self.lags) / len(self.lags) if self.lags else 0.0,
-            "staleness/max": max(self.lags) if self.lags else 0,
-            "staleness/async_mean": sum(self.async_lags) / len(self.async_lags) if self.async_lags else 0.0,
-            "staleness/async_max": max(self.async_lags) if self.async_lags else 0,
+            "staleness/mean": _mean(self.lags),
+            "staleness/max": max(self.lags, default=0),
+            "staleness/async_mean": _mean(self.async_lags),
+            "staleness/async_max": max(self.async_lags, default=0),
             "staleness/reuse_max": max(self.reuse_lags) if self.reuse_lags else 0,
             **pipeline,
             "timing/step_wall_s": dt,

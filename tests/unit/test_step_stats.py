@@ -5,6 +5,7 @@ a few completions are kept as examples; a trained token's lag splits into reuse 
 
 from collections import Counter
 
+import msgpack
 import pytest
 
 from asyncrl.buffer.base import ResponseCursor
@@ -155,11 +156,17 @@ def test_state_dict_keeps_the_lag_window_and_not_the_examples():
     stats.add_sample(sample("math"), 1.0, {"outcome": "verified"}, completion="x")
     chunk = ResponseCursor(one_response_group("a", [1, 2]).samples[0].sample, 1.0).chunk(2)
     stats.add_batch([chunk], 5, batch_start_version=3)
+    state = msgpack.unpackb(msgpack.packb(stats.state_dict()), strict_map_key=False)  # as checkpoint.py saves it
     fresh = StepStats()
-    fresh.load_state_dict(stats.state_dict())
+    fresh.load_state_dict(state)
     assert fresh.take_examples() == []
     # lags 5 - [1, 2] = [4, 3]; async 3 - [1, 2] = [2, 1]; reuse 5 - 3 = 2
     assert staleness(fresh.flush(PIPELINE)) == (3.5, 4, 1.5, 2, 2)
+    # a checkpoint from before lags were counted by value held them token by token
+    state["window"]["lags"], state["window"]["async_lags"] = [4, 3], [2, 1]
+    older = StepStats()
+    older.load_state_dict(state)
+    assert staleness(older.flush(PIPELINE)) == (3.5, 4, 1.5, 2, 2)
 
 
 def test_a_user_functions_own_info_is_averaged_and_kept_with_the_examples():
