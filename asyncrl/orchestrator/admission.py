@@ -3,6 +3,7 @@ consumes (the B of the admission bound, buffer/admission.py) and which actor get
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -22,15 +23,21 @@ def prompts_per_step(token_budget: int, tokens_per_kept_group: float | None, gro
 
 def assign_prompts(num_prompts: int, in_flight: dict[int, int], max_per_actor: int) -> dict[int, int]:
     """How many of `num_prompts` each actor (id -> prompts it is generating; only live actors are
-    listed) gets: always to the least-loaded, none beyond its cap."""
-    load = dict(in_flight)
-    share = dict.fromkeys(load, 0)
-    for _ in range(num_prompts if load else 0):
-        actor = min(load, key=load.__getitem__)
-        if load[actor] >= max_per_actor:
+    listed) gets: always to the least-loaded (the lowest id among equals), none beyond its cap;
+    actors that get none are left out. A heap of loads: the driver asks every loop turn, and a
+    large cluster has hundreds of actors."""
+    heap = [(load, actor) for actor, load in in_flight.items() if load < max_per_actor]
+    heapq.heapify(heap)
+    share: dict[int, int] = {}
+    for _ in range(num_prompts):
+        if not heap:
             break
-        load[actor] += 1
-        share[actor] += 1
+        load, actor = heap[0]
+        share[actor] = share.get(actor, 0) + 1
+        if load + 1 < max_per_actor:
+            heapq.heapreplace(heap, (load + 1, actor))
+        else:
+            heapq.heappop(heap)
     return share
 
 
