@@ -34,6 +34,7 @@ Accounting invariant: tokens_in == tokens_out + tokens_dropped_stale + num_loss_
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter, deque
 from dataclasses import asdict
 from typing import Any
@@ -47,6 +48,10 @@ from asyncrl.types import Group, SequenceChunk
 
 
 CUTS = ("split", "whole")
+
+
+def _first_version(p: ResponseCursor) -> int:
+    return p.sample.versions[0]
 
 
 class TokenBuffer:
@@ -104,14 +109,14 @@ class TokenBuffer:
 
     def _insert(self, p: ResponseCursor) -> None:
         """Behind every response of the same or an older first version (usually: at the end). A
-        response split by the last batch keeps the head, so its rest opens the next batch."""
-        version = p.sample.versions[0]
-        i = len(self._queue)
-        while i > 1 and self._queue[i - 1].sample.versions[0] > version:
-            i -= 1
-        if i == 1 and self._queue[0].offset == 0 and self._queue[0].sample.versions[0] > version:
+        response split by the last batch keeps the head, so its rest opens the next batch.
+        Behind the head the queue is in version order, so the place is found by bisection: with
+        in-flight updates long responses finish late, behind thousands of younger ones at scale."""
+        version, q = p.sample.versions[0], self._queue
+        i = bisect_right(q, version, 1, key=_first_version) if q else 0
+        if i == 1 and q[0].offset == 0 and q[0].sample.versions[0] > version:
             i = 0
-        self._queue.insert(i, p)
+        q.insert(i, p)
 
     def drop_stale(self, learner_version: int) -> int:
         """Skip tokens older than learner_version - max_staleness (- ess_max_lag under "ess");

@@ -70,6 +70,27 @@ def test_a_split_response_keeps_the_head_when_an_older_group_arrives():
         ("g", 1, 2, 5), ("old", 0, 0, 3)]
 
 
+def test_out_of_order_arrivals_queue_by_version_then_arrival_behind_a_split_head():
+    """The queue order the buffer's bisection keeps equals a stable sort by first version, the
+    split head (its rest opens the next batch) staying first: checked over random arrivals and cuts."""
+    rng = random.Random(3)
+    buf = TokenBuffer(token_budget=7, max_staleness=100)
+    arrived = []  # (version, arrival) of every response still queued, as the reference keeps them
+    for k in range(300):
+        version = rng.randrange(6)
+        buf.add_group(make_group(f"g{k}", [rng.randrange(1, 5)], version=version))
+        arrived.append((version, k))
+        if rng.random() < 0.3 and buf.num_loss_tokens >= 7:
+            buf.next_batch(10)
+        queue = list(buf._queue)
+        head_split = queue[0].offset > 0
+        rest = queue[1:] if head_split else queue
+        live = {p.sample.group_id for p in queue}
+        expected = sorted((va for va in arrived if f"g{va[1]}" in live and (not head_split or
+                          f"g{va[1]}" != queue[0].sample.group_id)))
+        assert [p.sample.group_id for p in rest] == [f"g{k}" for _, k in expected]
+
+
 def test_no_token_lost_or_duplicated_over_many_batches():
     rng = random.Random(0)
     budget = 37
