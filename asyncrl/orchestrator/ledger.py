@@ -134,6 +134,7 @@ class GroupLedger:
         # asks every turn of the loop and a scan of every record there costs the driver
         # ~0.5 ms a turn with 64 actors' groups in flight
         self._generating: dict[int, int] = {}
+        self._generating_total = 0
         # the learner versions the groups in flight, and those generating, were admitted at (for
         # buffer.stale_policy wait and pace, orchestrator/stale_gate.py), kept likewise
         self.in_flight_versions = VersionTally()
@@ -150,7 +151,7 @@ class GroupLedger:
         """How many more prompts may be admitted now (requeued ones included)."""
         c = self.counts
         per_group = c.kept_group_tokens / c.groups_kept if c.groups_kept else None
-        generating = sum(self._generating.values())
+        generating = self._generating_total
         view = AdmissionView(
             learner_version=learner_version,
             prompts_per_step=prompts_per_step(token_budget, per_group, group_size, max_tokens),
@@ -187,6 +188,7 @@ class GroupLedger:
 
     def _count_generating(self, record: GroupRecord, change: int) -> None:
         self._generating[record.actor] = self._generating.get(record.actor, 0) + change
+        self._generating_total += change
         self.generating_versions.add(record.admitted_at, change)
 
     # -- samples and rewards ------------------------------------------------------------------
@@ -330,7 +332,7 @@ class GroupLedger:
         self.counts = LedgerCounts(**state["counts"])
         self._next_seq = state["next_seq"]
         self.records = {}
-        self._generating = {}
+        self._generating, self._generating_total = {}, 0
         self.in_flight_versions, self.generating_versions = VersionTally(), VersionTally()
         self.requeued = deque(_record_from_state(d) for d in state["requeued"])
         self.assembler.load_state_dict(state["assembler"])
