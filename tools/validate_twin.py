@@ -12,8 +12,9 @@ demo, then compare its predictions with real runs of four configurations.
    time a sample, the response lengths, the mean reward, the share of
    zero-variance groups and the reward's drift give the rest of the scenario; the engine's
    slowdown while the learner trains (they share the two cores; alone in the probe they do not)
-   is the one factor fitted, so that the twin runs this configuration at its measured steps/s.
-   Written to --out.
+   and the share of the probe's per-sequence and per-request costs that is the engine's own
+   are fitted so that the twin runs this configuration at its measured steps/s and mean
+   staleness (see `fit_contention`). Written to --out.
 3. Validation runs, real and in the twin: sync.mode inflight and drain x buffer.max_staleness 0
    and 2. Steps/s and mean staleness (token-weighted) over the steps after --warmup, the mean of
    --repeats real runs (one run's staleness swings by about +-0.15 from the next), and the
@@ -149,21 +150,46 @@ def calibrated_scenario(engine: dict, calib: dict, steps: int, warmup: int) -> d
     }
 
 
-def fit_slowdown(tree: dict, target_steps_per_s: float, lo: float = 1.0, hi: float = 8.0, iters: int = 12) -> float:
-    """engine.slowdown_while_training at which the twin runs the calibration run's configuration
-    at its measured steps/s: on two shared cores the engine gets less of the CPU while the
-    learner trains than alone in the probe."""
+SHARES = (1.0, 0.5, 0.25, 0.125, 0.0625)
+
+
+def fit_contention(tree: dict, target_steps_per_s: float, target_staleness: float,
+                   shares: tuple[float, ...] = SHARES) -> tuple[float, float, dict[float, tuple[float, float]]]:
+    """The engine's two costs of sharing this machine, fitted to the calibration run (its steps/s
+    and its mean staleness), returned as (share, slowdown, {share: (slowdown, staleness)}):
+
+    - `slowdown`: engine.slowdown_while_training, the engine's steps this many times slower while
+      the learner trains (the two share two cores; alone in the probe they do not);
+    - `share`: the part of the probe's c_seq and c_request that is the engine's own. The probe
+      times a batch end to end, so the rollout actor's and the receiver's Python work for each
+      request and sample (tasks, frames) is serialized into those costs; in a run that work
+      overlaps the engine, whose core runs in a process of its own. A smaller share makes a large
+      batch (what admission releases at once) finish sooner and sit longer in the buffer.
+
+    For each share, the slowdown at which the twin runs the calibration configuration at its
+    measured steps/s (bisection: steps/s falls as the engine slows); then the share whose twin
+    staleness is nearest the measured one. Two observables, two parameters, one configuration
+    that is not among the validated ones."""
     from asyncrl.twin.cluster import Twin
     from asyncrl.twin.scenario import Scenario
 
-    def rate(k: float) -> float:
-        e = {**tree["engine"], "slowdown_while_training": k}
-        return Twin(Scenario.model_validate({**tree, "engine": e}), "inflight").run()["steps_per_s"]
+    def run(share: float, k: float) -> dict:
+        e = {**tree["engine"], "c_seq_s": tree["engine"]["c_seq_s"] * share,
+             "c_request_s": tree["engine"]["c_request_s"] * share, "slowdown_while_training": k}
+        return Twin(Scenario.model_validate({**tree, "engine": e}), "inflight").run()
 
-    for _ in range(iters):  # steps/s falls as the engine slows
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if rate(mid) > target_steps_per_s else (lo, mid)
-    return (lo * hi) ** 0.5
+    fits = {}
+    for share in shares:
+        lo, hi = 1.0, 8.0
+        for _ in range(8):
+            mid = (lo * hi) ** 0.5
+            lo, hi = (mid, hi) if run(share, mid)["steps_per_s"] > target_steps_per_s else (lo, mid)
+        k = (lo * hi) ** 0.5
+        fits[share] = (k, run(share, k)["staleness_mean"])
+        print(f"  share {share:.4f}: slowdown {k:.2f}, twin staleness {fits[share][1]:.3f} "
+              f"(measured {target_staleness:.3f})", flush=True)
+    share = min(fits, key=lambda sh: abs(fits[sh][1] - target_staleness))
+    return share, fits[share][0], fits
 
 
 def main() -> None:
@@ -183,18 +209,20 @@ def main() -> None:
     print("engine probes: " + ", ".join(f"{q['n']} prompts x {q['max_tokens']} tokens {q['s']:.3f}s"
                                         for q in engine["probes"]), flush=True)
     calib = real_run("calibration", [], args.steps, args.warmup)
-    print(f"calibration run: {calib['steps_per_s']:.3f} steps/s, learner step {calib['train_s']:.3f}s, "
-          f"push {calib['push_s']:.3f}s, loop {calib['overhead_s']:.3f}s a step", flush=True)
+    print(f"calibration run: {calib['steps_per_s']:.3f} steps/s, staleness {calib['staleness_mean']:.3f}, learner step "
+          f"{calib['train_s']:.3f}s, push {calib['push_s']:.3f}s, loop {calib['overhead_s']:.3f}s a step", flush=True)
     tree = calibrated_scenario(engine, calib, args.steps, args.warmup)
-    slowdown = tree["engine"]["slowdown_while_training"] = fit_slowdown(tree, calib["steps_per_s"])
     e = tree["engine"]
-    print(f"engine: c0 {e['c0_s'] * 1e3:.2f} ms, c_seq {e['c_seq_s'] * 1e6:.1f} us, c_request {e['c_request_s'] * 1e6:.1f} us, "
-          f"{slowdown:.2f}x that while the learner trains", flush=True)
+    probed = (e["c_seq_s"], e["c_request_s"])
+    share, slowdown, fits = fit_contention(tree, calib["steps_per_s"], calib["staleness_mean"])
+    e.update(c_seq_s=probed[0] * share, c_request_s=probed[1] * share, slowdown_while_training=slowdown)
+    print(f"engine: c0 {e['c0_s'] * 1e3:.2f} ms, c_seq {e['c_seq_s'] * 1e6:.1f} us, c_request {e['c_request_s'] * 1e6:.1f} us "
+          f"({share:g} of the probe's), {slowdown:.2f}x that while the learner trains", flush=True)
     header = (f"# The real CPU demo as a twin scenario, calibrated by tools/validate_twin.py on {time.strftime('%Y-%m-%d')}\n"
-              "# (engine: one actor's batches of 4 and 32 prompts (16 and 1 tokens), slowed while the learner trains by the factor\n"
-              f"# at which the twin matches a run of the demo's settings, {slowdown:.2f}x: they share two cores;\n"
-              "# learner, push, lengths and rewards: that run). Its predictions against real runs of four other\n"
-              "# configurations: docs/benchmarks.md.\n")
+              "# (engine: one actor's batches of 4 and 32 prompts (16 and 1 tokens); c_seq and c_request are the\n"
+              f"# {share:g} of the probe's that best matched a run of the demo's settings, slowed {slowdown:.2f}x while the\n"
+              "# learner trains (they share two cores); learner, push, lengths and rewards: that run). Its\n"
+              "# predictions against real runs of four other configurations: docs/benchmarks.md.\n")
     Path(args.out).write_text(header + yaml.safe_dump(tree, sort_keys=False, width=120))
     sc = Scenario.model_validate(tree)
     rows = {}
@@ -221,7 +249,9 @@ def main() -> None:
     ok = all(abs(r["steps_error"]) <= 0.15 and abs(r["staleness_diff"]) <= 0.15 for r in rows.values())
     print(f"within 15% on steps/s and 0.15 on staleness in every configuration: {ok} "
           f"(took {time.monotonic() - t0:.0f}s; scenario written to {args.out})")
-    print(json.dumps({"configs": rows, "within_bounds": ok, "engine_slowdown": slowdown,
+    print(json.dumps({"configs": rows, "within_bounds": ok, "engine_slowdown": slowdown, "engine_share": share,
+                      "calibration": {"steps_per_s": calib["steps_per_s"], "staleness_mean": calib["staleness_mean"],
+                                      "fits": {str(sh): list(f) for sh, f in fits.items()}},
                       "scenario": tree["engine"] | tree["learner"] | tree["push"]}))
 
 
