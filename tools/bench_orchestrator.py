@@ -235,7 +235,7 @@ def main() -> None:
     finally:
         actors.stop()
         for stage in drivers.values():
-            stage.driver.rewards.close()
+            stage.driver.close()
         collector.release()
     raw = statistics.median(rates["raw"])
     for name, values in rates.items():

@@ -93,6 +93,11 @@ class Driver:
         """Rewards as they come back, routed (ledger, statistics, stages, evaluator)."""
         return self.intake.poll_rewards(step, timeout_s)
 
+    def close(self) -> None:
+        """The reward pool's workers and the detokenizing threads."""
+        self.intake.close()
+        self.rewards.close()
+
     @property
     def probe_ids(self) -> list[int] | None:
         """The first sample seen (prompt and response): real text for this model's parity probe."""

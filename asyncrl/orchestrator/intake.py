@@ -12,11 +12,20 @@ turn; tools/bench_orchestrator.py drives the same object to measure how many sam
 driver can take. Everything here runs on the driver's one Python thread (the pool's dispatcher
 thread shares its interpreter lock), so it is written for per-sample cost: one pool call per
 turn for every sample that arrived, not one per sample.
+
+Except detokenizing, when there is much of it. The verifiers take text, and decoding long
+responses is most of what the driver does when it scores: at 256 GPUs in the twin
+(tools/twin_driver_scale.py, responses of ~6K tokens) 69% of its thread's time. The tokenizer's
+Rust backend releases the interpreter lock while it decodes, so a turn whose new samples hold at
+least OFF_THREAD_TOKENS response tokens is decoded on helper threads, and its samples go to the
+pool, in arrival order, at a later turn once their texts are ready (`submit_decoded`). A turn of
+short responses (the CPU demo's) decodes inline: a thread hop would cost more than the decode.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from asyncrl.orchestrator.evaluation import Evaluator
@@ -24,7 +33,11 @@ from asyncrl.orchestrator.ledger import GroupLedger
 from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.reward.decode import batch_decoder
 from asyncrl.reward.pool import RewardPool, RewardResult
-from asyncrl.types import Sample
+from asyncrl.types import Sample, as_list
+
+OFF_THREAD_TOKENS = 16_384
+"""A turn's new samples with at least this many response tokens are detokenized off the driver's thread."""
+DECODE_THREADS = 2
 
 
 class SampleIntake:
@@ -35,6 +48,8 @@ class SampleIntake:
         self.decode = batch_decoder(tokenizer)
         self.probe_ids: list[int] | None = None  # the first sample seen: real text for this model
         self._scored: list[RewardResult] = []  # arrived with their rewards, routed at the next poll
+        self._decoding: deque[tuple[list[Sample], Future]] = deque()  # oldest first
+        self._decoder: ThreadPoolExecutor | None = None  # started the first time a turn needs it
         self.actor_outcomes: Counter = Counter()  # of those, by outcome (the actors' pools' timeouts, crashes)
 
     def ingest(self, samples: list[Sample]) -> None:
@@ -52,11 +67,32 @@ class SampleIntake:
                 self._scored.append(RewardResult(s, s.reward, s.reward_info, s.reward_latency_s))
                 self.actor_outcomes[s.reward_info.get("outcome")] += 1
         if wanted:
-            texts = self.decode([s.response_ids for s in wanted])
-            self.rewards.submit_many([(s, text, s.metadata) for s, text in zip(wanted, texts)])
+            ids = [as_list(s.response_ids) for s in wanted]
+            if sum(map(len, ids)) < OFF_THREAD_TOKENS and not self._decoding:
+                self._submit(wanted, self.decode(ids))
+            else:  # behind any decode still running, so the pool gets samples in arrival order
+                if self._decoder is None:
+                    self._decoder = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="asyncrl-detokenize")
+                self._decoding.append((wanted, self._decoder.submit(self.decode, ids)))
+        self.submit_decoded()
+
+    def submit_decoded(self, wait: bool = False) -> None:
+        """Samples whose texts are ready go to the reward pool, oldest first (`wait`: all of them,
+        once decoded: the twin, whose clock does not run while a helper thread works)."""
+        while self._decoding and (wait or self._decoding[0][1].done()):
+            wanted, texts = self._decoding.popleft()
+            self._submit(wanted, texts.result())
+
+    def _submit(self, samples: list[Sample], texts: list[str]) -> None:
+        self.rewards.submit_many([(s, text, s.metadata) for s, text in zip(samples, texts)])
+
+    def close(self) -> None:
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False, cancel_futures=True)
 
     def poll_rewards(self, step: int, timeout_s: float = 0.0) -> list[RewardResult]:
         """Rewards as they come back, routed; eval samples handed to the pool. Returns them."""
+        self.submit_decoded()
         self.evaluator.poll(self.rewards, self.tokenizer, step)
         results, self._scored = self._scored, []
         results += self.rewards.poll(0.0 if results else timeout_s)

@@ -401,7 +401,7 @@ class Orchestrator:
         if self.samples is not None:
             self.samples.close()
         if self.driver is not None:
-            self.driver.rewards.close()
+            self.driver.close()
         if self.metrics is not None:
             self.metrics.close()
         self.collector.release()

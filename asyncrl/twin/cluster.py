@@ -183,6 +183,9 @@ class Twin:
         frames, self.inbox = self.inbox, []
         for f in frames:
             d.ingest(decode_samples(f))
+        # long responses are detokenized on the driver's helper threads (orchestrator/intake.py):
+        # not its thread's time, and, on a head node with cores to spare, done within the turn
+        d.intake.submit_decoded(wait=True)
         d.poll_rewards(self.step)
         grants, batch, finished, bookkeeping = [], None, False, t >= self.next_bookkeeping
         buffered = d.ledger.buffer.num_loss_tokens
@@ -288,7 +291,7 @@ class Twin:
             self.close()
 
     def close(self) -> None:
-        self.driver.rewards.close()
+        self.driver.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def result(self) -> dict[str, Any]:

@@ -78,3 +78,44 @@ def test_samples_their_actor_scored_skip_the_pool_and_reach_the_router_with_thei
                                 "reward/actor_pool_crashes_total": 0}
     intake.poll_rewards(step=3, timeout_s=0.5)
     assert len(routed) == 2 and pool.waits == [0.0, 0.5]
+
+
+def test_long_responses_are_detokenized_off_the_driver_thread_and_reach_the_pool_in_arrival_order():
+    """A turn of at least OFF_THREAD_TOKENS response tokens is decoded on a helper thread; its
+    samples reach the pool once decoded, and a later short turn queues behind it, not ahead."""
+    import threading
+
+    from asyncrl.orchestrator.intake import OFF_THREAD_TOKENS
+
+    tok = build_tokenizer()
+    ledger = GroupLedger(TokenBuffer(64, 1), GroupAssembler(), Shaping(), 2)
+    for g in ("long", "short"):
+        ledger.admit(PromptItem(g, [5, 6], {}), 0, SamplingSpec(1.0, 1.0, 10**6), 2, actor=0, version=0)
+    pool = Pool()
+    intake = SampleIntake(ledger, pool, tok, route=None, evaluator=None)
+    release, threads = threading.Event(), []
+    decode = intake.decode
+
+    def held(batch):  # the helper thread waits until the test lets it finish
+        threads.append(threading.current_thread().name)
+        release.wait(5)
+        return decode(batch)
+
+    intake.decode = held
+    piece = tok.encode("12+3")
+    long_ids = piece * (OFF_THREAD_TOKENS // len(piece) + 1)
+
+    def sample(g, i, ids):
+        return Sample(g, g, i, [5, 6], ids, [-0.5] * len(ids), [0] * len(ids), "stop", 0, {})
+
+    intake.ingest([sample("long", 0, long_ids), sample("long", 1, piece)])
+    intake.ingest([sample("short", 0, piece)])  # short, but behind a decode still running
+    assert pool.calls == []
+    release.set()
+    intake.submit_decoded(wait=True)
+    assert [(c[0].group_id, c[0].sample_index) for c in pool.calls] == [("long", 0), ("long", 1), ("short", 0)]
+    assert pool.calls[0][1] == "12+3" * (len(long_ids) // len(piece)) and pool.calls[2][1] == "12+3"
+    assert threads and all(t.startswith("asyncrl-detokenize") for t in threads)
+    intake.ingest([sample("short", 1, piece)])  # nothing queued: a short turn decodes inline
+    assert [c[0].sample_index for c in pool.calls[3:]] == [1] and threads[2:] == [threading.main_thread().name]
+    intake.close()
