@@ -51,6 +51,8 @@ def keep_stale(batch: Mapping[int, int], candidate: Mapping[int, int], moments: 
 def lag_counts(versions: list[int], start: int, end: int, learner_version: int) -> Counter[int]:
     """lag -> tokens among versions[start:end] at `learner_version`. Versions never decrease along
     a response, so each distinct version is one run, found by bisection."""
+    if start < end and versions[start] == versions[end - 1]:  # one version (no update mid-response)
+        return Counter({learner_version - versions[start]: end - start})
     out: Counter[int] = Counter()
     i = start
     while i < end:

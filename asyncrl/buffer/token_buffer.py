@@ -113,7 +113,10 @@ class TokenBuffer:
         Behind the head the queue is in version order, so the place is found by bisection: with
         in-flight updates long responses finish late, behind thousands of younger ones at scale."""
         version, q = p.sample.versions[0], self._queue
-        i = bisect_right(q, version, 1, key=_first_version) if q else 0
+        if not q or q[-1].sample.versions[0] <= version:  # in order: the usual case
+            q.append(p)
+            return
+        i = bisect_right(q, version, 1, key=_first_version)
         if i == 1 and q[0].offset == 0 and q[0].sample.versions[0] > version:
             i = 0
         q.insert(i, p)
