@@ -35,6 +35,7 @@ def with_lists(record: R) -> R:
     arrays = {f.name: v.tolist() for f in fields(record) if isinstance(v := getattr(record, f.name), array)}
     return replace(record, **arrays) if arrays else record
 
+
 FINISH_REASONS = ("stop", "length", "abort")
 BATCH_ROLES = ("own", "open", "continue")
 
