@@ -48,12 +48,15 @@ def keep_stale(batch: Mapping[int, int], candidate: Mapping[int, int], moments: 
     return ess is not None and ess >= ess_min
 
 
-def lag_counts(versions: list[int], start: int, end: int, learner_version: int) -> Counter[int]:
-    """lag -> tokens among versions[start:end] at `learner_version`. Versions never decrease along
-    a response, so each distinct version is one run, found by bisection."""
-    if start < end and versions[start] == versions[end - 1]:  # one version (no update mid-response)
-        return Counter({learner_version - versions[start]: end - start})
-    out: Counter[int] = Counter()
+def lag_counts(versions: list[int], start: int, end: int, learner_version: int,
+               into: Counter[int] | None = None) -> Counter[int]:
+    """lag -> tokens among versions[start:end] at `learner_version`, added to `into` (a new
+    Counter if None) and returned. Versions never decrease along a response, so each distinct
+    version is one run, found by bisection; a response of one version is counted in one step."""
+    out: Counter[int] = Counter() if into is None else into
+    if start < end and versions[start] == versions[end - 1]:  # no update mid-response: most of them
+        out[learner_version - versions[start]] += end - start
+        return out
     i = start
     while i < end:
         j = bisect_right(versions, versions[i], i, end)

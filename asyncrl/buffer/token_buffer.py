@@ -178,8 +178,8 @@ class TokenBuffer:
             batch: Counter[int] = Counter()
             candidate: Counter[int] = Counter()
             for p, start, take in self._window(learner_version, {**keep, id(cand): True}):
-                (candidate if p is cand else batch).update(lag_counts(p.sample.versions, start, start + take,
-                                                                      learner_version))
+                lag_counts(p.sample.versions, start, start + take, learner_version,
+                           into=candidate if p is cand else batch)
             keep[id(cand)] = keep_stale(batch, candidate, self.moments.by_bucket, self.ess_min, self.ess_max_lag)
         oldest_ok, dropped = learner_version - self.max_staleness, 0
         for p in [p for p in self._queue if keep.get(id(p)) is False]:
@@ -212,7 +212,7 @@ class TokenBuffer:
         """Tokens that entered training more than max_staleness behind, and the cut's estimated ESS."""
         lags: Counter[int] = Counter()
         for c in chunks:
-            lags.update(lag_counts(c.versions, 0, len(c.versions), learner_version))
+            lag_counts(c.versions, 0, len(c.versions), learner_version, into=lags)
             self.stats.tokens_beyond_bound += stale_prefix(c.versions, 0, c.entered_at - self.max_staleness)
         self.ess_estimate = estimated_ess(lags, self.moments.by_bucket)
 

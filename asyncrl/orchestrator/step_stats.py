@@ -147,13 +147,9 @@ class StepStats:
         rollout batch was first trained at (the buffer's `batch_start_version`; None: this step)."""
         default = learner_version if batch_start_version is None else batch_start_version
         for c in chunks:  # counted by runs of one version (a bisection each), not token by token
-            start, v, n = default if c.entered_at is None else c.entered_at, c.versions, len(c.versions)
-            if n and v[0] == v[-1]:  # one version: most chunks
-                self.lags[learner_version - v[0]] += n
-                self.async_lags[start - v[0]] += n
-            elif n:
-                self.lags.update(lag_counts(v, 0, n, learner_version))
-                self.async_lags.update(lag_counts(v, 0, n, start))
+            start = default if c.entered_at is None else c.entered_at
+            lag_counts(c.versions, 0, len(c.versions), learner_version, into=self.lags)
+            lag_counts(c.versions, 0, len(c.versions), start, into=self.async_lags)
             self.reuse_lags.append(learner_version - start)
 
     def take_examples(self) -> list[dict[str, Any]]:

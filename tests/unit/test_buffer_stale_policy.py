@@ -1,6 +1,8 @@
 """The stale policies' decisions by hand (buffer/stale_policy.py, algo/batch_ess.py), and the token
 buffer under `ess`: what it keeps, what it drops, and what that does to the batch's length bias."""
 
+from collections import Counter
+
 import msgpack
 import pytest
 
@@ -60,6 +62,8 @@ def test_keep_stale_by_hand():
 
 def test_lag_counts_and_moments_average():
     assert lag_counts([0, 0, 1, 1, 1, 3], 1, 6, learner_version=3) == {3: 1, 2: 3, 0: 1}
+    into = Counter({2: 5})  # added to what a caller has counted; a one-version run in one step
+    assert lag_counts([1, 1, 1], 0, 3, learner_version=3, into=into) is into and into == {2: 8}
     m = RatioMoments()
     m.observe({"stale_0": (1.0, 1.0)})
     m.observe({"stale_0": (0.5, 2.0), "stale_1": (0.9, 1.1)})
