@@ -127,7 +127,9 @@ class Twin:
         self.ranks = sc.learner.ranks or sc.split.train_gpus
         self.bin_s = sc.run.timeline_bin_s or max(self.learner_cost.step_s(sc.run.token_budget) / 4, 1e-3)
         self.engines = [SimEngine(self.engine_cost, sc.engine.max_num_seqs, self.kv_tokens, self.events,
-                                  on_finished=lambda *_: None, bin_s=self.bin_s) for _ in range(sc.split.engines)]
+                                  on_finished=lambda *_: None, bin_s=self.bin_s, on_busy=self._engine_busy)
+                        for _ in range(sc.split.engines)]
+        self._engines_busy = 0
         self.actors = [SimActor(i, e, self.cfg.sync.mode, sc.workload.prompt_tokens, self.lengths, self.rewards,
                                 self._deliver, scored=sc.run.reward_placement == "actor")
                        for i, e in enumerate(self.engines)]
@@ -142,6 +144,7 @@ class Twin:
         self.step = self.version = 0
         self.learner_state = "idle"  # training | done (waiting for the driver to see it) | pushing
         self.learner_busy = _Busy(self.bin_s)
+        self._work_s, self._work_t, self._step_token = 0.0, 0.0, 0  # the running step's work left, since when
         self._step_t0 = 0.0
         self._ready_left, self._ready_at, self._push_t0 = 0, 0.0, 0.0
         self.rows: list[_Row] = []
@@ -235,7 +238,26 @@ class Twin:
                               sum(len(c.old_logprobs) for c in batch.chunks if c.advantage != 0))
         self.learner_state, self._step_t0 = "training", t
         self._contend(t)
-        self.events.at(t + self.learner_cost.step_s(tokens), self._step_done)
+        self._work_s, self._work_t = self.learner_cost.step_s(tokens), t
+        self._schedule_step_end(t)
+
+    def _learner_slowdown(self) -> float:
+        return self.sc.learner.slowdown_while_generating if self._engines_busy else 1.0
+
+    def _schedule_step_end(self, t: float) -> None:
+        self._step_token += 1
+        self.events.at(t + self._work_s * self._learner_slowdown(),
+                       lambda now, token=self._step_token: self._step_done(now, token))
+
+    def _engine_busy(self, busy: bool, t: float) -> None:
+        """An engine started or stopped computing: a learner that shares its cores (on a machine
+        like the CPU demo) goes slower or faster from now on."""
+        before = self._learner_slowdown()
+        self._engines_busy += 1 if busy else -1
+        if self.learner_state == "training" and self._learner_slowdown() != before:
+            self._work_s -= (t - self._work_t) / before
+            self._work_t = t
+            self._schedule_step_end(t)
 
     def _contend(self, t: float) -> None:
         """Engines that share cores with the learner are slower while it trains."""
@@ -244,7 +266,9 @@ class Twin:
             for e in self.engines:
                 e.set_slowdown(factor, t)
 
-    def _step_done(self, t: float) -> None:
+    def _step_done(self, t: float, token: int) -> None:
+        if token != self._step_token:
+            return  # rescheduled: the engines' load changed during the step
         self.learner_busy.add(self._step_t0, t)
         self.learner_state = "done"
         self._contend(t)

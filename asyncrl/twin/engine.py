@@ -65,9 +65,11 @@ class EngineStats:
 class SimEngine:
     def __init__(self, cost: EngineCost, max_num_seqs: int, kv_tokens: int, events: EventQueue,
                  on_finished: Callable[[list[Request], float], None],
-                 on_idle: Callable[[float], None] | None = None, bin_s: float = 1.0):
+                 on_idle: Callable[[float], None] | None = None, bin_s: float = 1.0,
+                 on_busy: Callable[[bool, float], None] | None = None):
         self.cost, self.max_num_seqs, self.kv_tokens, self.events = cost, max_num_seqs, kv_tokens, events
-        self.on_finished, self.on_idle, self.bin_s = on_finished, on_idle, bin_s
+        self.on_finished, self.on_idle, self.bin_s, self.on_busy = on_finished, on_idle, bin_s, on_busy
+        self._was_busy = False
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.context = 0  # of the running requests
@@ -124,6 +126,7 @@ class SimEngine:
             self.running.append(r)
         if not self.running:
             self.stretch = None
+            self._notify(t)
             if self.on_idle is not None:
                 self.on_idle(t)
             return
@@ -137,6 +140,14 @@ class SimEngine:
                                 self._token)
         self.stats.prefill_tokens += prefill
         self._schedule()
+        self._notify(t)
+
+    def _notify(self, t: float) -> None:
+        busy = self.stretch is not None
+        if busy != self._was_busy:
+            self._was_busy = busy
+            if self.on_busy is not None:
+                self.on_busy(busy, t)
 
     def _schedule(self) -> None:
         s = self.stretch
@@ -184,6 +195,7 @@ class SimEngine:
     def _hand_back(self, t: float) -> None:
         back, self.running, self.waiting, self.context = [*self.running, *self.waiting], [], deque(), 0
         self.stretch, (callback, self._abort) = None, (self._abort, None)
+        self._notify(t)
         callback(back, t)
 
     def _account(self, t0: float, t1: float, steps: int, batch: int) -> None:

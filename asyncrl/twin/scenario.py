@@ -95,6 +95,11 @@ class Learner(_Section):
     """Per step, the orchestrator's own work around it, the driver's thread blocked: the Ray
     calls that start the step and collect its result, the row and samples it writes (tens of ms;
     calibrated machines measure it, GPU scenarios can leave it at 0 next to steps of seconds)."""
+    slowdown_while_generating: float = Field(1.0, ge=1)
+    """A step's work goes this many times slower while any engine generates: 1 where they have
+    hardware of their own; above 1 where they share cores (the CPU demo: two cores for the
+    learner, the engine and the processes around them). The engine's side of it is
+    engine.slowdown_while_training."""
     ranks: int | None = Field(None, ge=1)
     """Learner processes the batch is split over (default: one per training GPU)."""
 

@@ -64,6 +64,27 @@ def test_async_is_the_min_of_generation_and_training_rates():
     assert r["fraction_of_ideal"] == pytest.approx(1.0, rel=0.03)
 
 
+def test_a_learner_sharing_cores_with_the_engines_runs_slower_while_they_compute():
+    """0.5 s of work (an empty batch: learner.fixed_s), twice as slow while an engine computes:
+    alone 0-0.1 s (0.1 done), beside an engine 0.1-0.5 s (0.2 done), alone again: it ends at 0.7 s."""
+    from types import SimpleNamespace
+
+    from asyncrl.twin.engine import Request
+
+    twin = Twin(scenario({"learner.slowdown_while_generating": 2.0}), "inflight", charge_driver=False)
+    try:
+        twin._start_step(SimpleNamespace(chunks=[]), 0.0)
+        engine = twin.engines[0]  # c0 10 ms a step: 40 steps from 0.1 s
+        engine.on_finished = lambda requests, t: None  # a request of no actor's
+        twin.events.at(0.1, lambda t: engine.submit([Request(context=PROMPT, remaining=40)], t))
+        while twin.learner_state == "training":
+            assert twin.events.run_next()
+        assert twin.events.now == pytest.approx(0.7)
+        assert twin.learner_busy.by_bin and sum(twin.learner_busy.by_bin.values()) == pytest.approx(0.7)
+    finally:
+        twin.close()
+
+
 def test_a_twin_run_replays_exactly_for_a_seed():
     sc = scenario({"workload.lengths": {"kind": "lognormal", "mean": 60, "sigma": 0.8},
                    "workload.pass_rate": {"alpha": 1, "beta": 2, "drift_per_version": 0.1}},

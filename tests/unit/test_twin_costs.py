@@ -103,3 +103,16 @@ def test_abort_hands_everything_back_at_the_end_of_the_running_step():
     # max_num_seqs 1: the first ran 3 steps (the third ends at t 3), the second never started
     assert back == [(3.0, [(3, 7), (0, 4)])]
     assert e.idle and e.empty
+
+
+def test_the_engine_reports_when_it_starts_and_stops_computing():
+    events, changes = EventQueue(), []
+    e = SimEngine(EngineCost(1.0, 0.0, 0.0, 0.0), 8, 100, events, on_finished=lambda rs, t: None,
+                  on_busy=lambda busy, t: changes.append((busy, t)))
+    e.submit([Request(context=4, remaining=3)], 0.0)
+    events.at(1.5, lambda t: e.submit([Request(context=4, remaining=1)], t))  # joins; no change
+    run_engine(e, events)
+    events.at(10.0, lambda t: e.submit([Request(context=4, remaining=2)], t))
+    events.at(10.5, lambda t: e.abort(t, lambda rs, t: None))
+    run_engine(e, events)
+    assert changes == [(True, 0.0), (False, 3.0), (True, 10.0), (False, 11.0)]
