@@ -95,6 +95,7 @@ class Orchestrator:
         self._train_ref: GroupCall | None = None
         self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
         self._loop_s = 0.0  # the loop's own work between two steps (timing/loop_s)
+        self._overlap_tokens = 0  # response tokens that arrived while the learner trained
         self.model_path = ""
         self.driver = self.samples = self.learner = self.pool = self.weight_sync = None
         self.metrics = self.requests = None
@@ -268,6 +269,8 @@ class Orchestrator:
         return self.driver.probe_ids
 
     def _ingest(self, samples: list[Sample]) -> None:
+        if self._train_ref is not None:  # generation overlapping training: what asynchrony buys
+            self._overlap_tokens += sum(len(s.response_ids) for s in samples)
         self.driver.ingest(samples)
 
     def _poll_rewards(self, timeout_s: float = 0.0) -> None:
@@ -289,6 +292,7 @@ class Orchestrator:
 
     def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None
+        overlap, self._overlap_tokens = self._overlap_tokens, 0
         self._last_step_t = time.monotonic()
         self.step += 1
         self.version += 1
@@ -307,7 +311,7 @@ class Orchestrator:
                                  last=self.step >= self.cfg.total_steps, poll=self._poll_rewards)
         row = {"step": self.step, "learner/version": self.version, **result.metrics, **sync,
                "timing/train_s": train_s, "timing/wait_for_data_s": self._wait_for_data_s,
-               "timing/loop_s": self._loop_s,
+               "timing/loop_s": self._loop_s, "throughput/gen_tokens_while_training": overlap,
                "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
                **self.driver.step_metrics(self.step, self.samples.num_dropped), **self.collector.metrics(),
                "rollout/actors": len(self.pool.ids)}

@@ -30,6 +30,9 @@ def test_loop_respects_the_staleness_bound_with_exact_budget(ray_cluster, tmp_pa
     assert all(h["timing/gc_s"] >= 0 for h in orch.history) and orch.history[-1]["timing/gc_total_s"] >= 0
     assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 8
     assert [h["learner/version"] for h in orch.history] == list(range(1, 9))
+    # generation overlapping the steps: what the asynchronous loop is for
+    overlap = [h["throughput/gen_tokens_while_training"] for h in orch.history]
+    assert min(overlap) >= 0 and (sum(overlap) > 0 or staleness == 0)
     # the bound holds when a response enters training; a split response's rest follows one step later
     assert max(h["staleness/async_max"] for h in orch.history) <= staleness
     assert max(h["staleness/max"] for h in orch.history) <= staleness + 1
