@@ -4,6 +4,7 @@ functions from measurements to cost-model constants and workload parameters."""
 from __future__ import annotations
 
 import math
+import statistics
 
 from asyncrl.twin.costs import EngineCost
 from asyncrl.twin.engine import Request, SimEngine
@@ -50,6 +51,22 @@ def fit_engine(probes: list[tuple[float, ...]]) -> EngineCost:
                 best, best_err = np.zeros(3), err
                 best[list(cols)] = coef
     return EngineCost(float(best[0]), float(best[1]), 0.0, 0.0, c_request_s=float(best[2]))
+
+
+def learner_contention(rows: list[dict], min_steps: int = 5) -> tuple[float, float]:
+    """(step seconds alone, slowdown while generating) of a learner that shares cores with the
+    engine, from a run's rows (`timing/train_s`, `throughput/gen_tokens_while_training`): the
+    median step during which no response arrived (the engine idle, for responses shorter than a
+    step), and the median of the half of the other steps with the most arriving over it (the
+    engine busy for most of the step). Fewer than `min_steps` of either: (median step, 1)."""
+    steps = [(r["throughput/gen_tokens_while_training"], r["timing/train_s"]) for r in rows
+             if "throughput/gen_tokens_while_training" in r]
+    alone = [s for n, s in steps if n == 0]
+    overlapped = sorted((n, s) for n, s in steps if n > 0)
+    busy = [s for _, s in overlapped[len(overlapped) // 2:]]
+    if len(alone) < min_steps or len(busy) < min_steps:
+        return statistics.median(s for _, s in steps), 1.0
+    return statistics.median(alone), max(statistics.median(busy) / statistics.median(alone), 1.0)
 
 
 def fit_pass_rates(reward_mean: float, zero_variance_frac: float, group_size: int) -> tuple[float, float]:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from asyncrl.twin.calibrate import fit_engine, fit_pass_rates, logit_drift, schedule_sums
+from asyncrl.twin.calibrate import fit_engine, fit_pass_rates, learner_contention, logit_drift, schedule_sums
 from asyncrl.twin.capacity import keep_fraction
 
 
@@ -46,3 +46,21 @@ def test_logit_drift():
     rates = [1 / (1 + math.exp(-(-1 + 0.05 * i))) for i in range(20)]
     assert logit_drift(rates) == pytest.approx(0.05)
     assert logit_drift([0.5]) == 0.0
+
+
+def row(overlap_tokens: int, train_s: float) -> dict:
+    return {"throughput/gen_tokens_while_training": overlap_tokens, "timing/train_s": train_s}
+
+
+def test_learner_contention_compares_steps_alone_with_the_most_overlapped_half():
+    alone = [row(0, t) for t in (0.08, 0.07, 0.09, 0.10, 0.06)]  # median 0.08
+    # overlapped, by tokens: the lower half (10-40 tokens) is left out, the upper half's median is 0.12
+    overlapped = [row(10, 0.2), row(20, 0.2), row(30, 0.01), row(40, 0.01),
+                  row(50, 0.11), row(60, 0.12), row(70, 0.13), row(80, 0.10), row(90, 0.14)]
+    s, k = learner_contention(alone + overlapped)
+    assert s == pytest.approx(0.08) and k == pytest.approx(0.12 / 0.08)
+    # too few steps alone: no contention measured, the median of every step
+    s, k = learner_contention(alone[:4] + overlapped)
+    assert (s, k) == (pytest.approx(0.10), 1.0)
+    # a learner no slower beside the engine is not made faster by noise
+    assert learner_contention(alone + [row(50, 0.05)] * 6)[1] == 1.0
