@@ -184,7 +184,10 @@ def values_match(actual: Any, expected: Any, tol: float | None) -> bool:
                                                         for k in actual)
     numbers = (int, float)
     if tol is not None and isinstance(actual, numbers) and isinstance(expected, numbers):
-        return math.isclose(actual, expected, rel_tol=tol, abs_tol=tol)
+        try:
+            return math.isclose(actual, expected, rel_tol=tol, abs_tol=tol)
+        except OverflowError:  # an int beyond any float: only equal to itself
+            return actual == expected
     return actual == expected
 
 
@@ -270,7 +273,7 @@ class CodeReward:
         sb = self.cfg.sandbox  # the compiler needs more memory and time than a test run
         limits = sb.model_copy(update={
             "wall_time_s": sb.compile_time_s, "cpu_time_s": math.ceil(sb.compile_time_s),
-            "memory_mb": max(sb.memory_mb, 2048), "max_processes": max(sb.max_processes, 8),
+            "memory_mb": sb.compile_memory_mb, "max_processes": max(sb.max_processes, 8),
             "max_output_kb": max(sb.max_output_kb, 64)})
         return run_sandboxed([GXX, "-O2", "-std=c++17", "-o", "solution", "solution.cpp"], b"", limits, build,
                              persist=True)
@@ -296,7 +299,14 @@ class CodeReward:
             remove_tree(workdir)
         if result.status != "ok":
             return result.status
-        stdout = result.stdout.decode("utf-8", "replace")
+        try:
+            return self._judge(test, result.stdout, nonce)
+        except Exception:  # untrusted output made decoding or comparing raise: the test failed,
+            return "failed"  # never a verifier error (reward.max_error_frac stops runs for those)
+
+    def _judge(self, test: CodeTest, stdout_bytes: bytes, nonce: str) -> str:
+        """passed or failed, from what the program printed: everything here reads untrusted data."""
+        stdout = stdout_bytes.decode("utf-8", "replace")
         if test.kind == "stdio":
             return "passed" if outputs_match(stdout, test.expected, self.cfg.float_tolerance) else "failed"
         _, marker, reported = stdout.rpartition("\n" + nonce)
