@@ -99,8 +99,8 @@ def sync_timeout(orch, state):
     ray.get(orch.pool.actors[max(orch.pool.ids)].__ray_call__.remote(hang))
 
 
-def reward_crash(orch, state):
-    pass  # the verifier itself kills its worker on some samples (reward.type below)
+def no_operator(orch, state):
+    pass  # the verifier itself misbehaves on some samples (reward.type below)
 
 
 SCENARIOS = {
@@ -108,9 +108,10 @@ SCENARIOS = {
     "kill_actor_in_push": (kill_actor_in_push, ["rollout.num_actors=2"]),
     "sigterm_then_resume": (sigterm, []),
     "kill_learner_then_resume": (kill_learner, ["checkpoint.every_steps=3"]),
-    "reward_worker_crash": (reward_crash, ["reward.type=import:asyncrl.reward.fault_injection:crash_on_some"]),
+    "reward_worker_crash": (no_operator, ["reward.type=import:asyncrl.reward.fault_injection:crash_on_some"]),
     "malformed_frame": (malformed_frame, []),
     "sync_timeout": (sync_timeout, ["rollout.num_actors=2", "sync.timeout_s=5"]),
+    "crafted_reports": (no_operator, ["reward.type=import:asyncrl.reward.fault_injection:crafted_report_on_some"]),
 }
 
 
@@ -154,9 +155,14 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
             break
         outcome, resumed = f"stopped ({result['stopped']}), resumed", True
     events = [json.loads(x)["event"] for x in (out_dir / name / "events.jsonl").read_text().splitlines()]
+    last = orch.history[-1] if orch.history else {}
     return {"scenario": name, "outcome": outcome, "steps": len(orch.history), "ok": (
         len(orch.history) == steps and ok_balance and (resumed or name not in ("sigterm_then_resume",
-                                                                               "kill_learner_then_resume"))),
+                                                                               "kill_learner_then_resume"))
+        and (name != "crafted_reports" or last.get("reward/errors_total") == 0)),
+            "verifier_errors": last.get("reward/errors_total"),
+            "crafted_steps": sum(any(k.startswith("reward/outcome_crafted_") and v for k, v in h.items())
+                                 for h in orch.history),  # steps that scored a crafted report
             "accounting_balanced": ok_balance, "actors_lost": events.count("actor_lost"),
             "reward_crashes": orch.driver.rewards.stats.crashes, "frames_dropped": orch.samples.num_dropped,
             "checkpoints": events.count("checkpoint"), "seconds": round(time.monotonic() - t0, 1)}
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
     if not args.json:
         cols = ["scenario", "ok", "outcome", "steps", "accounting_balanced", "actors_lost", "reward_crashes",
-                "frames_dropped", "checkpoints", "seconds"]
+                "verifier_errors", "frames_dropped", "checkpoints", "seconds"]
         print("\n" + " | ".join(cols))
         for r in rows:
             print(" | ".join(str(r.get(c, "")) for c in cols))

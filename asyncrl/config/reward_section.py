@@ -14,7 +14,11 @@ class SandboxConfig(_Section):
     wall_time_s: float = Field(10.0, gt=0)
     """Wall-clock limit of one program run (one test), in seconds."""
     cpu_time_s: int = Field(5, gt=0)
-    """CPU-time limit of one program run (RLIMIT_CPU), in seconds."""
+    """CPU-time limit of one program run, in seconds: of all its processes together where there
+    is a cpu cgroup (the run is then killed as a timeout), and of each process (RLIMIT_CPU)."""
+    cpu_cores: float = Field(1.0, gt=0)
+    """Cores the run's processes may use together (a cpu cgroup's quota, where there is one): a
+    program that forks busy children takes no more than this from the trainer's machine."""
     memory_mb: int = Field(512, ge=64)
     """Memory of one program run, in MiB: all its processes together (a cgroup, where there is
     one), each process's address space (RLIMIT_AS), and the size of its /tmp and /dev/shm."""
@@ -25,7 +29,16 @@ class SandboxConfig(_Section):
     max_output_kb: int = Field(1024, gt=0)
     """Standard output kept per run; more is cut and the run fails as output_limit."""
     compile_time_s: float = Field(15.0, gt=0)
-    """Wall-clock limit of compiling a C++ solution."""
+    """Wall-clock limit of compiling a C++ solution (its CPU limit too, rounded up)."""
+    compile_memory_mb: int = Field(2048, ge=256)
+    """Memory of compiling a C++ solution, in MiB, and the size of the compiler's /tmp (g++ on
+    a template-heavy file needs far more than the program it builds; the run itself gets
+    memory_mb)."""
+    syscall_filter: bool = True
+    """Run programs under the seccomp filter (no keyrings, ptrace, mounts, new user namespaces,
+    bpf, io_uring, vsock, ...; asyncrl/reward/sandbox/seccomp.py), where this machine allows one.
+    false: only for programs that need a refused call; each run still gets a fresh session
+    keyring, and its uid's keyrings are cleared after it."""
     backend: Literal["auto", "namespaces", "bwrap"] = "auto"
     """How runs are isolated: auto (the kernel's namespaces directly, else bubblewrap if installed,
     else what is left, logged at start), or one of them first (bwrap costs ~10 ms more per run)."""

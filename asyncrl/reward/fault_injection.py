@@ -9,6 +9,10 @@ a run survives hangs and crashes (they never reach a real run unless a config na
 - `hang_on_some` / `crash_on_some`: the math verifier, except that one sample in `EVERY`
   (chosen by a hash of the response, so the same sample always misbehaves) hangs for an hour or
   kills its process.
+- `crafted_report_on_some`: the math verifier, except that one sample in `CRAFTED_EVERY` is
+  scored by the real code verifier on a program whose report is built to make a verifier raise
+  (a 400-digit number against a float within a tolerance; a number where the driver writes a
+  list). Both must score 0 as failed tests, never count as verifier errors.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ import zlib
 from typing import Any
 
 EVERY = 32
+CRAFTED_EVERY = 10
 _math = None
+_code = None
+F = "```"
+CRAFTED = [  # (program, tests)
+    (f"{F}python\ndef f(x):\n    return 10 ** 400\n{F}", [{"type": "call", "fn": "f", "args": [1], "expected": 2.5}]),
+    (f"{F}python\nimport os, re, sys\nos.lseek(0, 0, 0)\n"
+     f"nonce = re.findall(r\"_asyncrl_main\\('([0-9a-f]+)'\", sys.stdin.read())[0]\n"
+     f"sys.stdout.write('\\n' + nonce + '7\\n')\nsys.stdout.flush()\nos._exit(0)\n{F}",
+     [{"type": "assert", "code": "assert f(1) == 2"}]),
+]
 
 
 def scripted(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -60,6 +74,21 @@ def crash_on_some(response: str, metadata: dict[str, Any]) -> tuple[float, dict[
     if _selected(response, metadata):
         os._exit(3)
     return _math_reward(response, metadata)
+
+
+def crafted_report_on_some(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    global _code
+    digest = zlib.crc32(f"{metadata.get('record_key')}/{response}".encode("utf-8", "replace"))
+    if digest % CRAFTED_EVERY:
+        return _math_reward(response, metadata)
+    if _code is None:
+        from asyncrl.config import CodeRewardConfig
+        from asyncrl.reward.code_reward import CodeReward
+
+        _code = CodeReward(CodeRewardConfig(float_tolerance=1e-6))
+    program, tests = CRAFTED[digest // CRAFTED_EVERY % len(CRAFTED)]
+    reward, info = _code(program, {"tests": tests})
+    return reward, {**info, "outcome": f"crafted_{info['outcome']}"}
 
 
 def solves_even_records(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:

@@ -154,3 +154,23 @@ def test_values_match(actual, expected, tol, match):
 def test_outcomes_decided_before_running(response, metadata, outcome):
     reward, info = CodeReward()(response, metadata)
     assert (reward, info["outcome"]) == (0.0, outcome)
+
+
+def test_a_cpp_compile_gets_the_configured_memory(monkeypatch):
+    """compile_memory_mb, not a hidden 2 GiB floor, is what g++ and its /tmp get."""
+    from asyncrl.config import CodeRewardConfig, SandboxConfig
+    from asyncrl.reward import code_reward
+    from asyncrl.reward.sandbox import RunResult
+
+    seen = []
+
+    def compile_only(argv, stdin, limits, workdir, persist=False):
+        seen.append((argv[0], limits.memory_mb, limits.wall_time_s))
+        return RunResult("crashed", 1, b"", b"error: out of memory", 0.1)
+
+    monkeypatch.setattr(code_reward, "run_sandboxed", compile_only)
+    monkeypatch.setattr(code_reward, "GXX", "/usr/bin/g++")
+    cfg = CodeRewardConfig(sandbox=SandboxConfig(memory_mb=128, compile_memory_mb=300, compile_time_s=7.0))
+    reward, info = CodeReward(cfg)(f"{F}cpp\nint main(){{}}\n{F}", {"tests": [{"type": "stdio", "output": "1"}]})
+    assert (reward, info["outcome"]) == (0.0, "compile_error")
+    assert seen == [("/usr/bin/g++", 300, 7.0)]

@@ -5,6 +5,8 @@ its bubblewrap form. The real thing runs in tests/integration/test_sandbox*.py."
 import os
 import sys
 
+import pytest
+
 from asyncrl.reward.sandbox import cgroups, remove_tree, rootfs
 
 
@@ -61,11 +63,29 @@ def test_find_reads_v1_and_v2_hierarchies(tmp_path):
                    + MOUNT.format(point="/sys/fs/cgroup/pids", fstype="cgroup", opts="pids"))
     assert cgroups.find(v1) == cgroups.Hierarchy(1, {"memory": cgroups.Path("/sys/fs/cgroup/memory/job/a"),
                                                      "pids": cgroups.Path("/sys/fs/cgroup/pids")})
+    # cpu and cpuacct (as these machines mount them, apart): the quota and the account, or neither
+    cpu_mounts = (MOUNT.format(point="/sys/fs/cgroup/cpu", fstype="cgroup", opts="cpu")
+                  + MOUNT.format(point="/sys/fs/cgroup/cpuacct", fstype="cgroup", opts="cpuacct"))
+    v1_cpu = fake_proc(tmp_path, "4:memory:/job/a\n8:pids:/\n1:cpu:/\n2:cpuacct:/\n0::/\n",
+                       MOUNT.format(point="/sys/fs/cgroup/memory", fstype="cgroup", opts="memory")
+                       + MOUNT.format(point="/sys/fs/cgroup/pids", fstype="cgroup", opts="pids") + cpu_mounts)
+    assert cgroups.find(v1_cpu).dirs == {"memory": cgroups.Path("/sys/fs/cgroup/memory/job/a"),
+                                         "pids": cgroups.Path("/sys/fs/cgroup/pids"),
+                                         "cpu": cgroups.Path("/sys/fs/cgroup/cpu"),
+                                         "cpuacct": cgroups.Path("/sys/fs/cgroup/cpuacct")}
+    v1_no_account = fake_proc(tmp_path, "4:memory:/job/a\n8:pids:/\n1:cpu:/\n0::/\n",
+                              MOUNT.format(point="/sys/fs/cgroup/memory", fstype="cgroup", opts="memory")
+                              + MOUNT.format(point="/sys/fs/cgroup/pids", fstype="cgroup", opts="pids")
+                              + MOUNT.format(point="/sys/fs/cgroup/cpu", fstype="cgroup", opts="cpu"))
+    assert set(cgroups.find(v1_no_account).dirs) == {"memory", "pids"}
     unified = tmp_path / "unified"
     (unified / "user.slice").mkdir(parents=True)
     (unified / "user.slice" / "cgroup.controllers").write_text("cpu memory pids\n")
     v2 = fake_proc(tmp_path, "0::/user.slice\n", MOUNT.format(point=unified, fstype="cgroup2", opts="nsdelegate"))
-    assert cgroups.find(v2) == cgroups.Hierarchy(2, {"memory": unified / "user.slice", "pids": unified / "user.slice"})
+    d = unified / "user.slice"
+    assert cgroups.find(v2) == cgroups.Hierarchy(2, {"memory": d, "pids": d, "cpu": d})
+    (d / "cgroup.controllers").write_text("memory pids\n")
+    assert cgroups.find(v2) == cgroups.Hierarchy(2, {"memory": d, "pids": d})
     (unified / "user.slice" / "cgroup.controllers").write_text("cpu io\n")
     assert cgroups.find(v2) is None  # no memory or pids controller to use
 
@@ -83,6 +103,33 @@ def test_a_v2_slot_sets_limits_and_reads_counters(tmp_path):
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 4\noom_kill 5\n")
     assert slot.usage() == (None, 3)  # no memory.peak here; OOM kills since prepare()
     assert slot.procs_files == [bytes(d / "cgroup.procs")]
+
+
+def test_a_slot_holds_the_trees_cpu(tmp_path):
+    """v2: cpu.max is the quota (cores x period), cpu.stat's usage_usec the account since prepare();
+    v1: cpu.cfs_quota_us and cpuacct.usage (ns)."""
+    d = tmp_path / "asyncrl-sandbox-1-2"
+    d.mkdir()
+    for name, text in (("memory.events", "oom_kill 0\n"), ("cgroup.procs", ""), ("cpu.stat", "usage_usec 2500000\n")):
+        (d / name).write_text(text)
+    slot = cgroups.Slot(2, {"memory": d, "pids": d, "cpu": d})
+    slot.prepare(256, 19, cpu_cores=0.5)
+    assert (d / "cpu.max").read_text() == "50000 100000"
+    (d / "cpu.stat").write_text("usage_usec 3750000\nuser_usec 1\n")
+    assert slot.cpu_s() == pytest.approx(1.25)
+    slot.prepare(256, 19, cpu_cores=0.0)  # no quota
+    assert (d / "cpu.max").read_text() == "max 100000" and slot.cpu_s() == 0.0
+    mem, cpu, acct = (tmp_path / n for n in ("m", "c", "a"))
+    for p in (mem, cpu, acct):
+        p.mkdir()
+    (mem / "memory.oom_control").write_text("oom_kill 0\n")
+    (acct / "cpuacct.usage").write_text("7000000000\n")
+    v1 = cgroups.Slot(1, {"memory": mem, "pids": mem, "cpu": cpu, "cpuacct": acct})
+    v1.prepare(256, 19, cpu_cores=2.0)
+    assert ((cpu / "cpu.cfs_quota_us").read_text(), (cpu / "cpu.cfs_period_us").read_text()) == ("200000", "100000")
+    (acct / "cpuacct.usage").write_text("7300000000\n")
+    assert v1.cpu_s() == pytest.approx(0.3)
+    assert cgroups.Slot(2, {"memory": d, "pids": d}).cpu_s() is None  # no cpu controller: not counted
 
 
 def test_layout_binds_system_dirs_and_an_interpreter_outside_them():

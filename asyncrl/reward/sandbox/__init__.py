@@ -13,7 +13,8 @@ How (the modules, in the order a run goes through them):
     runner.run_sandboxed ─► launcher.Launcher (one small process per concurrent run, in its cgroup)
       ─► server (in it) ─► spawn (between its fork and the program's exec) ─► rootfs (the new root)
     layers.isolation: which setup works here, found once; cgroups: the memory and pids limits;
-    cleanup.remove_tree: host directories, whatever was written in them; fallback: no namespaces
+    seccomp: the system-call filter; cleanup.remove_tree: host directories, whatever was written
+    in them; fallback: no namespaces
 
 What a run is isolated by, layer by layer (layers.py finds which this machine allows and logs the
 missing ones once):
@@ -22,11 +23,13 @@ missing ones once):
 |---|---|---|
 | file system | mount namespace, new root: read-only system dirs, fresh /tmp, /dev/shm, run dir (rootfs.py) | same, in a user namespace |
 | processes | pid namespace with its own /proc; killing its init kills every process of the run | same |
-| network | a network namespace with only a loopback that is down (no TCP, no abstract Unix socket of the host) | same |
+| network | a network namespace per run with only a loopback that is down (no TCP, no abstract Unix socket of the host or of another run) | same |
+| system calls | a seccomp filter (seccomp.py): no keyrings, ptrace, mounts, new user namespaces, bpf, io_uring, kernel modules; sockets of AF_UNIX, AF_INET(6) and AF_NETLINK only (no vsock) | same |
+| kernel keyrings | a fresh empty session keyring per run; without the filter, the uid's keyrings cleared after it | same, but not cleared |
 | System V IPC, hostname | ipc and uts namespaces | same |
 | privileges | a uid of its own per run, no_new_privs, nosuid mounts | root of a user namespace with every capability dropped |
-| memory, processes | a cgroup per launcher (v1 memory+pids, or v2), and RLIMIT_AS per process | RLIMIT_AS per process only; no process limit but the wall clock |
-| time, files, output | RLIMIT_CPU, wall clock, RLIMIT_FSIZE, tmpfs sizes, output cap | same |
+| memory, processes, CPU | a cgroup per launcher (v1 memory+pids+cpu+cpuacct, or v2): the tree's memory, processes, cores (cpu_cores) and CPU time (cpu_time_s); RLIMIT_AS per process | RLIMIT_AS per process only; no process limit but the wall clock |
+| time, files, output | RLIMIT_CPU per process, wall clock, RLIMIT_FSIZE, tmpfs sizes, output cap | same |
 
 The kernel's namespaces are used directly (spawn.py); bubblewrap (`apt-get install bubblewrap`)
 builds the same ones and the same root where that is not possible, or when asked. Where no
@@ -34,9 +37,8 @@ namespace can be made at all (e.g. root in a container without CAP_SYS_ADMIN), t
 remains: rlimits, a network namespace if possible, a uid of its own and clean-up by cgroup or uid
 (fallback.py).
 
-Not protected: there is no seccomp filter, so the program can make any system call its user may
-(kernel bugs are out of scope); what it reads is what the system directories hold (world-readable
-files under /usr, the loader's files in /etc).
+Not protected: kernel bugs in the system calls the filter allows; what it reads is what the
+system directories hold (world-readable files under /usr, the loader's files in /etc).
 """
 
 from asyncrl.reward.sandbox.cleanup import remove_tree

@@ -1,7 +1,13 @@
-"""Memory and process limits for a run's whole process tree: a cgroup of its own.
+"""Memory, process and CPU limits for a run's whole process tree: a cgroup of its own.
 
     slot = Slots(find()).create() ─► a launcher lives in it ─► per run: slot.prepare(limits), then
-    slot.usage() (peak memory, OOM kills)
+    slot.cpu_s() while it runs (runner.py kills it past cpu_time_s), slot.usage() (peak memory,
+    OOM kills)
+
+CPU (where the cpu and cpuacct controllers are, v1, or cpu on v2): a quota of `cpu_cores` cores
+for the tree, and its CPU time summed over every process, so that forking children (each with
+an RLIMIT_CPU of its own) buys no more than cpu_time_s. Without them, RLIMIT_CPU per process and
+the wall clock remain.
 
 One slot (a cgroup, or a pair of them on v1) per launcher, reused for all its runs (one at a time):
 creating and removing a memory cgroup per run would leave offline memory cgroups behind for as
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "asyncrl-sandbox-"
+CPU_PERIOD_US = 100_000
 _NAME = re.compile(rf"{PREFIX}(\d+)-\d+$")
 _counter = itertools.count(1)  # slot names are unique in this process, whichever Slots made them
 
@@ -38,7 +45,7 @@ class Hierarchy:
     """Where this process's cgroups are: version, and per controller the directory of its cgroup."""
 
     version: int
-    dirs: dict[str, Path]  # controller (memory, pids) -> this process's cgroup directory
+    dirs: dict[str, Path]  # controller (memory, pids; cpu, cpuacct where there) -> this process's cgroup directory
 
 
 @dataclass
@@ -47,7 +54,9 @@ class Slot:
     dirs: dict[str, Path]  # controller -> the slot's cgroup directory
     memory_mb: int = 1 << 40  # the limits now: a new cgroup has none
     max_tasks: int = 0
+    cpu_cores: float = 0.0  # 0: no quota
     _oom_before: int = 0
+    _cpu_before: float = 0.0
     _peak_fd: int | None = field(default=None, repr=False)
 
     @property
@@ -55,8 +64,22 @@ class Slot:
         """The cgroup.procs files a process writes "0" into to join the slot (one per hierarchy)."""
         return sorted({bytes(d / "cgroup.procs") for d in self.dirs.values()})
 
-    def prepare(self, memory_mb: int, max_tasks: int) -> None:
-        """Set the limits for the next run and reset its counters."""
+    @property
+    def has_cpu(self) -> bool:
+        return "cpu" in self.dirs
+
+    def prepare(self, memory_mb: int, max_tasks: int, cpu_cores: float = 0.0) -> None:
+        """Set the limits for the next run (cpu_cores 0: no quota) and reset its counters."""
+        if self.has_cpu and cpu_cores != self.cpu_cores:
+            quota = int(cpu_cores * CPU_PERIOD_US) if cpu_cores > 0 else -1
+            if self.version == 1:
+                (self.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
+            else:
+                (self.dirs["cpu"] / "cpu.max").write_text(f"{quota if quota > 0 else 'max'} {CPU_PERIOD_US}")
+            self.cpu_cores = cpu_cores
+        if self.has_cpu:
+            self._cpu_before = self._cpu_total()
         if self.version == 1:
             mem, pids = self.dirs["memory"], self.dirs["pids"]
             if memory_mb != self.memory_mb:
@@ -80,6 +103,19 @@ class Slot:
             self._reset_peak_v2(d)
         self.memory_mb, self.max_tasks = memory_mb, max_tasks
         self._oom_before = self._oom_kills()
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds of every process of the slot since prepare() (None: no cpu controller)."""
+        return self._cpu_total() - self._cpu_before if self.has_cpu else None
+
+    def _cpu_total(self) -> float:
+        if self.version == 1:
+            return int((self.dirs["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+        for line in (self.dirs["cpu"] / "cpu.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+        return 0.0
 
     def _reset_peak_v2(self, d: Path) -> None:
         # memory.peak is resettable since Linux 6.12, per open file: keep one fd to write and read
@@ -147,14 +183,16 @@ def find(proc_self: Path = Path("/proc/self")) -> Hierarchy | None:
         _, controllers, path = line.split(":", 2)
         for c in controllers.split(",") if controllers else [""]:
             own[c] = path.lstrip("/")
-    v1 = {c: mounts[c] / own[c] for c in ("memory", "pids") if c in mounts and c in own}
-    if len(v1) == 2:
+    v1 = {c: mounts[c] / own[c] for c in ("memory", "pids", "cpu", "cpuacct") if c in mounts and c in own}
+    if "memory" in v1 and "pids" in v1:
+        if not ("cpu" in v1 and "cpuacct" in v1):  # both or neither: the quota and the account
+            v1.pop("cpu", None), v1.pop("cpuacct", None)
         return Hierarchy(1, v1)
     if "" in mounts and "" in own:
         d = mounts[""] / own[""]
         enabled = set((d / "cgroup.controllers").read_text().split())
         if {"memory", "pids"} <= enabled:
-            return Hierarchy(2, {"memory": d, "pids": d})
+            return Hierarchy(2, {"memory": d, "pids": d, **({"cpu": d} if "cpu" in enabled else {})})
     return None
 
 
@@ -206,7 +244,7 @@ class Slots:
 
 
 def _enable_v2_controllers(d: Path) -> None:
-    wanted = {"memory", "pids"}
+    wanted = {"memory", "pids"} | ({"cpu"} & set((d / "cgroup.controllers").read_text().split()))
     if not wanted <= set((d / "cgroup.subtree_control").read_text().split()):
         (d / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(wanted)))
 

@@ -9,9 +9,10 @@ a fresh `python -I -S` holding only this package (~17 MB), started once per conc
 also keeps, for all its runs:
 - its cgroup: it lives in its slot (cgroups.py), so its children are born there; moving each run
   into a v1 cgroup instead waits for an RCU grace period (~14 ms every other run here);
-- as root, its network and uts namespaces, created once (a fresh network namespace per run cost
-  ~2-3 ms, partly in the kernel's asynchronous clean-up). A run cannot leave anything in them
-  for the next: it has no capability to change them, and its sockets die with its processes;
+- as root, its network and uts namespaces. The network namespace is replaced after each run
+  (server.py), once the run's result is sent: one shared by the launcher's runs let an abstract
+  Unix socket that a program kept alive past its end, through a descriptor cycle over
+  SCM_RIGHTS, reach the next run; made in the run's own child it cost ~2-3 ms per run;
 - as root, a private mount namespace with the read-only part of the root built once per layout
   (rootfs.build_template); each run gets its own mount, ipc and pid namespaces on top.
 
@@ -56,20 +57,23 @@ class Launcher:
         """config: backend, userns, net_flags, bwrap (layers.Isolation); slot: the cgroup it
         lives in, or None."""
         self.slot = slot
+        self.error = b""  # why the launcher gave up on its run (its own fault, not the program's)
         self.staging = ""  # the templates' mount point (an empty directory on the host)
         if config["backend"] == "namespaces" and not config["userns"]:
             self.staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", BOOT, str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", BOOT, str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
         theirs.close()
         ours.send(str(ROOT_DIR).encode())
         ours.send(json.dumps({**config, "staging": self.staging}).encode())
-        if self._recv(60) != ("ready",):  # what it allocated starting up is not charged to the slot
+        reply = self._recv(60)
+        if reply != ("ready",):  # what it allocated starting up is not charged to the slot
             self.close()
-            raise OSError("the sandbox launcher did not start")
+            why = reply[1].decode("utf-8", "replace") if reply and reply[0] == "error" else "no answer"
+            raise OSError(f"the sandbox launcher did not start: {why}")
         if slot is not None:
             for procs in slot.procs_files:  # before its first run: every run is born in the slot
                 with open(procs, "w") as f:
@@ -92,6 +96,8 @@ class Launcher:
     def result(self, timeout_s: float | None) -> tuple[int, float] | None:
         """(the program's return code, the run's CPU seconds), or None: the launcher broke."""
         reply = self._recv(timeout_s)
+        if reply is not None and reply[0] == "error":
+            self.error = reply[1]
         return None if reply is None or reply[0] != "exited" else (reply[1], reply[2])
 
     def fileno(self) -> int:

@@ -6,7 +6,8 @@ user namespace), bubblewrap when installed (the same namespaces and root, for ma
 bwrap may create them, e.g. where AppArmor restricts unprivileged user namespaces to programs with
 a profile; first when code.sandbox.backend is bwrap), then the bare back end: a network namespace
 alone, then nothing but rlimits. Independently: a cgroup for memory and processes (root only),
-and a uid of its own per run (root only).
+and a uid of its own per run (root only), and the system-call filter (seccomp.py: where the
+kernel takes one and there is a syscall table for the architecture).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 
-from asyncrl.reward.sandbox import cgroups, spawn
+from asyncrl.reward.sandbox import cgroups, rootfs, seccomp, spawn
 from asyncrl.reward.sandbox.cleanup import remove_tree
 
 log = logging.getLogger("asyncrl.reward.sandbox")
@@ -32,6 +33,7 @@ class Isolation:
     bwrap: str = ""
     net_flags: int = 0  # bare: the network namespace flags that work (0: none)
     slots: cgroups.Slots | None = None
+    seccomp: bool = False  # every run under the system-call filter (seccomp.py)
     missing: tuple[str, ...] = ()  # what could not be had, and why
 
     @property
@@ -39,7 +41,8 @@ class Isolation:
         """Layer -> whether runs have it (the README's table, for this machine)."""
         ns = self.backend != "bare"
         return {"filesystem": ns, "pid": ns, "network": ns or bool(self.net_flags), "ipc": ns,
-                "uid": os.geteuid() == 0, "cgroup": self.slots is not None}
+                "uid": os.geteuid() == 0, "cgroup": self.slots is not None,
+                "cpu": self.slots is not None and "cpu" in self.slots.hierarchy.dirs, "syscalls": self.seccomp}
 
     def describe(self) -> str:
         mode = f"{self.backend}{' (user namespace)' if self.userns else ''}"
@@ -62,6 +65,9 @@ def _isolation(prefer: str) -> Isolation:
         slots, why = _cgroup_slots()
         if why:
             missing.append(f"cgroup ({why}): memory is limited per process (RLIMIT_AS), not per run")
+        elif "cpu" not in slots.hierarchy.dirs:
+            missing.append("cpu cgroup (no cpu and cpuacct controllers here): CPU time is limited per process "
+                           "(RLIMIT_CPU), not per run, and a run may take every core")
     else:
         missing += ["cgroup (needs root): memory is limited per process (RLIMIT_AS), not per run, "
                     "and the number of processes only by the wall-clock limit",
@@ -85,7 +91,11 @@ def _isolation(prefer: str) -> Isolation:
             missing.append(f"network namespace ({errors['bare']}): the program can reach the network")
     if prefer == "bwrap" and candidate.backend != "bwrap":
         missing.append(f"bubblewrap ({errors.get('bwrap') or f'not installed: {INSTALL_BWRAP}'})")
-    found = replace(candidate, missing=tuple(missing))
+    no_filter = seccomp.unavailable(rootfs.libc)
+    if no_filter:
+        missing.append(f"system-call filter ({no_filter}): the program may make any system call its user may; "
+                       "each run gets a fresh session keyring and its uid's keyrings are cleared after it")
+    found = replace(candidate, seccomp=no_filter is None, missing=tuple(missing))
     (log.warning if missing else log.info)("%s%s", found.describe(),
                                            "".join(f"\n  missing: {m}" for m in missing))
     return found

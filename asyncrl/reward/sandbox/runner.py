@@ -34,6 +34,7 @@ _uid_counter = itertools.count()
 _pools: dict[Isolation, Launchers] = {}
 _active: set[Launcher] = set()
 BROKEN = (-signal.SIGKILL, 0.0)  # the result of a run whose launcher broke
+CPU_CHECK_S = 0.05  # how often a run's CPU time is read, where its cgroup counts it
 
 
 @dataclass
@@ -68,6 +69,8 @@ class _ProbeLimits:  # the fields of SandboxConfig a run reads (config is not im
     max_processes: int = 4
     max_file_mb: int = 1
     max_output_kb: int = 64
+    syscall_filter: bool = True
+    cpu_cores: float = 1.0
 
 
 def probe_run(candidate: Isolation, workdir: str) -> RunResult:
@@ -96,7 +99,8 @@ atexit.register(release)
 
 def _pool(iso: Isolation) -> Launchers:
     if iso not in _pools:
-        config = {"backend": iso.backend, "userns": iso.userns, "net_flags": iso.net_flags, "bwrap": iso.bwrap}
+        config = {"backend": iso.backend, "userns": iso.userns, "net_flags": iso.net_flags, "bwrap": iso.bwrap,
+                  "seccomp": iso.seccomp}  # the launcher builds the filter once
         _pools[iso] = Launchers(config, iso.slots)
     return _pools[iso]
 
@@ -118,7 +122,7 @@ def _run(argv: list[str], stdin: bytes, limits: SandboxConfig, workdir: Path, pe
     _active.add(launcher)
     try:
         stdout, stderr, reason, ended = _collect(launcher, stdout_r, stderr_r, start + limits.wall_time_s,
-                                                 limits.max_output_kb << 10)
+                                                 limits.max_output_kb << 10, limits.cpu_time_s)
         if ended is None:
             launcher.kill()
             ended = launcher.result(STOP_GRACE_S) or BROKEN
@@ -127,6 +131,8 @@ def _run(argv: list[str], stdin: bytes, limits: SandboxConfig, workdir: Path, pe
     peak, oom_kills = launcher.slot.usage() if launcher.slot is not None else (None, 0)
     if ended is BROKEN:  # the launcher did not answer: replace it (its run dies with it)
         pool.discard(launcher)
+        if launcher.error:  # it said why: a fault of the sandbox, not of the program
+            return RunResult("sandbox_error", None, stdout, launcher.error, time.monotonic() - start, iso.backend, uid)
     else:
         pool.put_back(launcher)
     returncode, cpu_s = ended
@@ -148,7 +154,7 @@ def _start(pool: Launchers, argv, stdin, limits, workdir, persist, iso, uid) -> 
     try:
         launcher = pool.acquire()
         if launcher.slot is not None:
-            launcher.slot.prepare(limits.memory_mb, limits.max_processes + HELPER_TASKS)
+            launcher.slot.prepare(limits.memory_mb, limits.max_processes + HELPER_TASKS, limits.cpu_cores)
         if uid is not None and (persist or iso.backend == "bare"):
             for path in [workdir, *workdir.iterdir()]:  # the program writes here as its own uid
                 os.chown(path, uid, uid, follow_symlinks=False)
@@ -192,7 +198,7 @@ def _request(argv, limits, workdir, persist, iso, uid, launcher) -> dict:
     return {"argv": list(argv), "uid": uid, "workdir": bytes(workdir), "persist": persist,
             "steps": rootfs.layout((argv[0],)) if iso.backend != "bare" else (),
             "tmpfs_mb": limits.memory_mb, "rlimits": tuple(rlimits), "wall_s": math.ceil(limits.wall_time_s),
-            "cap_last": _cap_last(),
+            "cap_last": _cap_last(), "seccomp": iso.seccomp and limits.syscall_filter,
             "cgroup_procs": launcher.slot.procs_files if launcher.slot is not None else [],
             "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": tmp,
                     "PYTHONDONTWRITEBYTECODE": "1"}}
@@ -207,23 +213,26 @@ def _cap_last() -> int:
 
 
 def _collect(launcher: Launcher, stdout_r: int, stderr_r: int, deadline: float,
-             cap: int) -> tuple[bytes, bytes, str | None, tuple | None]:
-    """Read stdout and stderr until both close and the run has ended, the deadline passes
-    ("timeout") or one exceeds cap ("output_limit"); nothing beyond cap is kept, so a program
-    printing gigabytes costs cap. Returns the outputs, the reason, and the launcher's result
-    (None if the run has not ended, BROKEN if the launcher did not answer)."""
+             cap: int, cpu_s: float = math.inf) -> tuple[bytes, bytes, str | None, tuple | None]:
+    """Read stdout and stderr until both close and the run has ended, the deadline passes or the
+    run's whole tree has used cpu_s of CPU ("timeout", the latter checked every CPU_CHECK_S where
+    the slot counts CPU), or one exceeds cap ("output_limit"); nothing beyond cap is kept, so a
+    program printing gigabytes costs cap. Returns the outputs, the reason, and the launcher's
+    result (None if the run has not ended, BROKEN if the launcher did not answer)."""
     bufs = {stdout_r: bytearray(), stderr_r: bytearray()}
     reason, ended = None, None
+    slot = launcher.slot if launcher.slot is not None and launcher.slot.has_cpu else None
     with selectors.DefaultSelector() as sel:
         for fd in bufs:
             sel.register(fd, selectors.EVENT_READ)
         sel.register(launcher.fileno(), selectors.EVENT_READ)
         while reason is None and (len(sel.get_map()) > 1 or ended is None):
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or (slot is not None and ended is None and slot.cpu_s() > cpu_s):
                 reason = "timeout"
                 break
-            for key, _ in sel.select(timeout=deadline - now):
+            wait = deadline - now if slot is None else min(deadline - now, CPU_CHECK_S)
+            for key, _ in sel.select(timeout=wait):
                 if key.fd == launcher.fileno():
                     sel.unregister(key.fd)
                     ended = launcher.result(0) or BROKEN

@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from asyncrl.reward.sandbox import fallback, rootfs, spawn
+from asyncrl.reward.sandbox import fallback, rootfs, seccomp, spawn
 from asyncrl.reward.sandbox.launcher import MAX_MESSAGE, STOP_GRACE_S
 
 
@@ -29,7 +29,11 @@ def serve(sock_fd: int) -> None:
     sock = socket.socket(fileno=sock_fd)
     config = json.loads(sock.recv(MAX_MESSAGE))
     sock.set_inheritable(False)  # no run may inherit it
-    server = _Server(sock, config)
+    try:
+        server = _Server(sock, config)
+    except Exception as e:  # why it cannot start goes to the caller, not to the trainer's console
+        sock.send(pickle.dumps(("error", f"{e!r}".encode()[:1000])))
+        return
     sock.send(pickle.dumps(("ready",)))
     while True:
         try:
@@ -39,7 +43,12 @@ def serve(sock_fd: int) -> None:
         if not msg:
             return  # the caller is gone
         request = pickle.loads(msg)
-        if request[0] == "run" and server.run(request[1], fds):
+        try:
+            if request[0] == "run" and server.run(request[1], fds):
+                return
+        except Exception as e:  # a fault of the launcher's own: the run's result (sandbox_error),
+            with contextlib.suppress(OSError):  # then this launcher ends and is replaced
+                sock.send(pickle.dumps(("error", f"sandbox launcher: {e!r}".encode()[:1000])))
             return
 
 
@@ -47,6 +56,7 @@ class _Server:
     def __init__(self, sock: socket.socket, config: dict):
         self.sock, self.backend, self.userns = sock, config["backend"], config["userns"]
         self.net_flags, self.bwrap = config["net_flags"], config["bwrap"]
+        self.filter = (seccomp.program() or b"") if config["seccomp"] else b""
         self.staging = config["staging"].encode()
         self.templates: dict[tuple, bytes] = {}
         if self.backend == "namespaces" and not self.userns:
@@ -98,6 +108,12 @@ class _Server:
         if not gone:
             with contextlib.suppress(OSError):
                 self.sock.send(pickle.dumps(("exited", returncode, rusage.ru_utime + rusage.ru_stime)))
+        if self.backend == "namespaces" and not self.userns:
+            # the next run in a network namespace of its own: an abstract Unix socket that a
+            # program kept alive past its end (a descriptor cycle over SCM_RIGHTS lives until the
+            # kernel collects it) stays in this one, out of reach. Made after the answer, so the
+            # caller's work on this run's output overlaps it (~2-3 ms with the kernel's clean-up)
+            spawn.unshare(spawn.CLONE_NEWNET)
         return gone
 
     def _start(self, request: dict, fds: list[int], pipes: dict[str, int]) -> subprocess.Popen:
@@ -109,7 +125,8 @@ class _Server:
             root=root, persist=request["persist"], steps=request["steps"], tmpfs_mb=request["tmpfs_mb"],
             rlimits=request["rlimits"], control_fd=pipes["control_r"], status_fd=pipes["status_w"],
             error_fd=pipes["error_w"], wall_s=request["wall_s"], argv=tuple(request["argv"]),
-            env=tuple(request["env"].items()), bwrap=self.bwrap, cap_last=request["cap_last"])
+            env=tuple(request["env"].items()), bwrap=self.bwrap, cap_last=request["cap_last"],
+            seccomp=self.filter if request["seccomp"] else b"")
         with _children_in_new_pid_namespace(self.backend == "namespaces" and not self.userns):
             return subprocess.Popen(request["argv"], stdin=fds[0], stdout=fds[1], stderr=fds[2],
                                     cwd=request["workdir"] if self.backend == "bare" else "/",
@@ -178,9 +195,11 @@ class _Server:
             code = os.waitstatus_to_exitcode(waitstatus)
             return -(code - 128) if 128 < code < 128 + 32 else code  # bwrap's "killed by signal N"
         data = _read_nonblocking(pipes["status_r"], 4)  # written by the init before it exited
-        return os.waitstatus_to_exitcode(struct.unpack("i", data)[0]) if len(data) == 4 else -signal.SIGKILL
+        return _exit_code(struct.unpack("i", data)[0]) if len(data) == 4 else -signal.SIGKILL
 
     def _clean_up(self, request: dict) -> None:
+        if not request["seccomp"] and request["uid"] is not None:  # no filter: keys the program left
+            _as_user(request["uid"], seccomp.clear_user_keyrings)
         if self.backend in ("bare", "bwrap"):  # reap orphans (bwrap's init ends as one)
             deadline = time.monotonic() + STOP_GRACE_S
             while time.monotonic() < deadline:
@@ -209,6 +228,28 @@ def _children_in_new_pid_namespace(enabled: bool):
             rootfs.check(rootfs.libc.setns(own, spawn.CLONE_NEWPID), "setns back to our pid namespace")
     finally:
         os.close(own)
+
+
+def _exit_code(status: int) -> int:
+    """The return code of a wait status (negative: the signal), for any status: one that is not
+    an end (a stop, or nonsense) counts as killed, never an exception in the launcher."""
+    try:
+        return os.waitstatus_to_exitcode(status)
+    except ValueError:
+        return -signal.SIGKILL
+
+
+def _as_user(uid: int, fn) -> None:
+    """fn(libc) in a child process that has become `uid` (the launcher stays root)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            fn(rootfs.libc)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _read_nonblocking(fd: int, size: int = 4096) -> bytes:

@@ -46,7 +46,7 @@ import signal
 import struct
 from dataclasses import dataclass
 
-from asyncrl.reward.sandbox import rootfs
+from asyncrl.reward.sandbox import rootfs, seccomp
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x2000000, 0x4000000, 0x8000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -77,6 +77,7 @@ class Plan:
     env: tuple[tuple[str, str], ...]  # its environment
     bwrap: str = ""  # bubblewrap's path
     cap_last: int = 40  # the highest capability number this kernel knows
+    seccomp: bytes = b""  # the system-call filter (seccomp.program), b"": none here
 
 
 def enter(plan: Plan) -> None:
@@ -137,7 +138,9 @@ def _init(plan: Plan) -> None:
         signal.alarm(plan.wall_s + INIT_GRACE_S)
         while True:
             pid, status = os.waitpid(-1, 0)
-            if pid == program:
+            if pid == program and os.WIFSTOPPED(status):  # only a tracer sees a stop: a
+                os.kill(program, signal.SIGKILL)  # program that traces itself ends here
+            elif pid == program:
                 os.write(plan.status_fd, struct.pack("i", status))
                 break
     finally:
@@ -174,6 +177,12 @@ def _exec_bwrap(plan: Plan, run_dir_fd: int) -> None:
     for fd in [fd for fd, _, _ in files] + [run_dir_fd]:
         os.set_inheritable(fd, True)
     args = rootfs.bwrap_args(plan.steps, files, run_dir_fd if plan.persist else None, plan.tmpfs_mb)
+    if plan.seccomp:  # bwrap installs it just before it execs the program (no_new_privs included)
+        read, write = os.pipe()  # the filter (< 1 KiB) fits the pipe's buffer
+        os.write(write, plan.seccomp)
+        os.close(write)
+        os.set_inheritable(read, True)
+        args = ["--seccomp", str(read), *args]
     _drop_privileges(plan, no_new_privs=False)  # bwrap is not setuid here: it needs no privileges
     os.execve(plan.bwrap, [plan.bwrap, *args, *plan.argv], dict(plan.env))
 
@@ -192,8 +201,13 @@ def _drop_privileges(plan: Plan, no_new_privs: bool = True) -> None:
         for cap in range(plan.cap_last + 1):
             rootfs.check(rootfs.libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop a capability")
         rootfs.libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    seccomp.join_fresh_session_keyring(rootfs.libc)  # as the run's user: its own, empty
     if no_new_privs:
         rootfs.check(rootfs.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        if plan.seccomp:  # last: the filter refuses keyctl, and the program inherits it
+            error = seccomp.install(plan.seccomp, rootfs.libc)
+            if error:
+                raise OSError(error, f"seccomp filter: {os.strerror(error)}")
 
 
 def enter_user_namespace(flags: int) -> None:
