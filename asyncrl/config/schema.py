@@ -298,6 +298,10 @@ class SyncConfig(_Section):
     """Largest bucket of parameters broadcast at once."""
     timeout_s: float = Field(120.0, gt=0)
     """A push that takes longer fails loudly with the step and peer."""
+    start_timeout_s: float = Field(600.0, gt=0)
+    """How long the weight-sync group may take to form when the run starts: a component may still
+    be busy with a one-time build then (DeepSpeed compiles its optimizer op on first use, minutes
+    on a loaded machine). Past it the run stops with one line naming this field."""
     probe_every: int = Field(0, ge=0)
     """Check actor/learner logprob parity every this many pushes (0: never)."""
     probe_tolerance: float = Field(1e-4, gt=0)

@@ -61,10 +61,10 @@ from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests
 from asyncrl.orchestrator.run_lock import RunLock, claim_run_dir
 from asyncrl.orchestrator.warm import Warm, process_key
-from asyncrl.orchestrator.weight_sync import WeightSync
+from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
 from asyncrl.transport.codec import decode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
-from asyncrl.types import Sample, StepResult
+from asyncrl.types import RunFailed, Sample, StepResult
 
 
 class Orchestrator:
@@ -101,10 +101,14 @@ class Orchestrator:
         self.metrics = self.requests = None
         self.collector = ScheduledCollector()
         self.run_lock = run_lock  # launch takes it before Ray starts; else `start` does
-        self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn, on_commit=self._on_checkpoint)
+        self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn, on_commit=self._on_checkpoint,
+                                        on_failure=self._on_checkpoint_failed)
 
     def _on_checkpoint(self, step: int, **info: Any) -> None:
         self.metrics.event(step, "checkpoint", **info)
+
+    def _on_checkpoint_failed(self, step: int, **info: Any) -> None:
+        self.metrics.event(step, "checkpoint_failed", **info)
 
     def start(self, warm: Warm | None = None) -> None:
         """Start the run's processes, or take over `warm`'s, the processes of the run before it on
@@ -144,7 +148,7 @@ class Orchestrator:
         if resume:
             self.version = self.learner.load_checkpoint(str(resume[0] / checkpoint.LEARNER_DIR)).result()
         if warm is None:
-            self.weight_sync.rebuild_group()
+            self._form_weight_sync_group()
         if self.version > 0 or warm is not None:  # the actors hold the base model, or the last run's
             self.weight_sync.push(self.version, step=None)
         parity = self._check_taken_over(warm) if warm is not None else None
@@ -161,6 +165,17 @@ class Orchestrator:
         self._last_step_t = self._last_health_t = time.monotonic()
         self.driver.evaluator.maybe_start(self.version, self.pool, self.driver.stages.current)
         self.collector.start()  # the garbage collector runs from the loop from now on (collector.py)
+
+    def _form_weight_sync_group(self) -> None:
+        """The first group, with the start's timeout (components may still be building); one that
+        cannot form stops the run with a line saying which timeout to raise, not a traceback."""
+        timeout_s = max(self.cfg.sync.start_timeout_s, self.cfg.sync.timeout_s)
+        try:
+            self.weight_sync.rebuild_group(timeout_s)
+        except PushFailed as e:
+            raise RunFailed(f"{e} within sync.start_timeout_s={timeout_s:g}s of starting. A component may still "
+                            "be busy with a one-time build (DeepSpeed's first optimizer op build, on a loaded "
+                            "machine); raise sync.start_timeout_s and start again") from None
 
     def _take_over(self, warm: Warm, base_model: str, tiny: Any) -> None:
         """The learner ranks and actors of the run before start this one in place (warm.py)."""

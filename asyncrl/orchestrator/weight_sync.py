@@ -57,20 +57,21 @@ class WeightSync:
         self.members, self.pushes, self.before_push = [], 0, []
         self._weight_meta: dict[str, Any] = {}
 
-    def rebuild_group(self) -> None:
-        """Learner rank 0 and every live actor join a fresh weight-sync group (all at once)."""
+    def rebuild_group(self, timeout_s: float | None = None) -> None:
+        """Learner rank 0 and every live actor join a fresh weight-sync group (all at once), within
+        timeout_s (default sync.timeout_s)."""
         ids = self.pool.ids
         if self.fake_engines:
             self.members = ids
             return
         host, port = self.learner.weight_sync_address()
+        timeout_s = timeout_s or self.cfg.timeout_s
         tp = self.tensor_parallel_size  # every TP worker of an engine is a member: rank offset + its TP rank
         world = 1 + tp * len(ids)
-        refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, self.cfg.timeout_s,
-                                              self.cfg.bucket_mb << 20)]
-        refs += [self.pool.actors[a].init_weight_sync.remote(host, port, 1 + tp * r, world, self.cfg.timeout_s)
+        refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, timeout_s, self.cfg.bucket_mb << 20)]
+        refs += [self.pool.actors[a].init_weight_sync.remote(host, port, 1 + tp * r, world, timeout_s)
                  for r, a in enumerate(ids)]
-        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.timeout_s + 30)
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s + 30)
         lost = self._remove_lost(ids, refs[1:], waiting)
         if lost or refs[0] in waiting:
             raise PushFailed(f"weight-sync group at {host}:{port} could not form: {describe(lost)}", sorted(lost))

@@ -170,3 +170,32 @@ def test_actors_that_score_their_own_samples_feed_the_loop_without_the_drivers_p
         assert (reward, outcome) == (float(int(key.rsplit("/", 1)[1]) % 2 == 0), "scripted")
     assert len(actor_stats) == 2 and sum(s["samples"] for s in actor_stats) >= len(orch.seen)
     assert orch.history[-1]["reward/actor_pool_timeouts_total"] == 0
+
+
+def test_a_group_that_cannot_form_at_start_stops_the_run_with_the_timeout_to_raise(ray_cluster, tmp_path,
+                                                                                   small_model, monkeypatch):
+    """A component still busy with a one-time build (DeepSpeed's first op build on a loaded
+    machine) kept the first weight-sync group from forming: a raw PushFailed traceback. The start
+    waits sync.start_timeout_s, then stops with one message naming it (asyncrl run prints it)."""
+    from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
+    from asyncrl.types import RunFailed
+
+    waited = []
+
+    def never_forms(self, timeout_s=None):
+        waited.append(timeout_s)
+        raise PushFailed("weight-sync group at 10.0.0.1:29500 could not form: rollout actor 0 (timed out)", [0])
+
+    monkeypatch.setattr(WeightSync, "rebuild_group", never_forms)
+    cfg = load_config(None, [
+        f"model.path={small_model}", "rollout.engine=fake", "total_steps=2", "sync.timeout_s=30",
+        "sync.start_timeout_s=90", "observe.console=off", "observe.tensorboard=false",
+        f"observe.output_dir={tmp_path}", "save_final=false"])
+    orch = Orchestrator(cfg)
+    try:
+        with pytest.raises(RunFailed, match=r"rollout actor 0 \(timed out\) within sync.start_timeout_s=90s.*"
+                                            r"raise sync.start_timeout_s"):
+            orch.run()
+    finally:
+        orch.shutdown()
+    assert waited == [90.0]
