@@ -99,6 +99,40 @@ def sync_timeout(orch, state):
     ray.get(orch.pool.actors[max(orch.pool.ids)].__ray_call__.remote(hang))
 
 
+def sigstop_actor(orch, state):
+    """An actor frozen (SIGSTOP) for longer than sync.timeout_s, then thawed: it is replaced at the
+    push that waits for it; whatever it sends after (an old version's samples) is rejected."""
+    _wait_rows(orch, 3)
+    victim = _pid(orch.pool.actors[max(orch.pool.ids)])
+    os.kill(victim, signal.SIGSTOP)
+    time.sleep(8)  # sync.timeout_s=5 below
+    try:
+        os.kill(victim, signal.SIGCONT)
+    except ProcessLookupError:
+        pass  # killed as lost already
+
+
+def checkpoint_write_fails(orch, state):
+    """The first checkpoint's write fails on the driver (a full disk), the second's on the learner
+    (its directory is in the way): each is reported and the run goes on; the third is written."""
+    import errno
+
+    from asyncrl.orchestrator import checkpoint
+
+    begin, calls = checkpoint.begin, []
+
+    def failing_begin(run_dir, step, state_, cfg):
+        calls.append(step)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        tmp = begin(run_dir, step, state_, cfg)
+        (tmp / checkpoint.LEARNER_DIR).write_text("in the way")  # the learner cannot make its directory
+        checkpoint.begin = begin  # the next ones are written
+        return tmp
+
+    checkpoint.begin = failing_begin
+
+
 def no_operator(orch, state):
     pass  # the verifier itself misbehaves on some samples (reward.type below)
 
@@ -111,6 +145,8 @@ SCENARIOS = {
     "reward_worker_crash": (no_operator, ["reward.type=import:asyncrl.reward.fault_injection:crash_on_some"]),
     "malformed_frame": (malformed_frame, []),
     "sync_timeout": (sync_timeout, ["rollout.num_actors=2", "sync.timeout_s=5"]),
+    "sigstop_actor": (sigstop_actor, ["rollout.num_actors=2", "sync.timeout_s=5"]),
+    "checkpoint_write_fails": (checkpoint_write_fails, ["checkpoint.every_steps=3"]),
     "crafted_reports": (no_operator, ["reward.type=import:asyncrl.reward.fault_injection:crafted_report_on_some"]),
 }
 
@@ -159,13 +195,16 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
     return {"scenario": name, "outcome": outcome, "steps": len(orch.history), "ok": (
         len(orch.history) == steps and ok_balance and (resumed or name not in ("sigterm_then_resume",
                                                                                "kill_learner_then_resume"))
-        and (name != "crafted_reports" or last.get("reward/errors_total") == 0)),
+        and (name != "crafted_reports" or last.get("reward/errors_total") == 0)
+        and (name != "checkpoint_write_fails" or (events.count("checkpoint_failed") == 2
+                                                  and orch.checkpoints.newest() is not None))),
             "verifier_errors": last.get("reward/errors_total"),
             "crafted_steps": sum(any(k.startswith("reward/outcome_crafted_") and v for k, v in h.items())
                                  for h in orch.history),  # steps that scored a crafted report
             "accounting_balanced": ok_balance, "actors_lost": events.count("actor_lost"),
             "reward_crashes": orch.driver.rewards.stats.crashes, "frames_dropped": orch.samples.num_dropped,
-            "checkpoints": events.count("checkpoint"), "seconds": round(time.monotonic() - t0, 1)}
+            "checkpoints": events.count("checkpoint"), "checkpoints_failed": events.count("checkpoint_failed"),
+            "seconds": round(time.monotonic() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,10 +4,16 @@
 asks the learner to write its part; Ray runs a learner's calls in order, so the learner saves the
 weights of exactly this step before it trains the next, while the actors keep generating. `poll`
 commits the checkpoint (checkpoint.py: rename into place, prune) once the learner is done.
+
+A checkpoint that cannot be written (a full disk, a permission, on the driver's side or the
+learner's) is not the end of the run: its temporary directory is removed, the newest complete
+checkpoint stays as it was (nothing is pruned before a commit), the run says so (a warning and
+a `checkpoint_failed` event) and goes on; the next save tries again.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +31,11 @@ class LearnerDied(RunFailed):
 
 class Checkpointer:
     def __init__(self, cfg: Config, run_dir: Path, say: Say = print,
-                 on_commit: Callable[..., None] | None = None):
+                 on_commit: Callable[..., None] | None = None, on_failure: Callable[..., None] | None = None):
         self.cfg, self.run_dir, self.say = cfg, run_dir, say
         self.on_commit = on_commit  # on_commit(step, path=..., learner_save_s=...): the run's event
+        self.on_failure = on_failure  # on_failure(step, error=...): the run's event
+        self.failures = 0
         self._pending: tuple[Path, int, GroupCall] | None = None
 
     def find_resume(self) -> tuple[Path, dict[str, Any]] | None:
@@ -60,20 +68,41 @@ class Checkpointer:
 
     def save(self, step: int, state: dict[str, Any], learner: LearnerGroup) -> None:
         self.poll(block=True)  # one at a time
-        tmp = checkpoint.begin(self.run_dir, step, state, self.cfg)
+        try:
+            tmp = checkpoint.begin(self.run_dir, step, state, self.cfg)
+        except OSError as e:
+            self._failed(step, checkpoint.checkpoints_dir(self.run_dir) / f".tmp_step_{step}", e)
+            return
         self._pending = (tmp, step, learner.save_checkpoint(str(tmp / checkpoint.LEARNER_DIR)))
 
     def poll(self, block: bool = False) -> Path | None:
         """Commit the pending checkpoint if the learner has written its part (or wait for it)."""
-        if self._pending is None or not (block or self._pending[2].ready()):
+        if self._pending is None:
             return None
         tmp, step, call = self._pending
-        self._pending = None
-        saved = call.result()
-        path = checkpoint.commit(tmp, step, self.cfg.checkpoint.keep)
+        try:  # a learner's OSError comes back as one (Ray's error subclasses it), from ready() too
+            if not (block or call.ready()):
+                return None
+            self._pending = None
+            saved = call.result()
+            path = checkpoint.commit(tmp, step, self.cfg.checkpoint.keep)
+        except OSError as e:
+            self._pending = None
+            self._failed(step, tmp, e)
+            return None
         if self.on_commit is not None:
             self.on_commit(step, path=str(path), learner_save_s=saved["save_s"])
         return path
+
+    def _failed(self, step: int, tmp: Path, error: OSError) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.failures += 1
+        newest = self.newest()
+        why = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        self.say(f"warning: the checkpoint of step {step} could not be written ({why}); "
+                 f"{f'the newest is still {newest}' if newest else 'there is none yet'}; the run goes on")
+        if self.on_failure is not None:
+            self.on_failure(step, error=why)
 
     def newest(self) -> Path | None:
         found = checkpoint.list_complete(checkpoint.checkpoints_dir(self.run_dir))

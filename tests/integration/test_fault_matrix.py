@@ -15,16 +15,19 @@ def test_every_fault_is_survived_and_accounted(tmp_path, tiny_model_path):
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["scenario"] for r in rows] == ["kill_actor", "kill_actor_in_push", "sigterm_then_resume",
                                              "kill_learner_then_resume", "reward_worker_crash",
-                                             "malformed_frame", "sync_timeout", "crafted_reports"], proc.stderr[-3000:]
+                                             "malformed_frame", "sync_timeout", "sigstop_actor", "checkpoint_write_fails",
+                                             "crafted_reports"], proc.stderr[-3000:]
     assert all(r["ok"] for r in rows), rows
     assert proc.returncode == 0
     by = {r["scenario"]: r for r in rows}
     assert by["kill_actor"]["actors_lost"] == 1 and by["kill_actor_in_push"]["actors_lost"] == 1
-    assert by["sync_timeout"]["actors_lost"] == 1
+    assert by["sync_timeout"]["actors_lost"] == 1 and by["sigstop_actor"]["actors_lost"] == 1
     assert by["sigterm_then_resume"]["outcome"].startswith("stopped (SIGTERM)")
     assert by["kill_learner_then_resume"]["outcome"].startswith("stopped (learner died)")
     assert by["kill_learner_then_resume"]["checkpoints"] >= 1
     assert by["reward_worker_crash"]["reward_crashes"] > 0
     assert by["malformed_frame"]["frames_dropped"] == 3
+    # a full disk on the driver's side, then a learner that cannot write: said, and the run goes on
+    assert by["checkpoint_write_fails"]["checkpoints_failed"] == 2 and by["checkpoint_write_fails"]["checkpoints"] >= 2
     # one code sample in ten reported a value built to make the verifier raise: scored 0, no error
     assert by["crafted_reports"]["crafted_steps"] > 0 and by["crafted_reports"]["verifier_errors"] == 0
