@@ -105,7 +105,7 @@ def sigstop_actor(orch, state):
     _wait_rows(orch, 3)
     victim = _pid(orch.pool.actors[max(orch.pool.ids)])
     os.kill(victim, signal.SIGSTOP)
-    time.sleep(8)  # sync.timeout_s=5 below
+    time.sleep(40)  # past a push's wait for it: sync.timeout_s=5 below, then that plus 10 s for a collective
     try:
         os.kill(victim, signal.SIGCONT)
     except ProcessLookupError:
