@@ -2,10 +2,9 @@
 here once and installed between the launcher's fork and the program's exec (spawn.py), after
 no_new_privs, so the program and everything it starts inherit it and cannot remove it.
 
-Why a program of our own and not libseccomp: the filter is about 70 instructions, it must be
-installed in a forked child that should only make system calls (no library that allocates or
-takes locks there), and a dependency would be one more native package on every reward worker.
-The cost is keeping two syscall tables (x86_64, aarch64: the architectures this runs on); any
+Why a program of our own and not libseccomp: the filter is about 60 instructions, installing it
+is one prctl (in the forked child, where nothing else should run), and a binding would be one
+more native dependency on every reward worker. The cost is keeping two syscall tables (x86_64, aarch64: the architectures this runs on); any
 other architecture runs without the filter, reported once as a missing layer (layers.py).
 
 What it refuses, as Docker's default profile does (errno EPERM unless noted):
