@@ -136,6 +136,8 @@ def _run(argv: list[str], stdin: bytes, limits: SandboxConfig, workdir: Path, pe
     else:
         pool.put_back(launcher)
     returncode, cpu_s = ended
+    if reason == "timeout" and oom_kills:
+        reason = None  # reclaim at the memory limit burns the tree's CPU: the limit hit first is memory
     status = reason or ("memory" if oom_kills else _classify(returncode, cpu_s, stderr, limits))
     return RunResult(status, returncode, stdout, stderr, time.monotonic() - start, iso.backend, uid, peak)
 
