@@ -71,6 +71,17 @@ def kill_learner(orch, state):
     os.kill(_pid(orch.learner.ranks[-1]), signal.SIGKILL)  # the last rank: rank 0 of a single-rank learner
 
 
+def kill_learner_twice(orch, state):
+    """A rank killed, the run restarts its learner in place; then killed again after that."""
+    for restarts, rows in ((0, 5), (1, 8)):
+        deadline = time.monotonic() + 300
+        while orch.restarts < restarts and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _wait_rows(orch, rows)
+        os.kill(_pid(orch.learner.ranks[-1]), signal.SIGKILL)
+        state["kills"] = state.get("kills", 0) + 1
+
+
 def malformed_frame(orch, state):
     from asyncrl.transport.zmq_stream import FrameSender
 
@@ -141,7 +152,8 @@ SCENARIOS = {
     "kill_actor": (kill_actor, ["rollout.num_actors=2"]),
     "kill_actor_in_push": (kill_actor_in_push, ["rollout.num_actors=2"]),
     "sigterm_then_resume": (sigterm, []),
-    "kill_learner_then_resume": (kill_learner, ["checkpoint.every_steps=3"]),
+    "kill_learner_then_resume": (kill_learner, ["checkpoint.every_steps=3", "fault.max_restarts=0"]),
+    "kill_learner_twice": (kill_learner_twice, ["checkpoint.every_steps=3"]),
     "reward_worker_crash": (no_operator, ["reward.type=import:asyncrl.reward.fault_injection:crash_on_some"]),
     "malformed_frame": (malformed_frame, []),
     "sync_timeout": (sync_timeout, ["rollout.num_actors=2", "sync.timeout_s=5"]),
@@ -196,6 +208,7 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
         len(orch.history) == steps and ok_balance and (resumed or name not in ("sigterm_then_resume",
                                                                                "kill_learner_then_resume"))
         and (name != "crafted_reports" or last.get("reward/errors_total") == 0)
+        and (name != "kill_learner_twice" or (not resumed and events.count("learner_restarted") == 2))
         and (name != "checkpoint_write_fails" or (events.count("checkpoint_failed") == 2
                                                   and orch.checkpoints.newest() is not None))),
             "verifier_errors": last.get("reward/errors_total"),
@@ -204,6 +217,7 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
             "accounting_balanced": ok_balance, "actors_lost": events.count("actor_lost"),
             "reward_crashes": orch.driver.rewards.stats.crashes, "frames_dropped": orch.samples.num_dropped,
             "checkpoints": events.count("checkpoint"), "checkpoints_failed": events.count("checkpoint_failed"),
+            "learner_restarts": events.count("learner_restarted"),
             "seconds": round(time.monotonic() - t0, 1)}
 
 

@@ -367,6 +367,13 @@ class CheckpointConfig(_Section):
     """Newest checkpoints kept under runs/<name>/checkpoints/; older ones are deleted."""
 
 
+class FaultConfig(_Section):
+    max_restarts: int = Field(2, ge=0)
+    """Times a run restarts its learner ranks in place when one dies: from the newest checkpoint
+    (the base model before the first), the rollout actors and reward workers kept, the steps after
+    the checkpoint trained again. Past the last restart the run stops and says how to resume."""
+
+
 class RayConfig(_Section):
     address: str | None = None
     """Cluster to join; None joins the one `ray job submit` provides or starts a local one."""
@@ -407,6 +414,8 @@ class Config(_Section):
     """When the run saves what it needs to resume."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation during training."""
+    fault: FaultConfig = FaultConfig()
+    """How the run heals itself."""
     resume: str | None = None
     """`auto`: continue from the newest complete checkpoint of this run's directory (start fresh if
     there is none); a path: from that checkpoint directory; None: start fresh."""

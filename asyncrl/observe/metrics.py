@@ -60,6 +60,13 @@ class MetricsWriter:
                         if line.strip() and json.loads(line)["step"] <= last_step]
                 path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
 
+    def rewind(self, last_step: int) -> None:
+        """`truncate` while the run writes: its rows after `last_step` are trained again (a learner
+        restarted from a checkpoint). The files are appended to, so writes go on at the new end."""
+        self._file.flush()
+        self._samples.flush()
+        self.truncate(self.path.parent, last_step)
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         finite = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in clean.items()}

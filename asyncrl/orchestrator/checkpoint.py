@@ -69,6 +69,11 @@ def begin(run_dir: Path, step: int, state: dict[str, Any], cfg: Config) -> Path:
     return tmp
 
 
+def snapshot(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` as a checkpoint would hold it, detached from the live objects it was read from."""
+    return msgpack.unpackb(msgpack.packb(state, use_bin_type=True), raw=False, strict_map_key=False)
+
+
 def check_shared(run_dir: Path, answer: Callable[[str, str, str], str]) -> None:
     """ConfigError unless learner rank 0 sees this run directory: the driver writes a probe, and
     `answer(probe, answer_path, token)` (rank 0's, returning its node address) must read it and

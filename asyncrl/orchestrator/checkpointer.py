@@ -104,6 +104,16 @@ class Checkpointer:
         if self.on_failure is not None:
             self.on_failure(step, error=why)
 
+    def abandon(self) -> None:
+        """Forget the pending checkpoint (its learner died writing it): its temporary directory goes."""
+        if self._pending is not None:
+            shutil.rmtree(self._pending[0], ignore_errors=True)
+            self._pending = None
+
+    def newest_resumable(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint of this run that validates, and its state (a learner restart's)."""
+        return checkpoint.find_resumable(self.run_dir, warn=lambda m: self.say(f"warning: {m}"))
+
     def newest(self) -> Path | None:
         found = checkpoint.list_complete(checkpoint.checkpoints_dir(self.run_dir))
         return found[-1] if found else None
@@ -111,5 +121,7 @@ class Checkpointer:
     def learner_died(self, step: int, error: BaseException) -> LearnerDied:
         newest = self.newest()
         where = f"the newest checkpoint is {newest}" if newest else "no checkpoint was written yet"
-        return LearnerDied(f"the learner process died during step {step} ({type(error).__name__}); {where}: "
-                           "run the same command with resume=auto to continue")
+        restarts = f" after {self.cfg.fault.max_restarts} restart(s) (fault.max_restarts)" \
+            if self.cfg.fault.max_restarts else ""
+        return LearnerDied(f"the learner process died during step {step} ({type(error).__name__}){restarts}; "
+                           f"{where}: run the same command with resume=auto to continue")

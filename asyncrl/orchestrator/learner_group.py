@@ -175,16 +175,22 @@ class LearnerGroup:
         return actor_id in {r._actor_id.hex() for r in self.ranks}
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        for sender in self._senders or []:
-            sender.close()
         try:
             self._all("shutdown").result(timeout_s)
         finally:
-            for r in self.ranks:  # their processes end
-                ray.kill(r)
-            # its CPUs come back now, not when the driver leaves Ray: a driver that runs several
-            # runs on one cluster (tools/fault_matrix.py) needs them for the next run's learner
-            remove_placement_group(self.placement)
+            self.kill()
+
+    def kill(self) -> None:
+        """End every rank's process now, without asking (a rank died: the others may be stuck in
+        a collective it left, their calls queued behind it)."""
+        for sender in self._senders or []:
+            sender.close()
+        self._senders = None
+        for r in self.ranks:
+            ray.kill(r)
+        # its CPUs come back now, not when the driver leaves Ray: a driver that runs several runs
+        # on one cluster (tools/fault_matrix.py), or a restarted learner, needs them
+        remove_placement_group(self.placement)
 
 
 @ray.remote(num_cpus=0)

@@ -17,7 +17,8 @@ back to the head of the admission queue with its prompt and settings and is gene
 scratch; whatever it had produced is discarded and counted. After an actor loss the new attempt
 gets a new group id (`<prompt id>.r<attempt>`), so a stale sample of the old attempt still in the
 reward pool can never join it. A resumed run has nothing in flight, so its requeued groups keep
-their ids (and, with seeded engines, regenerate the same samples).
+their ids (and, with seeded engines, regenerate the same samples); a learner restarted in place
+from a checkpoint keeps its actors, so there they get new ids too (`renew_requeued`).
 
 Accounting, exact at any moment (`accounting()`, all counts of samples):
     received == kept + rejected + discarded + orphaned + live
@@ -91,6 +92,12 @@ class GroupRecord:
     @property
     def group_id(self) -> str:
         return self.prompt.prompt_id
+
+
+def _next_attempt(r: GroupRecord) -> None:
+    base = r.prompt.prompt_id.split(".r")[0]
+    r.attempt += 1
+    r.prompt = PromptItem(f"{base}.r{r.attempt}", r.prompt.prompt_ids, r.prompt.metadata)
 
 
 def _record_state(r: GroupRecord) -> dict[str, Any]:
@@ -286,10 +293,14 @@ class GroupLedger:
         lost = [r for r in self.records.values() if r.actor == actor and r.state is GroupState.GENERATING]
         for r in lost:
             self._requeue(r)
-            base = r.prompt.prompt_id.split(".r")[0]
-            r.attempt += 1
-            r.prompt = PromptItem(f"{base}.r{r.attempt}", r.prompt.prompt_ids, r.prompt.metadata)
+            _next_attempt(r)
         return len(lost)
+
+    def renew_requeued(self) -> None:
+        """Every requeued group gets a new attempt id: after a learner restart from a checkpoint
+        the actors are kept, and samples of the attempts they were generating still arrive (orphaned)."""
+        for r in self.requeued:
+            _next_attempt(r)
 
     def _requeue(self, r: GroupRecord) -> None:
         """`r` is generating (nothing else is requeued while the run goes on)."""

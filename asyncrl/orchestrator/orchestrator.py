@@ -35,6 +35,8 @@ learner's StepResult must agree). An actor's version advances when it has applie
 At step boundaries: checkpoints (checkpointer.py), lost actors replaced (actor_pool.py) around a
 rebuilt weight-sync group (weight_sync.py), requests from the run directory and the stall watch (requests.py).
 `request_stop` (SIGTERM / SIGINT) stops admission, lets the step finish, checkpoints and ends.
+A learner rank that dies is restarted in place from the newest checkpoint, up to
+`fault.max_restarts` times (`_restart_learner`); after that the run ends and says how to resume.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ class Orchestrator:
         self._train_ref: GroupCall | None = None
         self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
         self._loop_s = 0.0  # the loop's own work between two steps (timing/loop_s)
+        self._next_bookkeeping = 0.0
+        self.restarts = 0  # learner restarts in place (fault.max_restarts)
+        self._start_point: tuple[Any, dict[str, Any]] | None = None
         self._overlap_tokens = 0  # response tokens that arrived while the learner trained
         self.model_path = ""
         self.driver = self.samples = self.learner = self.pool = self.weight_sync = None
@@ -151,13 +156,15 @@ class Orchestrator:
             self._form_weight_sync_group()
         if self.version > 0 or warm is not None:  # the actors hold the base model, or the last run's
             self.weight_sync.push(self.version, step=None)
-        parity = self._check_taken_over(warm) if warm is not None else None
+        parity = self._check_parity(warm.probe_ids) if warm is not None else None
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
         self.driver.stats.restart_clock()  # the first row's rates count from here, not from start-up
         if resume:
             self.load_state_dict(resume[1])
             self.say(f"resumed from {resume[0]} at step {self.step} (version {self.version}); "
                      f"{len(self.driver.ledger.requeued)} groups in flight then are regenerated")
+        # where a learner restart goes back to before this run writes a checkpoint
+        self._start_point = (resume[0] if resume else None, checkpoint.snapshot(self.state_dict()))
         self.requests = RunRequests(self.run_dir, self.metrics, self.say)
         self.metrics.event(self.step, "resume" if resume else "start", model=self.model_path,
                            actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}),
@@ -190,15 +197,16 @@ class Orchestrator:
         reset.result()
         self.weight_sync.pushes = 0
 
-    def _check_taken_over(self, warm: Warm) -> float | None:
-        """The engines taken over compute with this run's first weights, not the last run's: the
-        logprob-parity probe on the last run's first sample (a push that silently did not apply
-        would start this run from where that one ended). With engines of another dtype than the
-        learner, rounding alone gives gaps of ~1e-3, so the tolerance is wider there."""
-        if not warm.probe_ids or self.cfg.rollout.engine == "fake":
+    def _check_parity(self, probe_ids: list[int] | None) -> float | None:
+        """The engines compute with the learner's weights after a push that replaced newer ones
+        (taken over from the run before, or rewound by a learner restart): the logprob-parity
+        probe on a sample's ids (a push that silently did not apply would go on from the newer
+        weights). With engines of another dtype than the learner, rounding alone gives gaps of
+        ~1e-3, so the tolerance is wider there."""
+        if not probe_ids or self.cfg.rollout.engine == "fake":
             return None
         same = self.cfg.engine_dtype == self.cfg.model.dtype
-        return self.weight_sync.check_parity(warm.probe_ids, self.cfg.sync.probe_tolerance if same else 0.05,
+        return self.weight_sync.check_parity(probe_ids, self.cfg.sync.probe_tolerance if same else 0.05,
                                              self.version)
 
     def release(self) -> Warm | None:
@@ -223,33 +231,16 @@ class Orchestrator:
         self.start(warm)
         display = ProgressDisplay(self.cfg.total_steps, self.cfg.observe.console)
         self._t_start = time.monotonic()
-        next_bookkeeping = 0.0
         try:
             while self.step < self.cfg.total_steps and not self._stopped():
-                self._ingest(self.samples.drain())
-                now = time.monotonic()
-                if now >= next_bookkeeping:  # see BOOKKEEPING_S
-                    next_bookkeeping = now + BOOKKEEPING_S
-                    if self.stop_reason is None:
-                        self._admit()
-                    if self._train_ref is None:
-                        self._join_started_actors()
-                        if self.stop_reason is None:
-                            self._try_start_step()
-                    elif self._train_ref.ready():
-                        display.update(self._finish_step(self._train_ref.result()))
-                        continue
-                    self.checkpoints.poll()
-                    self.collector.maybe_collect()
-                sample = self.samples.recv(timeout_s=RECV_WAIT_S)
-                if sample is not None:
-                    self._ingest([sample])
-                self._poll_rewards()
-                self._check_health()
-        except RayActorError as e:  # actors' deaths are handled in the pool; this is the learner's
-            if getattr(e, "actor_id", None) is not None and not self.learner.owns(e.actor_id):
-                raise
-            raise self.checkpoints.learner_died(self.step + 1, e) from None
+                try:
+                    self._turn(display)
+                except RayActorError as e:  # actors' deaths are handled in the pool; this is the learner's
+                    if getattr(e, "actor_id", None) is not None and not self.learner.owns(e.actor_id):
+                        raise
+                    if self.restarts >= self.cfg.fault.max_restarts:
+                        raise self.checkpoints.learner_died(self.step + 1, e) from None
+                    self._restart_learner(e)
         finally:
             display.close()
         # the last step too, so resume=auto on a finished run finds it finished
@@ -273,6 +264,58 @@ class Orchestrator:
         self._end("finished")
         self.say(format_summary(summary, str(self.run_dir)) + format_eval_summary(summary))
         return summary
+
+    def _turn(self, display: ProgressDisplay) -> None:
+        """One turn of the loops (see the module's docstring)."""
+        self._ingest(self.samples.drain())
+        now = time.monotonic()
+        if now >= self._next_bookkeeping:  # see BOOKKEEPING_S
+            self._next_bookkeeping = now + BOOKKEEPING_S
+            if self.stop_reason is None:
+                self._admit()
+            if self._train_ref is None:
+                self._join_started_actors()
+                if self.stop_reason is None:
+                    self._try_start_step()
+            elif self._train_ref.ready():
+                display.update(self._finish_step(self._train_ref.result()))
+                return
+            self.checkpoints.poll()
+            self.collector.maybe_collect()
+        sample = self.samples.recv(timeout_s=RECV_WAIT_S)
+        if sample is not None:
+            self._ingest([sample])
+        self._poll_rewards()
+        self._check_health()
+
+    def _restart_learner(self, error: BaseException) -> None:
+        """A learner rank died: new ranks from the newest checkpoint (or where this run started),
+        the run's state rewound to it, the actors (kept) pushed its weights; the groups they are
+        generating are orphaned, the ones in flight at the checkpoint regenerated under new ids."""
+        self.restarts += 1
+        died_at, self._train_ref = self.step + 1, None
+        self.checkpoints.abandon()  # the dead learner may have been writing it
+        self.learner.kill()
+        found = self.checkpoints.newest_resumable()
+        path, state = found if found else self._start_point
+        self.say(f"step {self.step}: the learner died during step {died_at} ({type(error).__name__}); "
+                 f"restart {self.restarts} of {self.cfg.fault.max_restarts} (fault.max_restarts) from "
+                 f"{path or 'the base model'}")
+        learner_dir = path / checkpoint.LEARNER_DIR if path else None
+        self.model_path = str(learner_dir / "policy") if learner_dir else self.pool.model_path
+        self.learner = self.weight_sync.learner = LearnerGroup(
+            self.cfg, self.model_path, tiny=None if learner_dir else components.tiny_spec(self.cfg))
+        checkpoint.check_shared(self.run_dir, self.learner.answer_storage_probe)
+        self.version = self.learner.load_checkpoint(str(learner_dir)).result() if learner_dir else 0
+        self._form_weight_sync_group()
+        self.weight_sync.push(self.version, step=None, on_lost=self._actors_lost, rewind=True)
+        parity = self._check_parity(self.probe_ids)
+        self._restore(state)
+        self.driver.ledger.renew_requeued()
+        self.metrics.rewind(self.step)
+        self.metrics.event(self.step, "learner_restarted", restart=self.restarts, died_at_step=died_at,
+                           checkpoint=str(path) if path else None, reason=str(error).splitlines()[0][:300],
+                           **({"parity_max_abs_diff": parity} if parity is not None else {}))
 
     def _end(self, status: str, reason: str | None = None) -> None:  # the last line of events.jsonl
         if self.metrics is not None:
@@ -400,11 +443,15 @@ class Orchestrator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the learner loaded its part (the versions must agree)."""
-        if state["version"] != self.version:
-            raise RuntimeError(f"run state at version {state['version']}, learner at {self.version}")
-        self.step, self.history = state["step"], state["history"]
+        self._restore(state)
         self.actors_lost = state.get("actors_lost", [])  # checkpoints written before they were kept: none
         self._elapsed_before, self._resumed_at = state.get("elapsed_s", 0.0), state["step"]
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """The training state of `state` (a resume's, or a learner restart's in this process)."""
+        if state["version"] != self.version:
+            raise RuntimeError(f"run state at version {state['version']}, learner at {self.version}")
+        self.step, self.history = state["step"], list(state["history"])
         self.weight_sync.pushes = state["pushes"]
         self.driver.load_state_dict(state)
 

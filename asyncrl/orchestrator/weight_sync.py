@@ -79,18 +79,19 @@ class WeightSync:
         self._weight_meta = self.learner.weight_metadata()
         self.members = ids
 
-    def push(self, version: int, step: int | None,
-             on_lost: Callable[[list[int], str], None] | None = None) -> dict[str, float]:
-        """Drain push of `version` to every live actor. Actors that die or do not finish within
-        sync.timeout_s are removed and reported to `on_lost(ids, why)`; then the push is retried
-        once around the survivors (a new group). Without `on_lost`, `PushFailed` is raised."""
+    def push(self, version: int, step: int | None, on_lost: Callable[[list[int], str], None] | None = None,
+             rewind: bool = False) -> dict[str, float]:
+        """Drain push of `version` to every live actor (`rewind`: older than theirs, after a
+        learner restart). Actors that die or do not finish within sync.timeout_s are removed and
+        reported to `on_lost(ids, why)`; then the push is retried once around the survivors (a new
+        group). Without `on_lost`, `PushFailed` is raised."""
         try:
-            return self._push_once(version, step)
+            return self._push_once(version, step, rewind)
         except PushFailed as e:
             if on_lost is None:
                 raise
             on_lost(e.dead, str(e))
-            return self._push_once(version, step)
+            return self._push_once(version, step, rewind)
 
     def push_and_probe(self, version: int, step: int, probe_ids: list[int] | None,
                        on_lost: Callable[[list[int], str], None],
@@ -109,7 +110,7 @@ class WeightSync:
                 raise
         return out
 
-    def _push_once(self, version: int, step: int | None) -> dict[str, float]:
+    def _push_once(self, version: int, step: int | None, rewind: bool = False) -> dict[str, float]:
         for observer in self.before_push:
             observer(version)
         t0 = time.monotonic()
@@ -118,7 +119,7 @@ class WeightSync:
             return {"sync/push_s": 0.0, "sync/version": version}
         if ids != self.members:
             self.rebuild_group()
-        refs = [self.pool.actors[a].update_weights.remote(self._weight_meta, version) for a in ids]
+        refs = [self.pool.actors[a].update_weights.remote(self._weight_meta, version, rewind) for a in ids]
         learner = self.learner.push_weights(version) if self._weight_meta else None
         all_refs = refs + (learner.refs if learner is not None else [])
         timeout_s = self.cfg.timeout_s

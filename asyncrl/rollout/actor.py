@@ -247,14 +247,15 @@ class RolloutActor:
                                timeout_s: float) -> None:
         await self.engine.init_weight_sync(host, port, rank, world_size, timeout_s)
 
-    async def update_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
+    async def update_weights(self, metadata: dict[str, Any], version: int, rewind: bool = False) -> dict[str, float]:
         """Close the gate, get the engine idle (drain or abort, per sync_mode), load, reopen.
 
         The same version may come again: after a group rebuild every member takes part in the
-        push that brings a new actor up to date. A failed load leaves the gate closed (the model
-        may hold a mix of two versions) until a later push succeeds."""
+        push that brings a new actor up to date. An older one only with `rewind` (a learner
+        restarted from a checkpoint). A failed load leaves the gate closed (the model may hold a
+        mix of two versions) until a later push succeeds."""
         self._raise_failures()
-        if version < self.version:
+        if version < self.version and not rewind:
             raise ValueError(f"actor {self.actor_id}: push of version {version} after {self.version}")
         t0 = time.monotonic()
         self._gate.clear()

@@ -14,7 +14,7 @@ def test_every_fault_is_survived_and_accounted(tmp_path, tiny_model_path):
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["scenario"] for r in rows] == ["kill_actor", "kill_actor_in_push", "sigterm_then_resume",
-                                             "kill_learner_then_resume", "reward_worker_crash",
+                                             "kill_learner_then_resume", "kill_learner_twice", "reward_worker_crash",
                                              "malformed_frame", "sync_timeout", "sigstop_actor", "checkpoint_write_fails",
                                              "crafted_reports"], proc.stderr[-3000:]
     assert all(r["ok"] for r in rows), rows
@@ -25,6 +25,8 @@ def test_every_fault_is_survived_and_accounted(tmp_path, tiny_model_path):
     assert by["sigterm_then_resume"]["outcome"].startswith("stopped (SIGTERM)")
     assert by["kill_learner_then_resume"]["outcome"].startswith("stopped (learner died)")
     assert by["kill_learner_then_resume"]["checkpoints"] >= 1
+    # restarted in place from the newest checkpoint, twice (fault.max_restarts 2): no resume needed
+    assert by["kill_learner_twice"]["outcome"] == "completed" and by["kill_learner_twice"]["learner_restarts"] == 2
     assert by["reward_worker_crash"]["reward_crashes"] > 0
     assert by["malformed_frame"]["frames_dropped"] == 3
     # a full disk on the driver's side, then a learner that cannot write: said, and the run goes on

@@ -238,3 +238,22 @@ def test_admission_versions_survive_a_state_round_trip():
     older = make_ledger()
     older.load_state_dict(state)
     assert [r.admitted_at for r in older.requeued] == [0, 0]
+
+
+def test_a_learner_restart_renews_the_checkpoints_requeued_ids_so_the_kept_actors_old_samples_are_orphans():
+    led = make_ledger()
+    led.admit(prompt(0), 0, SPEC, 2, actor=0, version=0)
+    led.on_generated(sample("p0", 0))
+    state = msgpack.unpackb(msgpack.packb(led.state_dict()), strict_map_key=False)  # the checkpoint
+    led.on_generated(sample("p0", 1))  # the run goes on past it, then the learner dies
+    led.load_state_dict(state)
+    led.renew_requeued()
+    [again] = led.take_requeued(5)
+    assert again.prompt.prompt_id == "p0.r1" and again.prompt.metadata["record_key"] == "d/0"
+    led.readmit(again, actor=0, version=0)
+    # the kept actor still delivers its old attempt: orphaned, never joins the regenerated group
+    assert led.on_generated(sample("p0", 1)) is None and led.counts.samples_orphaned == 1
+    for i in range(2):
+        assert led.on_generated(sample("p0.r1", i)) is not None
+        led.on_scored(sample("p0.r1", i), float(i), {})
+    assert led.counts.groups_kept == 1 and balanced(led)

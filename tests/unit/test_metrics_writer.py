@@ -52,3 +52,16 @@ def test_samples_table_escapes_cell_breaking_characters():
         "|---|---|---|---|---|---|---|---|",
         "| p1 | math | 3 | 1.0 | verified | stop | 6*7= | a \\| b<br>c |",
         "| p2 | None | None | None | None | None | None | None |"]
+
+
+def test_rewind_drops_the_rows_after_a_step_and_the_next_rows_follow_them(tmp_path):
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        w.log(step, {"reward/mean": step / 10})
+        w.log_samples(step, [{**EXAMPLE, "prompt_id": f"p{step}"}])
+    w.rewind(1)  # a learner restarted from the checkpoint of step 1
+    w.log(2, {"reward/mean": 0.25})
+    w.log_samples(2, [{**EXAMPLE, "prompt_id": "again"}])
+    w.close()
+    assert [(r["step"], r["reward/mean"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [(1, 0.1), (2, 0.25)]
+    assert [(s["step"], s["prompt_id"]) for s in lines(tmp_path / "samples.jsonl")] == [(1, "p1"), (2, "again")]

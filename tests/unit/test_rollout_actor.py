@@ -75,6 +75,17 @@ def test_a_push_may_repeat_the_version_but_never_go_back():
     assert loaded == [2, 2] and "version 1 after 2" in error
 
 
+def test_a_rewind_push_goes_back_to_a_checkpoints_version():
+    async def main():  # the learner restarted from an older checkpoint: the actors follow it
+        actor = make_actor([])
+        await actor.start()
+        await actor.update_weights({}, 5)
+        await actor.update_weights({}, 3, rewind=True)
+        return actor.engine.loaded_versions, actor.version
+
+    assert run(main()) == ([5, 3], 3)
+
+
 def test_a_failed_load_keeps_new_requests_waiting_until_a_push_succeeds():
     async def main():
         out = []
