@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 
 def connect_ray(address: str | None, num_cpus: int | None, worker_logs: str) -> None:
@@ -106,12 +107,13 @@ def install_stop_handlers(orch, finished: threading.Event) -> list[int]:
 
     def handler(signum, frame):
         if got:
+            end_local_ray()
             os._exit(128 + signum)
         got.append(signum)
         name = signal.Signals(signum).name
         print(f"\n{name}: stopping after the running step and writing a checkpoint "
               "(send it again to exit at once)", file=sys.stderr, flush=True)
-        orch.request_stop(name)
+        orch.request_stop(name, drain_s=0.0 if under_ray_job() else 20.0)
         threading.Thread(target=_exit_if_ray_is_gone, args=(orch, signum, finished), daemon=True).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -137,6 +139,31 @@ def _exit_if_ray_is_gone(orch, signum: int, finished: threading.Event) -> None:
 
 # Without these the run can do nothing more (the dashboard's processes may exit on their own).
 ESSENTIAL_DAEMONS = ("gcs_server", "raylet")
+
+
+def under_ray_job() -> bool:
+    """Whether this driver is a `ray job submit` entrypoint. `ray job stop` sends SIGTERM, then
+    SIGKILL RAY_JOB_STOP_WAIT_TIME_S later (3 s by default): there is no time to let the groups
+    in flight finish (a resume regenerates them), only the running step and the checkpoint."""
+    return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ  # set by Ray's job supervisor
+
+
+def end_local_ray(wait_s: float = 0.5) -> None:
+    """Before this driver exits at once: SIGTERM to the raylet of the local cluster it started.
+    The daemons die with the driver anyway, but the raylet's agents, finding it killed, would
+    first report that to the GCS that died with it, and wait a minute for an answer; a raylet
+    that says it got SIGTERM (in its log, within wait_s) lets them exit at once."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        if node is None or not node.head:
+            return
+        for info in node.all_processes.get("raylet", []):
+            info.process.send_signal(signal.SIGTERM)
+        time.sleep(wait_s)
+    except Exception:  # a Ray without this internal: its agents take their minute
+        pass
 
 
 def local_ray_exited() -> list[str]:

@@ -28,10 +28,12 @@ from asyncrl.config import SyncConfig
 from asyncrl.orchestrator.actor_pool import PROCESS_DIED, ActorPool, describe, why_gone
 from asyncrl.orchestrator.learner_group import LearnerGroup
 from asyncrl.sync.protocol import WeightSyncError
+from asyncrl.types import RunFailed
 
 
-class PushFailed(RuntimeError):
-    """A push did not reach every actor; `dead` names the actors that caused it."""
+class PushFailed(RunFailed):
+    """A push did not reach every actor, or failed on the learner; `dead` names the actors that
+    caused it. Uncaught, it ends the run with its one line (RunFailed)."""
 
     def __init__(self, message: str, dead: list[int]):
         super().__init__(message)
@@ -75,7 +77,11 @@ class WeightSync:
         lost = self._remove_lost(ids, refs[1:], waiting)
         if lost or refs[0] in waiting:
             raise PushFailed(f"weight-sync group at {host}:{port} could not form: {describe(lost)}", sorted(lost))
-        ray.get(refs[0])
+        try:
+            ray.get(refs[0])
+        except ray.exceptions.RayTaskError as e:  # a dead rank is RayActorError: the learner's restart
+            raise PushFailed(f"weight-sync group at {host}:{port} could not form: learner rank 0 said "
+                             f"{_cause(e)} (sync.timeout_s={timeout_s:g})", []) from None
         self._weight_meta = self.learner.weight_metadata()
         self.members = ids
 
@@ -138,9 +144,16 @@ class WeightSync:
                     pass
             self.members = []
             raise PushFailed(f"weight push of version {version} (step {step}) lost {describe(lost)}", sorted(lost))
-        if learner is not None and not learner.ready():  # raises RayActorError if a rank died
-            raise TimeoutError(f"weight push of version {version} (step {step}) did not finish within "
-                               f"{timeout_s}s on the learner ranks")
+        try:
+            finished = learner is None or learner.ready()  # raises RayActorError if a rank died
+        except ray.exceptions.RayTaskError as e:
+            self.members = []
+            raise PushFailed(f"weight push of version {version} (step {step}) failed on the learner: "
+                             f"{_cause(e)} (sync.timeout_s={timeout_s:g})", []) from None
+        if not finished:
+            self.members = []
+            raise PushFailed(f"weight push of version {version} (step {step}) did not finish on the learner "
+                             f"ranks within sync.timeout_s={timeout_s:g}", [])
         out = {"sync/push_s": time.monotonic() - t0, "sync/version": version}
         for r in ray.get(refs):
             for k, v in (r or {}).items():
@@ -181,6 +194,12 @@ class WeightSync:
                     f"learner's by {gap:.3g} nats (tolerance {tolerance}): the engine is not computing with "
                     "the pushed weights")
         return max(gaps, default=0.0)
+
+
+def _cause(e: ray.exceptions.RayTaskError) -> str:
+    """The first line of what a remote call raised, without Ray's traceback."""
+    cause = getattr(e, "cause", None) or e
+    return f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[-1][:200]}"
 
 
 def _raised(ref: Any) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.compat import hide_broken_torch_extras
+from asyncrl.rollout import owner
 from asyncrl.rollout.engine import Completion, SamplingSpec
 
 # Tokens one CPU scheduler step may compute (vLLM's own default for AsyncLLM on CPU).
@@ -124,6 +125,7 @@ class VLLMEngine:
         from asyncrl.sync import vllm_receiver
 
         args = AsyncEngineArgs(**self.engine_kwargs(), **vllm_receiver.engine_kwargs(self.sync_type))
+        os.environ[owner.ENV] = owner.owner_token()  # the engine's processes end with this one (owner.py)
         self.llm = AsyncLLM.from_engine_args(args)
 
     def engine_kwargs(self) -> dict[str, Any]:

@@ -136,6 +136,37 @@ def test_launch_run_as_a_ray_job_trains_saves_and_the_policy_generates_in_vllm(t
     assert f"{bad}:2: no 'answer' field" in ev_err
 
 
+def test_ray_job_stop_writes_a_checkpoint_and_a_resubmitted_job_resumes_from_it(tmp_path, tiny_model_path):
+    """`ray job stop` sends SIGTERM and, 3 s later, SIGKILL: the run stops after its running step
+    with a checkpoint within that, and the same job submitted again with resume=auto continues."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    run_dir = tmp_path / "stopped"
+    args = ["python", "launch/run.py", "buffer.token_budget=64", "name=stopped", f"observe.output_dir={tmp_path}",
+            "observe.console=lines", "observe.tensorboard=false", "checkpoint.every_steps=0", "save_final=false"]
+    with ray_head(env, tmp_path / "ray-head.log") as head:
+        wait_for_job_agent(head, tmp_path / "ray-head.log", env)
+        first = ray_cli("job", "submit", "--address", JOBS, "--no-wait", "--submission-id", "asyncrl-stopped",
+                        "--working-dir", ".", "--", *args, "total_steps=1000", env=env)
+        assert first.returncode == 0, first.stderr[-2000:]
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists()
+                                                   and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 3):
+            time.sleep(0.2)
+        stop = ray_cli("job", "stop", "--address", JOBS, "asyncrl-stopped", env=env)
+        assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
+        events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+        end = events[-1]
+        assert (end["event"], end["status"], end["reason"]) == ("end", "interrupted", "SIGTERM"), events[-3:]
+        stopped_at = end["step"]
+        assert stopped_at >= 3 and (run_dir / "checkpoints" / f"step_{stopped_at}" / "COMPLETE").exists()
+        again = ray_cli("job", "submit", "--address", JOBS, "--working-dir", ".", "--", *args,
+                        f"total_steps={stopped_at + 3}", "resume=auto", env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"at step {stopped_at}" in again.stdout
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, stopped_at + 4))
+
+
 @pytest.mark.parametrize("override, named", [
     ("buffer.token_budget=-5", "buffer.token_budget"),
     ("reward.type=import:asyncrl.no_such_module:score", "reward.type: reward function"),

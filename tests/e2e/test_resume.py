@@ -1,6 +1,7 @@
-"""Durable runs through the real entry point: SIGTERM at step k, then resume=auto, gives the same
-steps, losses, rewards and final parameters as a run never interrupted (fake engine, synchronous
-rollout batches, CPU: bit for bit); an incompatible resume exits 2 naming the field."""
+"""Durable runs through the real entry point: SIGTERM at step k, or SIGKILL of the driver, then
+resume=auto, gives the same steps, losses, rewards and final parameters as a run never
+interrupted (fake engine, synchronous rollout batches, CPU: bit for bit); an incompatible resume
+exits 2 naming the field."""
 
 import json
 import os
@@ -59,6 +60,23 @@ def events(run_dir):
     return out
 
 
+def resume_and_compare(out_dir, name, model, plain_run, from_step) -> str:
+    """resume=auto of run `name`, which must continue at `from_step` and end with the rows and final
+    parameters of the uninterrupted run; its console output."""
+    again = launch(out_dir, name, model, "resume=auto")
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out[-3000:]
+    assert f"at step {from_step}" in out
+    want, got = rows(plain_run), rows(out_dir / name)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    for a, b in zip(want, got):
+        assert {k: a.get(k) for k in COMPARED} == {k: b.get(k) for k in COMPARED}, a["step"]
+    a = load_file(plain_run / "final" / "model.safetensors")
+    b = load_file(out_dir / name / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return out
+
+
 def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model, plain_run):
     run_dir = tmp_path / "cut"
     cut = launch(tmp_path, "cut", small_model)
@@ -75,23 +93,34 @@ def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model,
     assert events(run_dir)[-1] == {"step": stopped_at, "event": "end", "status": "interrupted", "reason": "SIGTERM"}
     assert (run_dir / "checkpoints" / f"step_{stopped_at}" / "COMPLETE").exists()
 
-    again = launch(tmp_path, "cut", small_model, "resume=auto")
-    out, _ = again.communicate(timeout=600)
-    assert again.returncode == 0, out[-3000:]
-    assert f"at step {stopped_at}" in out
-    want, got = rows(plain_run), rows(run_dir)
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    for a, b in zip(want, got):
-        assert {k: a.get(k) for k in COMPARED} == {k: b.get(k) for k in COMPARED}, a["step"]
+    out = resume_and_compare(tmp_path, "cut", small_model, plain_run, stopped_at)
+    want = rows(plain_run)
     assert any(r["loss/total"] != 0 for r in want) and all(r.get("reward/num_samples") is not None for r in want)
-    a = load_file(plain_run / "final" / "model.safetensors")
-    b = load_file(run_dir / "final" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [e["event"] for e in events(run_dir)].count("resume") == 1
     # the summary's time is the whole run's, the part before the signal included
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_at_step"] == stopped_at and summary["wall_s"] > summary["wall_s_since_resume"] > 0
     assert f"s since the resume at step {stopped_at})" in out
+
+
+def test_a_driver_killed_with_sigkill_resumes_from_its_newest_checkpoint_as_if_never_killed(
+        tmp_path, small_model, plain_run):
+    """No handler runs: what survives is the newest checkpoint (every 3 steps). The resume loses
+    at most those steps, rewrites their rows, and trains nothing twice: the same rows and final
+    parameters as the uninterrupted run."""
+    run_dir = tmp_path / "killed"
+    killed = launch(tmp_path, "killed", small_model)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists() and len(rows(run_dir)) >= 5):
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=60)
+    rows_at_kill = len(rows(run_dir))
+    assert 5 <= rows_at_kill < STEPS, "the kill came too late to test a resume"
+    newest = max(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*") if (p / "COMPLETE").exists())
+    assert rows_at_kill - newest <= 3  # checkpoint.every_steps
+
+    resume_and_compare(tmp_path, "killed", small_model, plain_run, newest)
 
 
 def test_resume_with_another_model_exits_2_naming_the_field(tmp_path, plain_run):
