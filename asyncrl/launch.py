@@ -9,10 +9,11 @@ checked (asyncrl/preflight.py); `--print-config` prints the resolved config and 
 
 SIGTERM or SIGINT (Ctrl-C, `ray job stop`) stops the run cleanly: no new prompts, the running step
 finishes, a checkpoint is written, everything shuts down; `resume=auto` continues it. A second
-signal exits at once. Exit codes: 0 finished, 1 failed (learner lost: resume from the newest
-checkpoint; no optimizer step for observe.stall_timeout_s; a reward function failing on more than
-reward.max_error_frac of the samples), 2 bad config or data, 128 + signal number after a clean stop
-(130 for a Ctrl-C during start-up).
+signal exits at once. Exit codes: 0 finished, 1 failed (a learner lost once more than
+fault.max_restarts allows: resume from the newest checkpoint; no optimizer step for
+observe.stall_timeout_s; a reward function failing on more than reward.max_error_frac of the
+samples; a weight push that failed twice), 2 bad config or data, 128 + signal number after a
+clean stop (130 for a Ctrl-C during start-up).
 """
 
 from __future__ import annotations

@@ -238,8 +238,6 @@ class Orchestrator:
                 except RayActorError as e:  # actors' deaths are handled in the pool; this is the learner's
                     if getattr(e, "actor_id", None) is not None and not self.learner.owns(e.actor_id):
                         raise
-                    if self.restarts >= self.cfg.fault.max_restarts:
-                        raise self.checkpoints.learner_died(self.step + 1, e) from None
                     self._restart_learner(e)
         finally:
             display.close()
@@ -291,7 +289,17 @@ class Orchestrator:
     def _restart_learner(self, error: BaseException) -> None:
         """A learner rank died: new ranks from the newest checkpoint (or where this run started),
         the run's state rewound to it, the actors (kept) pushed its weights; the groups they are
-        generating are orphaned, the ones in flight at the checkpoint regenerated under new ids."""
+        generating are orphaned, the ones in flight at the checkpoint regenerated under new ids.
+        A restart whose own ranks die counts as one more; past fault.max_restarts, LearnerDied."""
+        while True:
+            if self.restarts >= self.cfg.fault.max_restarts:
+                raise self.checkpoints.learner_died(self.step + 1, error) from None
+            try:
+                return self._restart_learner_once(error)
+            except RayActorError as again:
+                error = again
+
+    def _restart_learner_once(self, error: BaseException) -> None:
         self.restarts += 1
         died_at, self._train_ref = self.step + 1, None
         self.checkpoints.abandon()  # the dead learner may have been writing it
@@ -313,6 +321,7 @@ class Orchestrator:
         self._restore(state)
         self.driver.ledger.renew_requeued()
         self.metrics.rewind(self.step)
+        self._last_step_t = time.monotonic()  # the stall watch counts from the restart
         self.metrics.event(self.step, "learner_restarted", restart=self.restarts, died_at_step=died_at,
                            checkpoint=str(path) if path else None, reason=str(error).splitlines()[0][:300],
                            **({"parity_max_abs_diff": parity} if parity is not None else {}))
