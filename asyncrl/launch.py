@@ -79,12 +79,22 @@ def _launch(config: str | None, overrides: list[str], print_config: bool) -> int
         print(f"error: {e}", file=sys.stderr)
         return 2
     hide_broken_torch_extras()  # before Ray starts: its workers inherit the environment
+    # A Ctrl-C while Ray starts its daemons can land in code of Ray's that swallows the
+    # KeyboardInterrupt (seen: a run that then trained all its steps), so from here until the
+    # stop handlers are in place a signal is only noted, and acted on once Ray is up.
+    early: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: early.append(signum))
     connect_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.observe.worker_logs)
     try:
         orch = Orchestrator(cfg, run_lock=lock)
     except ConfigError as e:  # checks that need the data or imports: sources, reward functions
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if early:
+        lock.release()
+        print("\ninterrupted during start-up; nothing was trained", file=sys.stderr)
+        return 128 + early[0]
     finished = threading.Event()  # the run has shut down: Ray's daemons exiting now is no news
     stopped = install_stop_handlers(orch, finished)
     try:
