@@ -326,7 +326,7 @@ class CodeReward:
             return False
         try:
             actual = _as_json(code_drivers.decode(probes[0][1]))
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError):
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, OverflowError):
             return False
         tol, expected = self.cfg.float_tolerance, test.expected
         if values_match(actual, expected, tol):
