@@ -36,6 +36,23 @@ def with_lists(record: R) -> R:
     return replace(record, **arrays) if arrays else record
 
 
+def model_tokens(loss_mask: IntSeq, start: int, end: int) -> int:
+    """Loss (model) tokens among response positions [start, end) under `loss_mask` (empty: all)."""
+    return end - start if not loss_mask else sum(loss_mask[start:end])
+
+
+def end_after(loss_mask: IntSeq, start: int, k: int) -> int:
+    """The response position just past the k-th model token from `start` (k >= 1; the mask must
+    hold that many): a chunk of k loss tokens that begins at `start` ends there."""
+    if not loss_mask:
+        return start + k
+    for end in range(start, len(loss_mask)):
+        k -= loss_mask[end]
+        if k == 0:
+            return end + 1
+    raise ValueError(f"fewer than the asked model tokens after position {start}")
+
+
 FINISH_REASONS = ("stop", "length", "abort")
 BATCH_ROLES = ("own", "open", "continue")
 
@@ -73,6 +90,16 @@ class Sample:
     `reward_info` and the call's `reward_latency_s`; None: the driver's reward pool scores it."""
     reward_info: dict[str, Any] = field(default_factory=dict)
     reward_latency_s: float = 0.0
+    loss_mask: IntSeq = field(default_factory=list)
+    """1 on every response token the model sampled, 0 on the tokens an environment answered with
+    (asyncrl/env); empty, as every single-turn response has it: all are the model's. An
+    observation token carries logprob 0.0 and the version of the model turn before it, so the
+    versions never decrease along a response and an observation is never staler than that turn."""
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Response tokens the model sampled (what the buffer counts toward Phi)."""
+        return model_tokens(self.loss_mask, 0, len(self.response_ids))
 
     def validate(self) -> None:
         """Raise ValueError if the record is inconsistent (the sender checks each sample it encodes)."""
@@ -84,6 +111,8 @@ class Sample:
             )
         if not self.prompt_ids:
             raise ValueError(f"sample {self.group_id}/{self.sample_index}: empty prompt")
+        if self.loss_mask and (len(self.loss_mask) != n or not set(self.loss_mask) <= {0, 1}):
+            raise ValueError(f"sample {self.group_id}/{self.sample_index}: loss_mask must be {n} zeros and ones")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
         if self.sample_index < 0:
@@ -134,6 +163,9 @@ class SequenceChunk:
     """The response's sampling temperature: the learner divides its logits by it."""
     response_length: int = 0
     """Length of the whole response (0: unknown, taken as loss_end), for length-bucketed metrics."""
+    loss_mask: IntSeq = field(default_factory=list)
+    """Sample.loss_mask over [loss_start, loss_end): an observation token there is context only;
+    empty: every token of the range is a loss token. old_logprobs and versions span the range."""
     entered_at: int | None = None
     """The learner version at which the response entered training (buffer/base.py ResponseCursor);
     the orchestrator's staleness split reads it, the learner does not (not on the wire)."""
@@ -144,7 +176,7 @@ class SequenceChunk:
 
     @property
     def num_loss_tokens(self) -> int:
-        return self.loss_end - self.loss_start
+        return model_tokens(self.loss_mask, 0, self.loss_end - self.loss_start)
 
     @property
     def num_tokens(self) -> int:

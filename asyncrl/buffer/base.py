@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from asyncrl.algo.batch_ess import Moments
-from asyncrl.types import Group, Sample, ScoredSample, SequenceChunk, with_lists
+from asyncrl.types import Group, Sample, ScoredSample, SequenceChunk, end_after, model_tokens, with_lists
 
 
 @dataclass
@@ -69,7 +69,9 @@ class AdmissionView:
 
 @dataclass
 class ResponseCursor:
-    """One response in a buffer: tokens [offset, len) still to emit (or to drop as stale)."""
+    """One response in a buffer: tokens [offset, len) still to emit (or to drop as stale). Counts
+    (`remaining`, the cut's budget) are of loss tokens: an episode's observation tokens
+    (Sample.loss_mask 0) ride along as context and count toward nothing."""
 
     sample: Sample
     advantage: float
@@ -81,7 +83,9 @@ class ResponseCursor:
 
     @property
     def remaining(self) -> int:
-        return len(self.sample.response_ids) - self.offset
+        """Loss tokens from the offset on."""
+        s = self.sample
+        return model_tokens(s.loss_mask, self.offset, len(s.response_ids))
 
     def chunk(self, end: int) -> SequenceChunk:
         """Loss on tokens [offset, end); everything before is context."""
@@ -90,14 +94,21 @@ class ResponseCursor:
             group_id=s.group_id, sample_index=s.sample_index, prompt_ids=s.prompt_ids,
             response_ids=s.response_ids[:end], loss_start=start, old_logprobs=s.logprobs[start:end],
             versions=s.versions[start:end], advantage=self.advantage, temperature=s.temperature,
-            response_length=len(s.response_ids), entered_at=self.entered_at)
+            response_length=len(s.response_ids), loss_mask=s.loss_mask[start:end] if s.loss_mask else [],
+            entered_at=self.entered_at)
 
     def emit(self, end: int, stats: BufferStats) -> SequenceChunk:
         """`chunk(end)`, counted as trained, with the cursor moved past it."""
         chunk = self.chunk(end)
-        stats.responses_trained += (end - self.offset) / len(self.sample.response_ids)
+        stats.responses_trained += chunk.num_loss_tokens / max(self.sample.num_loss_tokens, 1)
         self.offset = end
         return chunk
+
+    def skip(self, positions: int) -> int:
+        """Move the offset `positions` tokens on (a stale prefix); returns the loss tokens skipped."""
+        skipped = model_tokens(self.sample.loss_mask, self.offset, self.offset + positions)
+        self.offset += positions
+        return skipped
 
     def to_state(self) -> dict[str, Any]:
         return {"sample": asdict(with_lists(self.sample)), "advantage": self.advantage, "offset": self.offset,
@@ -144,7 +155,7 @@ def cut_budget(queue: deque[ResponseCursor], budget: int, stats: BufferStats,
         if p.entered_at is None:
             p.entered_at = learner_version
         take = min(need, p.remaining)
-        chunks.append(p.emit(p.offset + take, stats))
+        chunks.append(p.emit(end_after(p.sample.loss_mask, p.offset, take), stats))
         need -= take
         if p.remaining == 0:
             queue.popleft()

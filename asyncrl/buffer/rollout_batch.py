@@ -54,7 +54,7 @@ from asyncrl.algo.schedule import num_sgd_steps
 from asyncrl.buffer.admission import rollout_batch_capacity
 from asyncrl.buffer.base import (AdmissionView, BufferStats, ResponseCursor, cut_budget, group_from_state,
                                  group_to_state, stale_prefix, stats_from_state)
-from asyncrl.types import Group, SequenceChunk
+from asyncrl.types import Group, SequenceChunk, model_tokens
 
 
 @dataclass
@@ -119,7 +119,7 @@ class RolloutBatchBuffer:
     def add_group(self, group: Group, seq: int | None = None) -> None:
         """`seq`: the group's admission sequence number (the sealing order); None: after every
         group added so far."""
-        lengths = [len(m.sample.response_ids) for m in group.samples]
+        lengths = [m.sample.num_loss_tokens for m in group.samples]
         self.stats.responses_in += len(lengths)
         self.stats.responses_empty += lengths.count(0)
         self.stats.tokens_in += sum(lengths)
@@ -176,11 +176,13 @@ class RolloutBatchBuffer:
             kept.append([])
             for scored, adv in zip(g.samples, g.advantages):
                 s = scored.sample
-                self._collecting_tokens -= len(s.response_ids)
+                tokens = s.num_loss_tokens
+                self._collecting_tokens -= tokens
                 stale = stale_prefix(s.versions, 0, oldest_ok)
-                self.stats.tokens_dropped_stale += stale
-                if stale == len(s.response_ids):
-                    self.stats.responses_all_stale += stale > 0
+                stale_tokens = model_tokens(s.loss_mask, 0, stale)
+                self.stats.tokens_dropped_stale += stale_tokens
+                if stale_tokens == tokens:
+                    self.stats.responses_all_stale += tokens > 0
                     continue
                 kept[-1].append((s, adv, stale, learner_version))
         self._opened = (self._opened or []) + [ResponseCursor(*r).chunk(len(r[0].response_ids))
@@ -188,7 +190,8 @@ class RolloutBatchBuffer:
         batch_index = self.stats.rollout_batches_sealed
         self.stats.rollout_batches_sealed += 1
         self._batch_start_version = learner_version
-        pass_tokens = sum(len(s.response_ids) - start for resp in kept for s, _, start, _ in resp)
+        pass_tokens = sum(model_tokens(s.loss_mask, start, len(s.response_ids))
+                          for resp in kept for s, _, start, _ in resp)
         for pass_index in range(self.num_reuse):
             order = list(range(len(groups)))
             random.Random(f"{self.seed}/{batch_index}/{pass_index}").shuffle(order)
@@ -220,7 +223,7 @@ class RolloutBatchBuffer:
         self.token_budget = state["token_budget"]
         self.stats = stats_from_state(RolloutBatchStats, state["stats"])
         self._collecting = [(seq, group_from_state(g)) for seq, g in state["collecting"]]
-        self._collecting_tokens = sum(len(m.sample.response_ids) for _, g in self._collecting for m in g.samples)
+        self._collecting_tokens = sum(m.sample.num_loss_tokens for _, g in self._collecting for m in g.samples)
         self._stream = deque(ResponseCursor.from_state(p) for p in state["stream"])
         self._steps = deque([ResponseCursor.from_state(p) for p in step] for step in state["steps"])
         self._batch_start_version = state.get("batch_start_version")  # absent in older checkpoints

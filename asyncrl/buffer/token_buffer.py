@@ -44,7 +44,7 @@ from asyncrl.buffer.admission import admission_capacity
 from asyncrl.buffer.base import (AdmissionView, BufferStats, ResponseCursor, cut_budget, cut_whole,
                                  stale_prefix, stats_from_state)
 from asyncrl.buffer.stale_policy import STALE_POLICIES, RatioMoments, keep_stale, lag_counts
-from asyncrl.types import Group, SequenceChunk
+from asyncrl.types import Group, SequenceChunk, end_after, model_tokens
 
 
 CUTS = ("split", "whole")
@@ -100,12 +100,13 @@ class TokenBuffer:
         for scored, adv in zip(group.samples, group.advantages):
             s = scored.sample
             self.stats.responses_in += 1
-            if not s.response_ids:
+            tokens = s.num_loss_tokens
+            if not tokens:
                 self.stats.responses_empty += 1
                 continue
             self._insert(ResponseCursor(s, adv))
-            self._num_tokens += len(s.response_ids)
-            self.stats.tokens_in += len(s.response_ids)
+            self._num_tokens += tokens
+            self.stats.tokens_in += tokens
 
     def _insert(self, p: ResponseCursor) -> None:
         """Behind every response of the same or an older first version (usually: at the end). A
@@ -136,8 +137,7 @@ class TokenBuffer:
                 continue  # nothing stale left in it (the common case: checked without a call)
             stale = stale_prefix(p.sample.versions, p.offset, oldest_ok)
             if stale:
-                p.offset += stale
-                dropped += stale
+                dropped += p.skip(stale)
                 if p.remaining == 0:
                     emptied.append(p)
         for p in emptied:
@@ -177,23 +177,22 @@ class TokenBuffer:
                 break
             batch: Counter[int] = Counter()
             candidate: Counter[int] = Counter()
-            for p, start, take in self._window(learner_version, {**keep, id(cand): True}):
-                lag_counts(p.sample.versions, start, start + take, learner_version,
+            for p, start, end in self._window(learner_version, {**keep, id(cand): True}):
+                lag_counts(p.sample.versions, start, end, learner_version,
                            into=candidate if p is cand else batch)
             keep[id(cand)] = keep_stale(batch, candidate, self.moments.by_bucket, self.ess_min, self.ess_max_lag)
         oldest_ok, dropped = learner_version - self.max_staleness, 0
         for p in [p for p in self._queue if keep.get(id(p)) is False]:
-            stale = stale_prefix(p.sample.versions, p.offset, oldest_ok)
-            p.offset += stale
-            dropped += stale
+            dropped += p.skip(stale_prefix(p.sample.versions, p.offset, oldest_ok))
             if p.remaining == 0:
                 self._queue.remove(p)
         self._num_tokens -= dropped
         self.stats.tokens_dropped_stale += dropped
 
     def _window(self, learner_version: int, keep: dict[int, bool]) -> list[tuple[ResponseCursor, int, int]]:
-        """(response, first token, tokens) of what the next cut would take, if the responses `keep`
-        says True of are kept whole and every other one not in training yet loses its stale prefix."""
+        """(response, first token, end) of what the next cut would take, if the responses `keep`
+        says True of are kept whole and every other one not in training yet loses its stale prefix
+        (an episode's observation tokens in the span count as their turn's; ESS is an estimate)."""
         oldest_ok = learner_version - self.max_staleness
         need, out = self.token_budget, []
         for p in self._queue:
@@ -202,9 +201,10 @@ class TokenBuffer:
             start = p.offset
             if p.entered_at is None and not keep.get(id(p)):
                 start += stale_prefix(p.sample.versions, p.offset, oldest_ok)
-            rest = len(p.sample.response_ids) - start
+            mask = p.sample.loss_mask
+            rest = model_tokens(mask, start, len(p.sample.response_ids))
             take = rest if self.cut == "whole" else min(rest, need)
-            out.append((p, start, take))
+            out.append((p, start, end_after(mask, start, take) if take else start))
             need -= take
         return out
 
@@ -213,7 +213,8 @@ class TokenBuffer:
         lags: Counter[int] = Counter()
         for c in chunks:
             lag_counts(c.versions, 0, len(c.versions), learner_version, into=lags)
-            self.stats.tokens_beyond_bound += stale_prefix(c.versions, 0, c.entered_at - self.max_staleness)
+            beyond = stale_prefix(c.versions, 0, c.entered_at - self.max_staleness)
+            self.stats.tokens_beyond_bound += model_tokens(c.loss_mask, 0, beyond)
         self.ess_estimate = estimated_ess(lags, self.moments.by_bucket)
 
     def observe_ratio_moments(self, moments: Moments) -> None:

@@ -29,6 +29,8 @@ class MicroBatch:
     response_lengths: torch.Tensor  # [T] int64: length of the token's whole response
     spans: list[tuple[str, int, int, int]] = field(default_factory=list)
     """(group_id, sample_index, loss_start, loss_end) of each chunk, in the order of its tokens."""
+    span_tokens: list[int] = field(default_factory=list)
+    """Loss tokens of each chunk (fewer than its span where an episode's observations are masked)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -36,8 +38,8 @@ class MicroBatch:
 
     def sequence_ids(self) -> torch.Tensor:
         """[T] int64: the index of each loss token's chunk (its "sequence" for GSPO and seq_tis)."""
-        return torch.repeat_interleave(torch.arange(len(self.spans)),
-                                       torch.tensor([end - start for _, _, start, end in self.spans], dtype=torch.long))
+        counts = self.span_tokens or [end - start for _, _, start, end in self.spans]
+        return torch.repeat_interleave(torch.arange(len(self.spans)), torch.tensor(counts, dtype=torch.long))
 
 
 def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
@@ -49,17 +51,19 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
         seq = c.prompt_ids + c.response_ids
         ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask[b, : len(seq)] = 1
-        p = len(c.prompt_ids)
-        for j in range(c.loss_start, c.loss_end):
+        p, n = len(c.prompt_ids), c.num_loss_tokens
+        # an episode's observation tokens (loss_mask 0) are context: they get no loss term at all
+        keep = range(n) if not c.loss_mask else [i for i, m in enumerate(c.loss_mask) if m]
+        for i in keep:
             rows.append(b)
-            cols.append(p + j - 1)
-            targets.append(c.response_ids[j])
-        old.extend(c.old_logprobs)
-        adv.extend([c.advantage] * c.num_loss_tokens)
-        ver.extend(c.versions)
-        seq_len.extend([c.num_loss_tokens] * c.num_loss_tokens)
-        temps.extend([c.temperature] * c.num_loss_tokens)
-        lengths.extend([c.response_length or c.loss_end] * c.num_loss_tokens)
+            cols.append(p + c.loss_start + i - 1)
+            targets.append(c.response_ids[c.loss_start + i])
+        old.extend(c.old_logprobs if not c.loss_mask else [c.old_logprobs[i] for i in keep])
+        ver.extend(c.versions if not c.loss_mask else [c.versions[i] for i in keep])
+        adv.extend([c.advantage] * n)
+        seq_len.extend([n] * n)
+        temps.extend([c.temperature] * n)
+        lengths.extend([c.response_length or c.loss_end] * n)
     return MicroBatch(
         input_ids=ids, attention_mask=mask,
         rows=torch.tensor(rows, dtype=torch.long), cols=torch.tensor(cols, dtype=torch.long),
@@ -71,6 +75,7 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
         temperatures=torch.tensor(temps, dtype=torch.float32),
         response_lengths=torch.tensor(lengths, dtype=torch.long),
         spans=[(c.group_id, c.sample_index, c.loss_start, c.loss_end) for c in chunks],
+        span_tokens=[c.num_loss_tokens for c in chunks],
     )
 
 

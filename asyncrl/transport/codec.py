@@ -29,7 +29,7 @@ import msgpack
 
 from asyncrl.types import BATCH_ROLES, FINISH_REASONS, Batch, ResponseSpan, Sample, SequenceChunk
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: loss masks (multi-turn episodes)
 _SWAP = sys.byteorder != "little"
 INT, FLOAT = "i", "f"  # int32 and float32
 assert array(INT).itemsize == 4 and array(FLOAT).itemsize == 4, "this platform's C int or float is not 32 bits"
@@ -131,8 +131,18 @@ _FRAME_COLUMNS = {scored: [(n, k) for n, k in SAMPLE_COLUMNS if scored or n not 
 _TOKEN_KINDS = (INT, FLOAT)
 
 
+_LENGTHS = {"prompt_ids": "prompt_lengths", "loss_mask": "mask_lengths"}  # the rest: response_lengths
+
+
 def _lengths_of(name: str) -> str:
-    return "prompt_lengths" if name == "prompt_ids" else "response_lengths"
+    return _LENGTHS.get(name, "response_lengths")
+
+
+def _check_masks(masks: list[array], response_lengths: list[int], what: str) -> None:
+    """A loss mask is empty (every token is the model's) or one 0/1 per response token."""
+    for mask, n in zip(masks, response_lengths):
+        if mask and (len(mask) != n or not set(mask) <= {0, 1}):
+            raise FrameError(f"{what}: a loss_mask is not {n} zeros and ones")
 
 
 def encode_samples(samples: list[Sample]) -> bytes:
@@ -145,7 +155,8 @@ def encode_samples(samples: list[Sample]) -> bytes:
         raise ValueError("a frame's samples must be all scored by their actor or none")
     frame: dict[str, Any] = {"v": FORMAT_VERSION, "kind": "samples", "count": len(samples),
                              "prompt_lengths": [len(s.prompt_ids) for s in samples],
-                             "response_lengths": [len(s.response_ids) for s in samples]}
+                             "response_lengths": [len(s.response_ids) for s in samples],
+                             "mask_lengths": [len(s.loss_mask) for s in samples]}
     for name, kind in _FRAME_COLUMNS[scored == {True}]:
         values = list(map(attrgetter(name), samples))
         frame[name] = (_pack(values, kind) if kind in _TOKEN_KINDS
@@ -157,13 +168,14 @@ def decode_samples(frame: bytes) -> list[Sample]:
     """The samples of one frame, validated as a whole: any bad record rejects the frame."""
     obj = _load_map(frame, "samples")
     k = _count(obj)
-    lengths = {name: _lengths(obj, name, k) for name in ("prompt_lengths", "response_lengths")}
+    lengths = {name: _lengths(obj, name, k) for name in ("prompt_lengths", "response_lengths", "mask_lengths")}
     col = {name: _unpack(obj, name, kind, lengths[_lengths_of(name)]) if kind in _TOKEN_KINDS
            else _column(obj, name, kind, k) for name, kind in _FRAME_COLUMNS["reward" in obj]}
     if not all(lengths["prompt_lengths"]):
         raise FrameError("a sample has an empty prompt")
     if k and min(col["sample_index"]) < 0:
         raise FrameError("a sample has a negative sample_index")
+    _check_masks(col["loss_mask"], lengths["response_lengths"], "a sample")
     if not set(col["finish_reason"]) <= set(FINISH_REASONS):
         bad = sorted(set(col["finish_reason"]) - set(FINISH_REASONS))
         raise FrameError(f"finish_reason {bad} not in {FINISH_REASONS}")
@@ -171,7 +183,14 @@ def decode_samples(frame: bytes) -> list[Sample]:
         raise FrameError("a sample's temperature is not positive")
     if "reward" in col and not all(map(math.isfinite, col["reward"])):
         raise FrameError("a sample's reward is not finite")
+    if "reward" not in col:  # the actor-scored columns sit between the others: their defaults
+        col = {name: col[name] if name in col else _unscored(name, k) for name, _ in SAMPLE_COLUMNS}
     return [Sample(*values) for values in zip(*col.values())]
+
+
+def _unscored(name: str, k: int) -> list:
+    """A column a frame of samples not scored by their actor leaves out, as Sample's defaults."""
+    return [{} for _ in range(k)] if name == "reward_info" else [0.0 if name == "reward_latency_s" else None] * k
 
 
 # -- batches: orchestrator -> learner rank -----------------------------------------------------
@@ -191,6 +210,8 @@ def _chunk_columns(chunks: list[SequenceChunk]) -> dict[str, Any]:
         "advantage": [float(c.advantage) for c in chunks],
         "temperature": [float(c.temperature) for c in chunks],
         "response_length": [c.response_length for c in chunks],
+        "mask_lengths": [len(c.loss_mask) for c in chunks],
+        "loss_mask": _pack([c.loss_mask for c in chunks], INT),
     }
 
 
@@ -214,7 +235,9 @@ def _decode_chunks(obj: Any, name: str) -> list[SequenceChunk]:
         _column(obj, "advantage", float, k),
         _column(obj, "temperature", float, k),
         _column(obj, "response_length", int, k),
+        _unpack(obj, "loss_mask", INT, _lengths(obj, "mask_lengths", k)),
     ]
+    _check_masks(columns[-1], loss_lens, name)
     return [SequenceChunk(*fields) for fields in zip(*columns)]
 
 

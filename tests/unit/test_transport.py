@@ -56,7 +56,7 @@ def test_the_sample_wire_format_is_the_dataclass_fields():
 
     assert [name for name, _ in SAMPLE_COLUMNS] == [f.name for f in fields(Sample)]
     frame = msgpack.unpackb(encode_samples([sample()]))
-    assert set(frame) == ({"v", "kind", "count", "prompt_lengths", "response_lengths"}
+    assert set(frame) == ({"v", "kind", "count", "prompt_lengths", "response_lengths", "mask_lengths"}
                           | {f.name for f in fields(Sample)} - set(ACTOR_SCORED))
 
 
@@ -129,11 +129,11 @@ def test_a_batch_of_chunks_of_different_lengths_round_trips_and_a_loss_range_out
     b"",
     b"\xff\xfe garbage",
     msgpack.packb([1, 2, 3]),
-    msgpack.packb({"v": 3, "kind": "batch"}),
+    msgpack.packb({"v": 4, "kind": "batch"}),
     msgpack.packb({"v": 99, "kind": "samples"}),
     msgpack.packb({"v": 2, "kind": "samples", "count": 0}),  # the format before packed token columns
-    msgpack.packb({"v": 3, "kind": "samples", "count": 1}),
-    msgpack.packb({"v": 3, "kind": "samples", "count": -1}),
+    msgpack.packb({"v": 4, "kind": "samples", "count": 1}),
+    msgpack.packb({"v": 4, "kind": "samples", "count": -1}),
 ])
 def test_malformed_frames_raise_frame_error(frame):
     with pytest.raises(FrameError):
