@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 
 from asyncrl.config import Config, ConfigError
-from asyncrl.data.records import NEEDS_ANSWER, RecordError, check_file
+from asyncrl.data.records import NEEDS_ANSWER, RecordError, check_file, read_records
 from asyncrl.data.stages import resolve_stages, stage_mixture
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -144,6 +144,25 @@ def check_data(cfg: Config) -> None:
                 _check(data.path, data.prompt_field, data.answer_field, verifier_of, needs)
     if cfg.eval.data and cfg.eval.every_steps:
         _check(cfg.eval.data, cfg.data.prompt_field, cfg.data.answer_field, verifier_of, needs)
+    if cfg.env.type:
+        check_env_on_data(cfg)
+
+
+def check_env_on_data(cfg: Config) -> None:
+    """The environment loads and builds for the first record of the first jsonl data (a
+    generated task's first record is not known before its source starts: the factory only loads)."""
+    from asyncrl.data.prompt_source import record_metadata
+    from asyncrl.env.registry import check_env, env_factory
+
+    first = next((d for st in resolve_stages(cfg) for d in stage_mixture(st, cfg.data) if d.type == "jsonl"), None)
+    if first is None:
+        try:
+            env_factory(cfg.env)
+        except Exception as e:
+            raise ConfigError(f"env.type={cfg.env.type!r}: {e}") from e
+        return
+    rec = read_records(first.path, first.prompt_field, first.answer_field, limit=1, needs_answer=())[0]
+    check_env(cfg.env, record_metadata(rec, f"{first.path}#0"))
 
 
 def _check(path, prompt_field, answer_field, verifier_of, needs) -> None:

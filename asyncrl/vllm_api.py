@@ -76,7 +76,7 @@ SURFACE: list[VllmName] = [
                       "update_weights", "finish_weight_update", "reset_prefix_cache")),
     VllmName("vllm:SamplingParams", "rollout/vllm_engine.py",
              call=("*", "n", "temperature", "top_p", "max_tokens", "logprobs", "output_kind", "skip_clone",
-                   "detokenize", "prompt_logprobs"),
+                   "detokenize", "prompt_logprobs", "stop", "include_stop_str_in_output"),
              attrs=("seed",)),
     VllmName("vllm.sampling_params:RequestOutputKind", "rollout/vllm_engine.py", attrs=("FINAL_ONLY",)),
     # the prompt dicts generate() is given, and what it yields

@@ -109,7 +109,7 @@ class RewardConfig(_Section):
         return self
 
 
-BUILTIN_VERIFIERS = ("math_verify", "code", "answer_tag", "multiple_choice")
+BUILTIN_VERIFIERS = ("math_verify", "code", "answer_tag", "multiple_choice", "episode")
 
 
 def _check_verifier_name(name: str, where: str = "") -> None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from asyncrl.config.algo_section import AlgoConfig
+from asyncrl.config.env_section import EnvConfig
 from asyncrl.config.reward_section import RewardConfig
 from asyncrl.config.section import _Section
 
@@ -398,6 +399,8 @@ class Config(_Section):
     """Rollout actors and how they sample."""
     reward: RewardConfig = RewardConfig()
     """How responses are scored."""
+    env: EnvConfig = EnvConfig()
+    """Multi-turn episodes against an environment (a tool, a feedback task); off by default."""
     algo: AlgoConfig = AlgoConfig()
     """Advantages, group filtering and the loss."""
     buffer: BufferConfig = BufferConfig()
@@ -446,6 +449,14 @@ class Config(_Section):
         if self.learner.backend == "deepspeed" and params != "float32":
             raise ValueError("learner.param_dtype must be float32 with learner.backend=deepspeed (its bf16 mode "
                              "always keeps float32 master weights)")
+        return self
+
+    @model_validator(mode="after")
+    def _env_fits(self) -> "Config":
+        if self.env.type is not None and self.algo.decoupled:
+            raise ValueError("env.type with decoupled PPO (algo.decoupled) is not supported yet: its proximal "
+                             "logprobs are kept per response position, and an episode's observation tokens "
+                             "have none; use the behaviour policy as the anchor")
         return self
 
     @model_validator(mode="after")

@@ -24,6 +24,18 @@ from asyncrl.data.records import data_source_of
 from asyncrl.types import PromptItem
 
 
+def record_metadata(rec: dict[str, Any], record_key: str) -> dict[str, Any]:
+    """What a prompt carries to its verifier (and environment): the record's metadata, answer,
+    data source, tests, and its key."""
+    meta = dict(rec.get("metadata") or {})
+    meta["answer"] = rec.get("answer", rec.get("ground_truth"))
+    meta["data_source"] = data_source_of(rec)
+    meta["record_key"] = record_key
+    if "tests" in rec:
+        meta["tests"] = rec["tests"]
+    return meta
+
+
 class PromptSource:
     def __init__(self, records: Iterator[dict[str, Any]] | list[dict[str, Any]], tokenizer: Any,
                  seed: int = 0, apply_chat_template: bool = False, max_prompt_tokens: int | None = None,
@@ -151,13 +163,7 @@ class PromptSource:
             return PromptItem(prompt_id=f"p{self.position}", prompt_ids=ids, metadata=self._metadata(rec, index))
 
     def _metadata(self, rec: dict[str, Any], index: int) -> dict[str, Any]:
-        meta = dict(rec.get("metadata") or {})
-        meta["answer"] = rec.get("answer", rec.get("ground_truth"))
-        meta["data_source"] = data_source_of(rec)
-        meta["record_key"] = self.record_key(index)
-        if "tests" in rec:
-            meta["tests"] = rec["tests"]
-        return meta
+        return record_metadata(rec, self.record_key(index))
 
     def take(self, n: int) -> list[PromptItem]:
         return [self.next() for _ in range(n)]

@@ -20,6 +20,7 @@ from asyncrl.observe.worker_logs import log_env
 from asyncrl.rollout import engine_factory
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.rollout.episode import EpisodeRunner
 from asyncrl.rollout.local_rewards import LocalRewards
 
 
@@ -85,10 +86,12 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
            "VLLM_LOGGING_LEVEL": cfg.observe.engine_log_level.upper(), **process_env(cfg, f"actor-{actor_id}")}
     scorer = (functools.partial(LocalRewards.build, cfg.reward, model_path, tiny=tiny_spec(cfg))
               if cfg.reward.placement == "actor" else None)
+    episodes = (functools.partial(EpisodeRunner.build, cfg.env, model_path, tiny=tiny_spec(cfg))
+                if cfg.env.type else None)
     return ray.remote(RolloutActor).options(
         num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
         resources=cfg.rollout.resources, scheduling_strategy="SPREAD" if cfg.rollout.spread else None,
         runtime_env={"env_vars": env}).remote(
         actor_id, engine_factory(cfg, model_path, actor_id, cfg.rollout.num_gpus_per_actor, tiny_spec(cfg)), spec,
         cfg.rollout.group_size, sample_endpoint,
-        seed=cfg.seed, sync_mode=cfg.sync.mode, scorer=scorer)
+        seed=cfg.seed, sync_mode=cfg.sync.mode, scorer=scorer, episodes=episodes)

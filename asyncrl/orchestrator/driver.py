@@ -36,7 +36,7 @@ from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.orchestrator.stage_runner import StageChange, StageRunner
 from asyncrl.orchestrator.stale_gate import StaleGate
 from asyncrl.orchestrator.step_stats import StepStats
-from asyncrl.reward.errors import RewardErrorMonitor
+from asyncrl.reward.errors import RewardErrorMonitor, env_error_monitor
 from asyncrl.reward.pool import RewardPool, RewardResult
 from asyncrl.reward.registry import build_reward_pool
 from asyncrl.rollout.engine import SamplingSpec
@@ -152,7 +152,7 @@ class Driver:
         row, the stage, the reward pool, the intake, the ledger, reward errors and evaluation."""
         return {**self.stats.flush({**self.ledger.token_metrics(), "rollout/frames_dropped_total": frames_dropped}),
                 **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
-                **self.route.errors.metrics(), **self.evaluator.take_metrics(step), **self.gate.take_metrics()}
+                **self.route.errors.metrics(), **(self.route.env_errors.metrics() if self.route.env_errors else {}), **self.evaluator.take_metrics(step), **self.gate.take_metrics()}
 
     def end_step(self, step: int, reward_mean: float | None) -> StageChange | None:
         """After optimizer step `step`: the new stage if the step ended one (its Phi applies from
@@ -205,7 +205,8 @@ def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = pri
     stats = StepStats(cfg.observe.samples_per_step)
     evaluator = Evaluator.build(cfg, stages.tokenizer, metrics, say)
     route = ResultRouter(ledger, stats, stages, evaluator, stages.tokenizer,
-                         RewardErrorMonitor(cfg.reward.max_error_frac), metrics, say)
+                         RewardErrorMonitor(cfg.reward.max_error_frac), metrics, say,
+                         env_errors=env_error_monitor(cfg.env.max_error_frac) if cfg.env.type else None)
     intake = SampleIntake(ledger, rewards, stages.tokenizer, route, evaluator)
     return Driver(cfg, ledger, stages, rewards, intake, route, evaluator, stats,
                   StaleGate(cfg.buffer.stale_policy, cfg.buffer.max_staleness))

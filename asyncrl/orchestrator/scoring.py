@@ -12,7 +12,7 @@ from asyncrl.observe.metrics import EventLog, Say
 from asyncrl.orchestrator.evaluation import EvalKey, Evaluator
 from asyncrl.orchestrator.ledger import GroupLedger
 from asyncrl.orchestrator.step_stats import StepStats
-from asyncrl.reward.errors import ERROR_OUTCOMES, RewardErrorMonitor, format_report
+from asyncrl.reward.errors import ENV_OUTCOMES, RewardErrorMonitor, format_report
 from asyncrl.reward.pool import RewardResult
 from asyncrl.types import IntSeq, as_list
 
@@ -22,18 +22,27 @@ if TYPE_CHECKING:  # it loads a tokenizer, and the router only records pass rate
 
 class ResultRouter:
     def __init__(self, ledger: GroupLedger, stats: StepStats, stages: StageRunner, evaluator: Evaluator, tokenizer: Any,
-                 errors: RewardErrorMonitor, metrics: EventLog, say: Say = print):
+                 errors: RewardErrorMonitor, metrics: EventLog, say: Say = print,
+                 env_errors: RewardErrorMonitor | None = None):
         self.ledger, self.stats, self.stages, self.evaluator = ledger, stats, stages, evaluator
         self.tokenizer, self.errors, self.metrics, self.say = tokenizer, errors, metrics, say
+        self.env_errors = env_errors
+        """Episodes' environment errors (rollout/episode.py), when the run has an environment."""
 
     def __call__(self, results: list[RewardResult], step: int) -> None:
         for r in results:
             is_eval = isinstance(r.key, EvalKey)
-            if r.info.get("outcome") in ERROR_OUTCOMES:
+            # an episode's environment error is its own kind: reported as one, and counted
+            # against env.max_error_frac over episodes, not against the verifiers' fraction
+            monitor = self.env_errors if self.env_errors is not None and r.info.get("outcome") in ENV_OUTCOMES \
+                else self.errors
+            if r.info.get("outcome") in monitor.outcomes:
                 response = r.key.response if is_eval else self._text(r.key.response_ids)
-                self._report(self.errors.observe(r.info, response, r.key.metadata), step)
+                self._report(monitor.observe(r.info, response, r.key.metadata), step, monitor.event)
             else:
                 self.errors.observe(r.info, "", {})
+            if self.env_errors is not None and monitor is self.errors:
+                self.env_errors.observe(r.info, "", {})
             if is_eval:
                 self.evaluator.on_scored(r.key, r.reward)
             elif self.ledger.on_scored(r.key, r.reward, r.info) is not None:  # else: a group given up
@@ -46,7 +55,7 @@ class ResultRouter:
     def _text(self, token_ids: IntSeq) -> str:
         return self.tokenizer.decode(as_list(token_ids), skip_special_tokens=True)
 
-    def _report(self, report: dict[str, Any] | None, step: int) -> None:
+    def _report(self, report: dict[str, Any] | None, step: int, event: str = "reward_error") -> None:
         if report is not None:
-            self.metrics.event(step, "reward_error", **report)
+            self.metrics.event(step, event, **report)
             self.say(format_report(report))

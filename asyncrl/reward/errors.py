@@ -20,6 +20,7 @@ from typing import Any
 from asyncrl.types import RunFailed
 
 ERROR_OUTCOMES = ("verifier_error", "bad_reward")
+ENV_OUTCOMES = ("env_error",)
 SHOWN_CHARS = 300
 
 
@@ -33,10 +34,14 @@ def _short(value: Any) -> str:
 
 
 class RewardErrorMonitor:
+    """`outcomes`: what counts as an error; `limit`: the config field of max_frac, named when the
+    run stops (the environment's errors have a monitor of their own, `env_error_monitor`)."""
+
     def __init__(self, max_frac: float, min_samples: int = 50, repeat_every_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, outcomes: tuple[str, ...] = ERROR_OUTCOMES,
+                 limit: str = "reward.max_error_frac", subject: str = "the reward function"):
         self.max_frac, self.min_samples, self.repeat_every_s = max_frac, min_samples, repeat_every_s
-        self.clock = clock
+        self.clock, self.outcomes, self.limit, self.subject = clock, outcomes, limit, subject
         self.scored = 0
         self.errors: Counter = Counter()  # (verifier, error type) -> count
         self.examples: dict[tuple[str, str], dict[str, Any]] = {}  # the first report of each kind
@@ -50,7 +55,7 @@ class RewardErrorMonitor:
         """Count one scored sample; returns a report when this error should be shown now."""
         self.scored += 1
         report = None
-        if info.get("outcome") in ERROR_OUTCOMES:
+        if info.get("outcome") in self.outcomes:
             error = str(info.get("error", info["outcome"]))
             kind = (str(info.get("verifier")), error.split("(", 1)[0].split(":", 1)[0])
             self.errors[kind] += 1
@@ -81,18 +86,28 @@ class RewardErrorMonitor:
         kind, count = self.errors.most_common(1)[0]
         ex = self.examples[kind]
         raise RewardErrorsExceeded(
-            f"the reward function {kind[0]} failed on {self.num_errors} of {self.scored} scored samples "
-            f"({self.num_errors / self.scored:.0%}, above reward.max_error_frac={self.max_frac}); "
+            f"{self.subject} {kind[0]} failed on {self.num_errors} of {self.scored} scored samples "
+            f"({self.num_errors / self.scored:.0%}, above {self.limit}={self.max_frac}); "
             f"most often ({count}x): {ex['error']}, e.g. on response {ex['response']!r} with metadata "
-            f"{ex['metadata']}. The first traceback is in events.jsonl (event reward_error).")
+            f"{ex['metadata']}. The first traceback is in events.jsonl (event {self.event}).")
+
+    @property
+    def event(self) -> str:
+        return "env_error" if self.outcomes == ENV_OUTCOMES else "reward_error"
 
     def metrics(self) -> dict[str, float]:
-        return {"reward/errors_total": self.num_errors}
+        return {f"{'env' if self.outcomes == ENV_OUTCOMES else 'reward'}/errors_total": self.num_errors}
+
+
+def env_error_monitor(max_frac: float) -> RewardErrorMonitor:
+    """Episodes that ended with an environment error (rollout/episode.py), against env.max_error_frac."""
+    return RewardErrorMonitor(max_frac, outcomes=ENV_OUTCOMES, limit="env.max_error_frac",
+                              subject="the environment")
 
 
 def format_report(r: dict[str, Any]) -> str:
     """The console text of a report: one line, plus the traceback the first time."""
-    head = (f"reward error in {r['verifier']} (data source {r['data_source']!r}, {r['count']} of "
+    head = (f"{'environment' if r['outcome'] in ENV_OUTCOMES else 'reward'} error in {r['verifier']} (data source {r['data_source']!r}, {r['count']} of "
             f"{r['scored']} samples so far): {r['error']}")
     if not r.get("traceback"):
         return head

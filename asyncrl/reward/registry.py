@@ -2,8 +2,11 @@
 
     metadata["data_source"] (else ["domain"]) ─► cfg.by_source.get(source, cfg.type) ─► verifier
 
-Names: math_verify, code, answer_tag, multiple_choice, or `import:package.module:function` for a
-user function called as `fn(response, metadata)` that returns (reward, info) or a bare number.
+Names: math_verify, code, answer_tag, multiple_choice, episode (the reward an environment gave
+during the episode, reward/episode_reward.py), or `import:package.module:function` for a user
+function called as `fn(response, metadata)` that returns (reward, info) or a bare number. An
+episode whose environment failed (rollout/episode.py) is scored 0 with outcome `env_error` before
+any verifier sees it.
 Everything is imported and built when the router is built (once per reward worker, at start), so a
 misspelt module is a config error then, not a crash mid-run; heavy verifiers are imported only when
 a config names them.
@@ -37,6 +40,7 @@ from typing import Any
 
 from asyncrl.config import BUILTIN_VERIFIERS, ConfigError, RewardConfig
 from asyncrl.reward.base import RewardFn
+from asyncrl.reward.episode_reward import env_failure, episode_reward
 from asyncrl.reward.pool import PRELOAD, RewardPool
 from asyncrl.reward.text_rewards import AnswerTagReward, MultipleChoiceReward
 
@@ -64,13 +68,13 @@ class CustomReward:
         return result, {"outcome": "custom"}
 
 
-def load_function(path: str, import_path: Iterable[str] = ()) -> Callable[..., Any]:
+def load_function(path: str, import_path: Iterable[str] = (), what: str = "reward function") -> Callable[..., Any]:
     """The callable named by `package.module:function` (the attribute may be dotted), its module
     searched in `import_path` (reward.import_path) first; raises ValueError naming the path when it
     cannot be imported or is not callable."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"reward function {path!r}: expected package.module:function")
+        raise ValueError(f"{what} {path!r}: expected package.module:function")
     for directory in reversed(list(import_path)):
         if directory not in sys.path:
             sys.path.insert(0, directory)
@@ -78,13 +82,13 @@ def load_function(path: str, import_path: Iterable[str] = ()) -> Callable[..., A
         obj: Any = importlib.import_module(module_name)
     except Exception as e:  # ImportError, or any error raised while the module runs
         where = f" (looked in {', '.join(import_path)} first)" if import_path else ""
-        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r}{where}: {e!r}") from e
+        raise ValueError(f"{what} {path!r}: cannot import module {module_name!r}{where}: {e!r}") from e
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"reward function {path!r}: {module_name!r} has no attribute {attr!r}")
+            raise ValueError(f"{what} {path!r}: {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"reward function {path!r}: {attr!r} is not callable")
+        raise ValueError(f"{what} {path!r}: {attr!r} is not callable")
     return obj
 
 
@@ -103,6 +107,8 @@ def build_verifier(name: str, cfg: RewardConfig) -> RewardFn:
         return AnswerTagReward()
     if name == "multiple_choice":
         return MultipleChoiceReward()
+    if name == "episode":
+        return episode_reward
     if name.startswith(IMPORT_PREFIX):
         path = name[len(IMPORT_PREFIX):]
         return CustomReward(load_function(path, cfg.import_path), path)
@@ -227,7 +233,10 @@ class RewardRouter:
     def __call__(self, response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         source = _source_of(metadata)
         name = route(self.cfg, source)
-        if name is None:
+        failed = env_failure(metadata)
+        if failed is not None:
+            reward, info = 0.0, failed
+        elif name is None:
             reward, info = 0.0, {"outcome": "no_verifier"}
         else:
             try:
@@ -235,7 +244,7 @@ class RewardRouter:
             except Exception as e:  # a verifier bug costs this sample; reward/errors.py makes it loud
                 reward, info = 0.0, {"outcome": "verifier_error", "error": _short(e),
                                      "traceback": traceback.format_exc()[-TRACEBACK_CHARS:]}
-        info["verifier"] = name
+        info["verifier"] = name if failed is None else info["verifier"]  # env_error names the environment
         info["data_source"] = source
         return reward, info
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.rollout.engine import Completion, EngineFailed, InferenceEngine, SamplingSpec
+from asyncrl.rollout.episode import EpisodeRunner
 from asyncrl.types import PromptItem, Sample
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class RolloutActor:
     def __init__(self, actor_id: int, engine_factory: Callable[[], InferenceEngine],
                  spec: SamplingSpec, group_size: int, emit: Callable[[Sample], None] | str,
                  seed: int = 0, sync_mode: str = "inflight",
-                 scorer: Callable[[Callable[[Sample], None]], Any] | None = None):
+                 scorer: Callable[[Callable[[Sample], None]], Any] | None = None,
+                 episodes: Callable[[], EpisodeRunner] | None = None):
         if sync_mode not in ("drain", "inflight"):
             raise ValueError(f"sync_mode must be 'drain' or 'inflight', got {sync_mode!r}")
         self.sync_mode = sync_mode
@@ -68,6 +70,8 @@ class RolloutActor:
         self._emit: Callable[[Sample], None] | None = None
         self._scorer_factory = scorer  # emit -> LocalRewards: samples are scored here before they are sent
         self._scorer = None
+        self._episodes_factory = episodes  # built in start(): it loads the tokenizer in this process
+        self.episodes: EpisodeRunner | None = None
         self._deliver: asyncio.Task | None = None
         self.version = 0
         self._gate = asyncio.Event()
@@ -88,6 +92,8 @@ class RolloutActor:
         t0 = time.monotonic()
         self.engine = self._engine_factory()
         await self.engine.start()
+        if self._episodes_factory is not None:
+            self.episodes = self._episodes_factory()
         self._open_stream()
         return {"actor_id": self.actor_id, "start_s": time.monotonic() - t0}
 
@@ -165,28 +171,36 @@ class RolloutActor:
             self._emit(sample)
 
     async def _sample(self, p: PromptItem, index: int, base: SamplingSpec, abortable: bool = True) -> Sample:
-        """One sample of p; after an in-flight update aborted it, resumed from its prefix."""
+        """One sample of p: one completion, or with an environment one episode (rollout/episode.py)."""
+        name = f"{p.prompt_id}-{index}-a{self.actor_id}"
+        if self.episodes is not None:
+            return await self.episodes.run(self, p, index, base, name, abortable)
+        tokens, logprobs, versions, reason = await self.complete(p.prompt_ids, base, name, abortable)
+        return Sample(
+            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
+            prompt_ids=p.prompt_ids, response_ids=tokens, logprobs=logprobs,
+            versions=versions, finish_reason=reason,
+            actor_id=self.actor_id, metadata=p.metadata, temperature=base.temperature)
+
+    async def complete(self, prompt_ids: list[int], base: SamplingSpec, name: str,
+                       abortable: bool = True) -> tuple[list[int], list[float], list[int], str]:
+        """Tokens, logprobs, versions and finish reason of one completion of prompt_ids; after an
+        in-flight update aborted it, resumed from its prefix."""
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        name = f"{p.prompt_id}-{index}-a{self.actor_id}"
         for attempt in itertools.count():
             request_id = name if attempt == 0 else f"{name}-r{attempt}"  # vLLM ids must be fresh
             spec = SamplingSpec(base.temperature, base.top_p, base.max_tokens - len(tokens),
-                                seed=zlib.crc32(f"{self.seed}/{request_id}".encode()))
-            out, version, aborted = await self._request(p.prompt_ids + tokens, spec, request_id, abortable)
+                                seed=zlib.crc32(f"{self.seed}/{request_id}".encode()), stop=base.stop)
+            out, version, aborted = await self._request(prompt_ids + tokens, spec, request_id, abortable)
             tokens += out.token_ids
             logprobs += out.logprobs
             versions += [version] * len(out.token_ids)
             if not aborted or len(tokens) >= base.max_tokens:
                 break
             self.stats["resumed"] += 1
-        reason = out.finish_reason if not aborted else "length"  # aborted at its last token
-        return Sample(
-            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
-            prompt_ids=p.prompt_ids, response_ids=tokens, logprobs=logprobs,
-            versions=versions, finish_reason=reason,
-            actor_id=self.actor_id, metadata=p.metadata, temperature=base.temperature)
+        return tokens, logprobs, versions, out.finish_reason if not aborted else "length"  # aborted at its last token
 
     async def _request(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str,
                        abortable: bool) -> tuple[Completion, int, bool]:
@@ -295,5 +309,7 @@ class RolloutActor:
             t.cancel()
         if self._scorer is not None:
             await asyncio.to_thread(self._scorer.close)
+        if self.episodes is not None:
+            self.episodes.close()
         if self.engine is not None:
             await self.engine.shutdown()

@@ -17,6 +17,8 @@ class SamplingSpec:
     top_p: float
     max_tokens: int
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop strings (an environment's tool-call end); the completion keeps the tokens that made one."""
 
 
 @dataclass

@@ -150,7 +150,7 @@ class VLLMEngine:
         return kwargs
 
     async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion:
-        params = copy.copy(self._params(spec.temperature, spec.top_p, spec.max_tokens))
+        params = copy.copy(self._params(spec.temperature, spec.top_p, spec.max_tokens, spec.stop))
         params.seed = spec.seed
         # A rendered token input ("type": "token") is processed inline; a raw prompt goes through
         # vLLM's renderer on its thread pool first, a thread hop per request for nothing to render.
@@ -167,12 +167,12 @@ class VLLMEngine:
     async def abort(self, request_ids: list[str]) -> None:
         await self.llm.abort(request_ids)  # each generate() gets a final output, reason "abort"
 
-    def _params(self, temperature: float, top_p: float, max_tokens: int):
+    def _params(self, temperature: float, top_p: float, max_tokens: int, stop: tuple[str, ...] = ()):
         """One validated SamplingParams per setting; each request takes a copy with its seed
         (building and validating one per request cost ~10% of the actor's process time). The
         template itself never reaches vLLM, so no cached property (sampling_type) is set on it.
         Resumed requests ask for fewer tokens: at most max_tokens templates per setting."""
-        key = (temperature, top_p, max_tokens)
+        key = (temperature, top_p, max_tokens, stop)
         if key not in self._templates:
             from vllm import SamplingParams
             from vllm.sampling_params import RequestOutputKind
@@ -184,7 +184,10 @@ class VLLMEngine:
             self._templates[key] = SamplingParams(
                 n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
                 output_kind=RequestOutputKind.FINAL_ONLY, skip_clone=True,
-                detokenize=False)  # rewards decode on their own workers; text here cost ~20% of tokens/s
+                # rewards decode on their own workers; text here cost ~20% of tokens/s. Stop strings
+                # (an environment's turns) need it; the turn keeps the string, and its token ids
+                # are what was sampled (vLLM cuts the text at the string, never the ids).
+                stop=list(stop) or None, include_stop_str_in_output=bool(stop), detokenize=bool(stop))
         return self._templates[key]
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:

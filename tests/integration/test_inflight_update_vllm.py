@@ -6,6 +6,7 @@ rest, each computed in float64 over the prompt plus the response."""
 
 import asyncio
 import copy
+import string
 
 import pytest
 import torch
@@ -144,3 +145,94 @@ def test_concurrent_requests_sharing_one_sampling_template_each_keep_their_own_s
     assert len({tokens[0], tokens[1], tokens[4]}) == 3  # 24 tokens at T=1: distinct seeds differ
     assert all(o.logprobs == outs[i % 5].logprobs for i, o in enumerate(outs))
     assert engine._templates and all(t.seed is None for t in engine._templates.values())
+
+
+class HeldTurns:
+    """An environment for the random model: a turn ends at any lowercase letter (26 stop strings,
+    so a few tokens a turn), the answer is "[ok]"; the first answer waits for `gate`, so a push
+    lands between two turns."""
+
+    stop = tuple(string.ascii_lowercase)
+
+    def __init__(self, gate: asyncio.Event, turns: int = 3):
+        self.gate, self.turns, self.seen = gate, turns, []
+
+    async def step(self, turn):
+        from asyncrl.env.base import Step
+
+        self.seen.append(turn)
+        await self.gate.wait()
+        return Step(observation="[ok]", done=len(self.seen) >= self.turns)
+
+
+async def episodes_across_a_push(engine, model, tok, num: int) -> tuple[list, list, RolloutActor]:
+    from asyncrl.config.env_section import EnvConfig
+    from asyncrl.rollout.episode import EpisodeRunner
+
+    samples, envs, gate = [], {}, asyncio.Event()
+
+    def factory(metadata, **options):
+        envs[metadata["i"]] = HeldTurns(gate)
+        return envs[metadata["i"]]
+
+    cfg = EnvConfig(type="calculator", max_turns=3, max_turn_tokens=24)  # the factory is the test's
+    actor = RolloutActor(0, lambda: Lent(engine), SamplingSpec(1.0, 1.0, MAX_TOKENS), group_size=1,
+                         emit=samples.append, sync_mode="inflight", episodes=lambda: EpisodeRunner(cfg, factory, tok))
+    await actor.start()
+    port = free_port()
+    sender = GlooWeightSender("127.0.0.1", port, world_size=2, timeout_s=60)
+    try:
+        await asyncio.gather(asyncio.to_thread(sender.connect), actor.init_weight_sync("127.0.0.1", port, 1, 2, 60))
+        await actor.submit([PromptItem(f"e{i}", tok(f"{i} times {i} is")["input_ids"], {"i": i}) for i in range(num)])
+        while len(envs) < num or any(not env.seen for env in envs.values()):
+            await asyncio.sleep(0.01)  # every episode's first turn is sampled by version 0
+        perturb_(model, seed=2)
+        params = list(model.named_parameters())
+        metadata = sender.metadata(params)
+        await asyncio.gather(asyncio.to_thread(sender.push, params, 1), actor.update_weights(metadata, 1))
+        gate.set()
+        while len(samples) < num:
+            await asyncio.sleep(0.05)
+    finally:
+        sender.close()
+        await actor.shutdown()
+    return samples, envs, actor
+
+
+def test_an_episode_across_a_push_reproduces_the_engine_logprobs_of_each_turn_in_the_trainer(shared):
+    """Token in, token out on the real engine: a turn ends at its stop string and keeps its ids;
+    the observation's ids are appended; the trainer's forward over the episode's exact ids (no
+    re-tokenization) gives every model token the logprob the engine sampled it with, under the
+    weights of its own version (the first turn version 0, the later ones version 1)."""
+    loop, engine, path = shared
+    model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    before = copy.deepcopy(model).double()
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
+    samples, envs, actor = loop.run_until_complete(episodes_across_a_push(engine, model, tok, num=6))
+    model.double()
+    letters, obs = set(tok.convert_tokens_to_ids(list(string.ascii_lowercase))), tok("[ok]")["input_ids"]
+    checked = stops = 0
+    for s in samples:
+        s.validate()
+        spans = s.metadata["episode"]["spans"]
+        model_spans = [(a, b) for a, b, origin in spans if origin == "model"]
+        assert [origin for *_, origin in spans][:2] == ["model", "env"]
+        for a, b, origin in spans:
+            assert all(m == (origin == "model") for m in s.loss_mask[a:b])
+            if origin == "env":
+                assert list(s.response_ids[a:b]) == obs  # the observation's own ids, as given
+        for (a, b), turn in zip(model_spans, envs[s.metadata["i"]].seen):
+            assert list(s.response_ids[a:b]) == turn.token_ids
+            if turn.finish_reason == "stop":  # ended at its first stop string, which it keeps
+                assert s.response_ids[b - 1] in letters and not letters & set(s.response_ids[a:b - 1])
+                stops += 1
+        assert set(s.versions[a] for a, _ in model_spans[1:]) == {1} and s.versions[0] == 0
+        ids, n = s.prompt_ids + s.response_ids, len(s.prompt_ids)
+        got = torch.tensor(s.logprobs, dtype=torch.float64)
+        v0, v1 = hf_logprobs(before, ids)[n - 1:], hf_logprobs(model, ids)[n - 1:]
+        for j, m in enumerate(s.loss_mask):
+            if m:
+                want = v0[j] if s.versions[j] == 0 else v1[j]
+                assert abs(got[j] - want) < NATS, (j, got[j], want)
+                checked += 1
+    assert checked > 30 and stops > 6

@@ -1,0 +1,48 @@
+"""The `env` section: multi-turn episodes with an environment (asyncrl/env). Off by default: a
+run without `env.type` samples one completion per prompt, exactly as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from asyncrl.config.section import _Section
+
+BUILTIN_ENVS = ("calculator", "python", "guess_number")
+IMPORT_PREFIX = "import:"
+
+
+class EnvConfig(_Section):
+    type: str | None = None
+    """The environment each episode talks to: calculator (`<calc>expr</calc>` answered with its
+    value), python (`<python>code</python>` run in the code verifier's sandbox, answered with its
+    output), guess_number (higher/lower feedback), or `import:package.module:factory` for your own
+    (called as `factory(metadata, **env.options)` once per episode; see asyncrl/env/base.py).
+    None: single-turn sampling."""
+    options: dict[str, Any] = {}
+    """Keyword arguments for the environment's factory (e.g. max_calls; the python tool's sandbox)."""
+    import_path: list[str] = []
+    """Directories searched first for an `import:` environment's module."""
+    stop: list[str] | None = None
+    """Stop strings that end a model turn; None: the environment's own (its `stop` attribute)."""
+    max_turns: int = Field(4, gt=0)
+    """Model turns per episode at most; an episode still going then ends as truncated ("length")."""
+    max_turn_tokens: int | None = Field(None, gt=0)
+    """Tokens one model turn may sample; None: what is left of rollout.max_tokens, which bounds the
+    whole response (model and observation tokens together)."""
+    step_timeout_s: float = Field(30.0, gt=0)
+    """Seconds one environment step may take; past it the episode ends with an env error (the
+    other episodes and the engine go on). Above the python tool's sandbox wall time (10 s by
+    default), so a program that runs out its time is a tool error the model reads, not an env error."""
+    max_error_frac: float = Field(0.05, ge=0, le=1)
+    """The run stops when more than this fraction of episodes ended with an env error (a step that
+    raised, timed out or answered something that is not a Step), checked from 50 episodes on."""
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        if v is not None and v not in BUILTIN_ENVS and not v.startswith(IMPORT_PREFIX):
+            raise ValueError(f"unknown environment {v!r} (allowed: {', '.join(BUILTIN_ENVS)}, "
+                             f"or {IMPORT_PREFIX}package.module:factory)")
+        return v

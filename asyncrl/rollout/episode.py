@@ -1,0 +1,171 @@
+"""EpisodeRunner: one multi-turn episode per sample, inside a rollout actor (asyncrl/env/base.py).
+
+    context = prompt
+    repeat: model turn = actor.complete(context, stop = the environment's)   loss mask 1
+            step = env.step(turn)              (a worker thread, or awaited; env.step_timeout_s)
+            observation tokens                                                 loss mask 0
+            context = prompt + response so far
+    until the step is done, env.max_turns, or the response reaches rollout.max_tokens
+
+Each model turn is an ordinary completion of the actor's (`RolloutActor.complete`), so an in-flight
+weight update aborts and resumes it like any other request, and every model token keeps the
+version and behaviour logprob of the policy that sampled it: an episode that straddles an update
+carries both versions, and the learner trains each turn against its own policy. An observation
+token carries logprob 0.0 (never read: its loss mask is 0) and the version of the model token
+before it, so versions never decrease along the response and the staleness bound, applied per
+token, judges observations as their turn.
+
+A step that raises, times out or answers something other than a `Step` ends its own episode: the
+sample keeps what was generated, `metadata["episode"]["error"]` holds the error's last line (and
+`traceback`), and the reward router scores it 0 with outcome `env_error` (reward/registry.py), which
+the driver reports and counts against env.max_error_frac. The engine and the other episodes go
+on: steps run on a thread pool of their own (a hung step holds one of its threads, not the actor's
+event loop), or on the loop when `step` is a coroutine function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from asyncrl.config.env_section import EnvConfig
+from asyncrl.env.base import EnvFactory, Step, Turn
+from asyncrl.env.registry import env_factory, stop_strings
+from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.types import PromptItem, Sample
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.actor import RolloutActor
+
+STEP_THREADS = 64  # hung steps each hold one until they return; the rest keep going
+TRACEBACK_CHARS = 4000
+
+
+class Tokenizer(Protocol):
+    def __len__(self) -> int: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+class EnvStepFailed(Exception):
+    """An environment step that raised, timed out or broke the protocol (ends its episode)."""
+
+
+class EpisodeRunner:
+    def __init__(self, cfg: EnvConfig, factory: EnvFactory, tokenizer: Tokenizer):
+        self.cfg, self.factory, self.tokenizer = cfg, factory, tokenizer
+        self._threads = ThreadPoolExecutor(STEP_THREADS, thread_name_prefix="env-step")
+
+    @classmethod
+    def build(cls, cfg: EnvConfig, tokenizer_path: str, tiny: Any = None) -> EpisodeRunner:
+        """In the actor's process: the environment's factory and the model's tokenizer (`tiny`: the
+        built-in model's spec, built on this node if the driver's cache is not here)."""
+        from transformers import AutoTokenizer
+
+        if tiny is not None:
+            from asyncrl.tiny.build import local_model_path
+
+            tokenizer_path = local_model_path(tokenizer_path, tiny)
+        return cls(cfg, env_factory(cfg), AutoTokenizer.from_pretrained(tokenizer_path))
+
+    async def run(self, actor: RolloutActor, p: PromptItem, index: int, base: SamplingSpec, name: str,
+                  abortable: bool = True) -> Sample:
+        cfg = self.cfg
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        mask: list[int] = []
+        record: dict[str, Any] = {"env": cfg.type, "turns": 0, "tool_calls": 0, "tool_errors": 0, "env_s": 0.0,
+                                  "observation_tokens": 0, "reward": None, "spans": []}
+        reason = "length"
+        try:
+            env = self.factory(p.metadata, **cfg.options)
+            spec = replace(base, stop=stop_strings(cfg, env))
+        except Exception as e:  # a factory that fails on this record costs this episode
+            env, spec = None, base
+            self._fail(record, e)
+        for turn in range(cfg.max_turns if env is not None else 0):
+            left = base.max_tokens - len(tokens)
+            if left <= 0:
+                break
+            turn_spec = replace(spec, max_tokens=min(left, cfg.max_turn_tokens or left))
+            ids, lps, vers, reason = await actor.complete(p.prompt_ids + tokens, turn_spec, f"{name}-t{turn}", abortable)
+            record["spans"].append([len(tokens), len(tokens) + len(ids), "model"])
+            tokens += ids
+            logprobs += lps
+            versions += vers
+            mask += [1] * len(ids)
+            record["turns"] += 1
+            if len(tokens) >= base.max_tokens:
+                reason = "length"
+                break
+            try:
+                step = await self._step(env, Turn(turn, self.tokenizer.decode(ids), list(ids), reason), record)
+                obs = [] if step.done else self._observation(step.observation)[:base.max_tokens - len(tokens)]
+            except EnvStepFailed as e:
+                self._fail(record, e.__cause__ or e)
+                break
+            if step.done:
+                reason = "stop"
+                break
+            record["spans"].append([len(tokens), len(tokens) + len(obs), "env"])
+            record["observation_tokens"] += len(obs)
+            tokens += obs
+            logprobs += [0.0] * len(obs)
+            versions += [versions[-1] if versions else actor.version] * len(obs)
+            mask += [0] * len(obs)
+            reason = "length"  # an episode that ends here (turns or tokens used up) is truncated
+        return Sample(
+            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index, prompt_ids=p.prompt_ids,
+            response_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=reason,
+            actor_id=actor.actor_id, loss_mask=mask if 0 in mask else [],
+            metadata={**p.metadata, "episode": record}, temperature=base.temperature)
+
+    async def _step(self, env: Any, turn: Turn, record: dict[str, Any]) -> Step:
+        """env.step(turn) within env.step_timeout_s; its reward and counters go into `record`."""
+        t0 = time.monotonic()
+        try:
+            if inspect.iscoroutinefunction(env.step):
+                call = env.step(turn)
+            else:
+                call = asyncio.get_running_loop().run_in_executor(self._threads, env.step, turn)
+            step = await asyncio.wait_for(call, self.cfg.step_timeout_s)
+        except asyncio.TimeoutError:
+            raise EnvStepFailed() from TimeoutError(f"env.step took longer than env.step_timeout_s="
+                                                    f"{self.cfg.step_timeout_s:g}")
+        except Exception as e:
+            raise EnvStepFailed() from e
+        finally:
+            record["env_s"] += time.monotonic() - t0
+        if not isinstance(step, Step):
+            raise EnvStepFailed() from TypeError(f"env.step returned {type(step).__name__}, not a Step")
+        if step.reward is not None:
+            record["reward"] = (record["reward"] or 0.0) + float(step.reward)
+        for key in ("tool_calls", "tool_errors"):
+            record[key] += int(step.info.get(key, 0))
+        return step
+
+    def _observation(self, obs: str | list[int]) -> list[int]:
+        if isinstance(obs, str):
+            return list(self.tokenizer.encode(obs, add_special_tokens=False)) if obs else []
+        vocab = len(self.tokenizer)  # an id past it would fail the engine, and with it the actor
+        if not isinstance(obs, list) or not all(type(t) is int and 0 <= t < vocab for t in obs):
+            raise EnvStepFailed() from TypeError(f"an observation must be text or a list of token ids "
+                                                 f"below {vocab}, got {str(obs)[:100]}")
+        return obs
+
+    @staticmethod
+    def _fail(record: dict[str, Any], error: BaseException) -> None:
+        lines = traceback.format_exception(error)
+        record["error"] = lines[-1].strip()
+        record["traceback"] = "".join(lines)[-TRACEBACK_CHARS:]
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
