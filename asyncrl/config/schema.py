@@ -34,6 +34,10 @@ class TinyModelConfig(_Section):
     rescaling, so entropy studies on such a model measure that artefact."""
     seed: int = 0
     """Seeds the tiny model's init, its warm-start batches and accuracy samples."""
+    task: Literal["arith", "calc_tool"] = "arith"
+    """What the warm start teaches: arith (single-digit addition, data.type tiny_arith) or calc_tool
+    (two-digit multiplication through the calculator tool, data.type tiny_calc with env.type
+    calculator: copy the operands into `<calc>a*b</calc>`, then the result into the box)."""
 
 
 class ModelConfig(_Section):
@@ -59,8 +63,9 @@ def check_group_size(n: int | None) -> int | None:
 
 
 class DataConfig(_Section):
-    type: Literal["tiny_arith", "jsonl"] = "tiny_arith"
-    """Prompt source: the built-in synthetic task, or a jsonl file."""
+    type: Literal["tiny_arith", "tiny_calc", "jsonl"] = "tiny_arith"
+    """Prompt source: a built-in synthetic task (tiny_arith: addition; tiny_calc: two-digit
+    multiplication with the calculator, model.tiny.task calc_tool), or a jsonl file."""
     path: str | None = None
     """jsonl file (type=jsonl), one record a line: prompt (or messages), answer (or ground_truth),
     optional data_source (or domain), tests, metadata. Every record is checked before Ray starts."""
@@ -343,7 +348,7 @@ class EvalConfig(_Section):
     where they complete, as eval/avg@<n> and eval/pass@<k>, with eval/step saying which policy."""
     data: str | None = None
     """jsonl of held-out prompts (same fields as data.path). None: the built-in task's held-out
-    split when data.type is tiny_arith; with jsonl data and no eval.data there is no evaluation."""
+    split when data.type is tiny_arith or tiny_calc; with jsonl data and no eval.data there is no evaluation."""
     n: int = Field(8, ge=1)
     """Samples per prompt: avg@n is their mean reward, pass@k the unbiased estimate from them."""
     pass_k: list[int] | None = None
@@ -449,6 +454,16 @@ class Config(_Section):
         if self.learner.backend == "deepspeed" and params != "float32":
             raise ValueError("learner.param_dtype must be float32 with learner.backend=deepspeed (its bf16 mode "
                              "always keeps float32 master weights)")
+        return self
+
+    @model_validator(mode="after")
+    def _tiny_task_matches(self) -> "Config":
+        calc_data, calc_model = self.data.type == "tiny_calc", self.model.tiny.task == "calc_tool"
+        if self.model.path == "builtin:tiny" and calc_data != calc_model:
+            raise ValueError("data.type tiny_calc and model.tiny.task calc_tool go together: the built-in model "
+                             "is warm-started on the built-in task it will be trained on")
+        if calc_data and self.env.type is None:
+            raise ValueError("data.type tiny_calc is solved with the calculator: set env.type calculator")
         return self
 
     @model_validator(mode="after")

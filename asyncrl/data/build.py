@@ -9,13 +9,16 @@ from asyncrl.config import DataConfig, DataMixConfig
 from asyncrl.data.prompt_source import MixturePromptSource, PromptSource
 from asyncrl.data.records import read_records
 
+BUILTIN_TASKS = ("tiny_arith", "tiny_calc")
+"""Data types whose records the project generates (asyncrl/tiny): each has a held-out split."""
+
 
 def source_name_of(cfg: DataConfig) -> str:
     """The name in a dataset's record keys. It depends only on which records the dataset holds, so
     the same dataset in two stages (or as the run's data section) gives the same keys, and a
     stage's online filter can exclude records solved while drawing from another source object."""
-    if cfg.type == "tiny_arith":
-        return "tiny_arith"  # the problem set is fixed; data.seed only orders it
+    if cfg.type in BUILTIN_TASKS:
+        return cfg.type  # the problem set is fixed; data.seed only orders it
     return f"{cfg.type}:{cfg.path}"
 
 
@@ -27,6 +30,10 @@ def load_records(cfg: DataConfig, verifier_of: Callable[[str], str | None] | Non
         from asyncrl.tiny.task import TinyTaskSpec, all_problems, make_record
 
         return [make_record(*p) for p in all_problems(TinyTaskSpec(), split)]
+    if path is None and cfg.type == "tiny_calc":
+        from asyncrl.tiny import tool_task
+
+        return [tool_task.make_record(*p) for p in tool_task.all_problems(split)]
     return read_records(path or cfg.path, cfg.prompt_field, cfg.answer_field, verifier_of)
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.algo.pass_at_k import eval_metrics
 from asyncrl.config import Config
-from asyncrl.data.build import load_records
+from asyncrl.data.build import BUILTIN_TASKS, load_records
 from asyncrl.data.prompt_source import PromptSource
 from asyncrl.data.stages import ResolvedStage, resolve_stages
 from asyncrl.observe.metrics import EventLog, Say
@@ -54,7 +54,7 @@ def eval_records(cfg: Config) -> list[dict[str, Any]] | None:
     verifier_of = functools.partial(route, cfg.reward)
     if cfg.eval.data:
         records = load_records(cfg.data, verifier_of, path=cfg.eval.data)
-    elif cfg.data.type == "tiny_arith":
+    elif cfg.data.type in BUILTIN_TASKS:
         records = load_records(cfg.data, split="eval")
     else:
         return None
@@ -76,6 +76,7 @@ class Evaluator:
         self._rewards: dict[int, list[float]] = {}
         self._lengths: list[int] = []
         self._expected = 0
+        self._tools: list[tuple[bool, bool]] = []  # an episode's (called a tool, solved with tools)
         self._ready: dict[str, float] = {}
 
     @classmethod
@@ -104,7 +105,7 @@ class Evaluator:
         self._call = pool.evaluate(pool.ids[0], prompts, spec, self.cfg.n)
         self._version, self._t0 = version, time.monotonic()
         self.done.add(version)
-        self._rewards, self._lengths, self._expected = {}, [], 0
+        self._rewards, self._lengths, self._expected, self._tools = {}, [], 0, []
         return True
 
     def poll(self, rewards: RewardPool, tokenizer: Any, step: int) -> None:
@@ -129,11 +130,18 @@ class Evaluator:
     def on_scored(self, key: EvalKey, reward: float) -> None:
         self._rewards.setdefault(key.prompt_index, []).append(reward)
         self._lengths.append(key.response_len)
+        episode = key.metadata.get("episode")
+        if isinstance(episode, dict):  # (called a tool, solved it with tools that all answered)
+            called = episode.get("tool_calls", 0) > 0
+            self._tools.append((called, called and not episode.get("tool_errors") and reward > 0))
         if len(self._lengths) == self._expected:
             m = eval_metrics(list(self._rewards.values()), self.cfg.n, self.ks)
             self._ready = {"eval/step": self._version, "eval/time_s": time.monotonic() - self._t0,
                            "eval/response_len_mean": sum(self._lengths) / len(self._lengths),
                            **{f"eval/{k}": v for k, v in m.items()}}
+            if self._tools:
+                self._ready["eval/tool_call_rate"] = sum(c for c, _ in self._tools) / len(self._tools)
+                self._ready["eval/tool_success_rate"] = sum(ok for _, ok in self._tools) / len(self._tools)
             self._version = None
 
     def take_metrics(self, step: int) -> dict[str, float]:
@@ -169,13 +177,19 @@ def eval_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {}
     key = next(k for k in rows[0] if k.startswith("eval/avg@"))
-    return {"eval_metric": key.removeprefix("eval/"),
-            "eval_first": rows[0][key], "eval_first_step": rows[0]["eval/step"],
-            "eval_last": rows[-1][key], "eval_last_step": rows[-1]["eval/step"]}
+    out = {"eval_metric": key.removeprefix("eval/"),
+           "eval_first": rows[0][key], "eval_first_step": rows[0]["eval/step"],
+           "eval_last": rows[-1][key], "eval_last_step": rows[-1]["eval/step"]}
+    if rows[0].get("eval/tool_success_rate") is not None:
+        out.update(tool_success_first=rows[0]["eval/tool_success_rate"],
+                   tool_success_last=rows[-1].get("eval/tool_success_rate"))
+    return out
 
 
 def format_eval_summary(s: dict[str, Any]) -> str:
     if "eval_metric" not in s:
         return ""
+    tools = (f"; tool success {s['tool_success_first']:.3f} -> {s['tool_success_last']:.3f}"
+             if s.get("tool_success_last") is not None else "")
     return (f"  held-out {s['eval_metric']}: {s['eval_first']:.3f} (policy of step {s['eval_first_step']}) -> "
-            f"{s['eval_last']:.3f} (step {s['eval_last_step']})")
+            f"{s['eval_last']:.3f} (step {s['eval_last_step']}){tools}")

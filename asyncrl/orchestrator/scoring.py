@@ -14,7 +14,7 @@ from asyncrl.orchestrator.ledger import GroupLedger
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.reward.errors import ENV_OUTCOMES, RewardErrorMonitor, format_report
 from asyncrl.reward.pool import RewardResult
-from asyncrl.types import IntSeq, as_list
+from asyncrl.types import IntSeq, Sample, as_list
 
 if TYPE_CHECKING:  # it loads a tokenizer, and the router only records pass rates in it
     from asyncrl.orchestrator.stage_runner import StageRunner
@@ -49,8 +49,16 @@ class ResultRouter:
                 example = self.stats.wants_example()  # decode the texts only for the few kept
                 self.stats.add_sample(r.key, r.reward, r.info, r.latency_s,
                                       completion=self._text(r.key.response_ids) if example else None,
-                                      prompt=self._text(r.key.prompt_ids) if example else None)
+                                      prompt=self._text(r.key.prompt_ids) if example else None,
+                                      turns=self._turns(r.key) if example else None)
                 self.stages.record(r.key.metadata, r.reward)
+
+    def _turns(self, s: Sample) -> list[dict[str, str]] | None:
+        """An episode's response turn by turn: what the model wrote, what the environment answered."""
+        episode = s.metadata.get("episode")
+        if not isinstance(episode, dict):
+            return None
+        return [{"origin": origin, "text": self._text(s.response_ids[a:b])} for a, b, origin in episode["spans"]]
 
     def _text(self, token_ids: IntSeq) -> str:
         return self.tokenizer.decode(as_list(token_ids), skip_special_tokens=True)

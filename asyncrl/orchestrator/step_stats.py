@@ -72,9 +72,10 @@ class StepStats:
         self.latencies: list[float] = []
         self.sandbox = Counter()
         self.user_info: dict[str, list[float]] = {}  # key -> [sum, count]
+        self.episodes = Counter()  # sums over multi-turn episodes (rollout/episode.py records)
 
     _WINDOW = ("rewards", "lengths", "finish", "outcomes", "lags", "async_lags", "reuse_lags", "shaping",
-               "by_source", "latencies", "sandbox", "user_info")
+               "by_source", "latencies", "sandbox", "user_info", "episodes")
 
     def state_dict(self) -> dict[str, Any]:
         """Running totals, the row schema, and what accumulated since the last row (so the next
@@ -109,10 +110,11 @@ class StepStats:
         return j if j < self.examples_per_step else -1
 
     def add_sample(self, s: Sample, reward: float, info: dict[str, Any], latency_s: float = 0.0,
-                   completion: str | None = None, prompt: str | None = None) -> None:
+                   completion: str | None = None, prompt: str | None = None,
+                   turns: list[dict[str, str]] | None = None) -> None:
         """`completion` (and `prompt`): the texts, kept as an example if the draw of
         `wants_example` (made now, if it was not asked) says so; without them the sample is not
-        offered as an example."""
+        offered as an example. `turns`: an episode's text turn by turn ({"origin", "text"})."""
         slot, self._slot = self._slot, None
         if completion is not None and (slot := self._draw_slot() if slot is None else slot) >= 0:
             example = {
@@ -120,8 +122,12 @@ class StepStats:
                 "response_tokens": len(s.response_ids), "reward": reward,
                 "outcome": info.get("outcome"), "version": s.versions[0] if s.versions else None,
                 "finish_reason": s.finish_reason, "data_source": s.metadata.get("data_source"),
-                **({"info": extra} if (extra := own_info(info)) else {})}
+                **({"info": extra} if (extra := own_info(info)) else {}),
+                **({"turns": turns} if turns else {})}
             self._examples[slot:slot + 1] = [example]
+        episode = s.metadata.get("episode")
+        if isinstance(episode, dict):
+            self._add_episode(episode, s.num_loss_tokens)
         self.rewards.append(reward)
         self.by_source.setdefault(str(s.metadata.get("data_source", "unknown")), []).append(reward)
         self.latencies.append(latency_s)
@@ -148,9 +154,30 @@ class StepStats:
         default = learner_version if batch_start_version is None else batch_start_version
         for c in chunks:  # counted by runs of one version (a bisection each), not token by token
             start = default if c.entered_at is None else c.entered_at
-            lag_counts(c.versions, 0, len(c.versions), learner_version, into=self.lags)
-            lag_counts(c.versions, 0, len(c.versions), start, into=self.async_lags)
+            versions = c.versions if not c.loss_mask else [v for v, m in zip(c.versions, c.loss_mask) if m]
+            lag_counts(versions, 0, len(versions), learner_version, into=self.lags)
+            lag_counts(versions, 0, len(versions), start, into=self.async_lags)
             self.reuse_lags.append(learner_version - start)
+
+    def _add_episode(self, record: dict[str, Any], model_tokens: int) -> None:
+        e = self.episodes
+        e["episodes"] += 1
+        e["errors"] += "error" in record
+        e["model_tokens"] += model_tokens
+        for key in ("turns", "tool_calls", "tool_errors", "env_s", "observation_tokens"):
+            e[key] += record.get(key, 0)
+
+    def _episode_metrics(self) -> dict[str, float]:
+        """Per step: turns, tool calls and errors, environment time, tokens by origin and the share
+        of response tokens masked (an environment's), over the episodes scored in the window."""
+        e, n = self.episodes, self.episodes["episodes"]
+        tokens = e["model_tokens"] + e["observation_tokens"]
+        return {"episode/turns_mean": e["turns"] / n, "episode/tool_calls_mean": e["tool_calls"] / n,
+                "episode/tool_error_frac": e["tool_errors"] / e["tool_calls"] if e["tool_calls"] else 0.0,
+                "episode/env_s_mean": e["env_s"] / n, "episode/error_frac": e["errors"] / n,
+                "episode/model_tokens_mean": e["model_tokens"] / n,
+                "episode/observation_tokens_mean": e["observation_tokens"] / n,
+                "episode/masked_frac": e["observation_tokens"] / tokens if tokens else 0.0}
 
     def take_examples(self) -> list[dict[str, Any]]:
         """The example completions kept since the last call (at most `examples_per_step`)."""
@@ -192,6 +219,8 @@ class StepStats:
             out[f"reward/sandbox_tests_{status}"] = k
         for key, (total, k) in self.user_info.items():
             out[f"reward/info/{key}"] = total / k
+        if self.episodes["episodes"]:
+            out.update(self._episode_metrics())
         # One schema for every row, so a column never vanishes from metrics.jsonl or a plot: a
         # key seen before is a count of 0, an outcome fraction of 0, or None (no samples: no mean).
         for key in self._seen - out.keys():

@@ -49,6 +49,7 @@ hide_broken_torch_extras()  # before transformers caches what is installed: see 
 import torch  # noqa: E402
 
 from asyncrl.tiny import task as tiny_task  # noqa: E402
+from asyncrl.tiny import tool_measure, tool_task  # noqa: E402
 from asyncrl.tiny.measure import answer_probability, encode_examples, evaluate, measure_accuracy, soften  # noqa: E402
 from asyncrl.tiny.tokenizer import build_tokenizer, save_tokenizer  # noqa: E402
 
@@ -91,10 +92,16 @@ class TinyModelSpec:
     task: tiny_task.TinyTaskSpec = dataclasses.field(default_factory=tiny_task.TinyTaskSpec)
     num_eval_prompts: int = 1000
     """Prompts drawn per split for the accuracies recorded in warm_start.json (SE about 0.015)."""
+    tool: bool = False
+    """Warm-start on the calculator task (tool_task.py: two-digit multiplication, answered by
+    copying the operands into a calculator call and its result into the box) instead of `task`."""
 
     def key(self) -> str:
         """Stable short hash of the spec and the format version."""
-        blob = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        fields = dataclasses.asdict(self)
+        if not self.tool:
+            del fields["tool"]  # the arithmetic models keep the keys they were cached under
+        blob = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -103,6 +110,7 @@ def spec_for(cfg: TinyModelConfig) -> TinyModelSpec:
     return dataclasses.replace(
         TinyModelSpec(), seed=cfg.seed, warm_start_steps=cfg.warm_start_steps, lr=cfg.lr,
         target_sampled_accuracy=cfg.target_sampled_accuracy, soften_to_probability=cfg.soften_to_probability,
+        tool=cfg.task == "calc_tool",
     )
 
 
@@ -134,11 +142,16 @@ def torch_threads(num: int | None = None):
 
 def load_prompts(num: int, seed: int, split: tiny_task.Split = "train", spec: TinyModelSpec | None = None) -> list[dict[str, str]]:
     """Task records for the model built from ``spec``: the prompt source's entry point."""
-    return tiny_task.make_problems(num, seed, split, (spec or TinyModelSpec()).task)
+    spec = spec or TinyModelSpec()
+    if spec.tool:
+        return tool_task.make_problems(num, seed, split)
+    return tiny_task.make_problems(num, seed, split, spec.task)
 
 
 def train_records(spec: TinyModelSpec) -> list[dict[str, str]]:
     """Every distinct train-split problem once: the warm start's data and the softening's yardstick."""
+    if spec.tool:
+        return [tool_task.make_record(*problem) for problem in tool_task.all_problems("train")]
     return [tiny_task.make_record(*problem) for problem in tiny_task.all_problems(spec.task, "train")]
 
 
@@ -159,6 +172,9 @@ def new_model(spec: TinyModelSpec, tokenizer):
 def sampled_accuracy(model, tokenizer, spec: TinyModelSpec) -> float:
     """The stopping rule's measure: every train problem sampled check_samples_per_problem times at
     temperature 1 over the whole vocabulary, as rollouts sample (seeded, so a spec's build repeats)."""
+    if spec.tool:  # 6,480 train problems: a fixed draw of 1,000 of them (SE 0.015 at 0.25)
+        records = tool_task.make_problems(spec.num_eval_prompts, spec.seed, "train")
+        return tool_measure.success(model, tokenizer, records, seed=spec.seed)["accuracy"]
     records = train_records(spec) * spec.check_samples_per_problem
     return measure_accuracy(model, tokenizer, records, greedy=False, seed=spec.seed)
 
@@ -175,8 +191,11 @@ def warm_start(model, tokenizer, spec: TinyModelSpec, log: Callable[[str], None]
     padding only follows the eos and carries no loss.
     """
     measure = measure or (lambda m: sampled_accuracy(m, tokenizer, spec))
-    pairs = [(r["prompt"], tiny_task.format_response(r["answer"])) for r in train_records(spec)]
-    ids, labels = encode_examples(pairs, tokenizer)
+    if spec.tool:
+        ids, labels = tool_measure.encode_traces(train_records(spec), tokenizer)
+    else:
+        pairs = [(r["prompt"], tiny_task.format_response(r["answer"])) for r in train_records(spec)]
+        ids, labels = encode_examples(pairs, tokenizer)
     gen = torch.Generator().manual_seed(spec.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.0)
     total, warmup, target = spec.warm_start_steps, max(1, spec.warm_start_steps // 20), spec.target_sampled_accuracy
@@ -209,7 +228,8 @@ def warm_start(model, tokenizer, spec: TinyModelSpec, log: Callable[[str], None]
     reached = target is not None and bool(curve) and curve[-1][1] >= target
     if reached:
         log(f"tiny warm start: stopped at step {step}: sampled accuracy {curve[-1][1]:.3f} >= {target} "
-            f"({len(train_records(spec)) * spec.check_samples_per_problem} samples), {time.monotonic() - start:.0f}s")
+            f"({spec.num_eval_prompts if spec.tool else len(train_records(spec)) * spec.check_samples_per_problem} "
+            f"samples), {time.monotonic() - start:.0f}s")
     elif target is not None:
         log(f"tiny warm start: warning: sampled accuracy never reached {target} in {total} steps "
             f"(last {curve[-1][1] if curve else float('nan'):.3f}); raise warm_start_steps or lr")
@@ -248,10 +268,14 @@ def build_into(directory: Path, spec: TinyModelSpec, log: Callable[[str], None] 
         model = new_model(spec, tokenizer)
         log(f"tiny model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, building in {directory}")
         report = warm_start(model, tokenizer, spec, log, keep if checkpoints_dir is not None else None)
-        report["trained_answer_probability"] = answer_probability(model, tokenizer, train_records(spec))
-        if spec.soften_to_probability is not None:
-            report["softening_temperature"] = soften(model, tokenizer, train_records(spec), spec.soften_to_probability)
-        report.update(evaluate(model, tokenizer, spec))
+        if spec.tool:  # softening and the exact answer probability are the arithmetic task's
+            report.update(tool_measure.evaluate(model, tokenizer, spec.num_eval_prompts, spec.seed))
+        else:
+            report["trained_answer_probability"] = answer_probability(model, tokenizer, train_records(spec))
+            if spec.soften_to_probability is not None:
+                report["softening_temperature"] = soften(model, tokenizer, train_records(spec),
+                                                         spec.soften_to_probability)
+            report.update(evaluate(model, tokenizer, spec))
     save_model(model, tokenizer, directory)
     report["build_seconds"] = time.monotonic() - start
     report = {"format_version": FORMAT_VERSION, "key": spec.key(), "spec": dataclasses.asdict(spec), **report}
