@@ -152,7 +152,11 @@ def check_env_on_data(cfg: Config) -> None:
     """The environment loads and builds for the first record of the first jsonl data (a
     generated task's first record is not known before its source starts: the factory only loads)."""
     from asyncrl.data.prompt_source import record_metadata
-    from asyncrl.env.registry import check_env, env_factory
+    from asyncrl.env.registry import check_agent, check_env, env_factory
+
+    if cfg.env.type == "agent":
+        check_agent(cfg.env)
+        return
 
     first = next((d for st in resolve_stages(cfg) for d in stage_mixture(st, cfg.data) if d.type == "jsonl"), None)
     if first is None:

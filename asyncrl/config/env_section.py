@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.config.section import _Section
 
-BUILTIN_ENVS = ("calculator", "python", "guess_number")
+BUILTIN_ENVS = ("calculator", "python", "guess_number", "agent")
 IMPORT_PREFIX = "import:"
 
 
@@ -17,9 +17,17 @@ class EnvConfig(_Section):
     type: str | None = None
     """The environment each episode talks to: calculator (`<calc>expr</calc>` answered with its
     value), python (`<python>code</python>` run in the code verifier's sandbox, answered with its
-    output), guess_number (higher/lower feedback), or `import:package.module:factory` for your own
-    (called as `factory(metadata, **env.options)` once per episode; see asyncrl/env/base.py).
-    None: single-turn sampling."""
+    output), guess_number (higher/lower feedback), `import:package.module:factory` for your own
+    (called as `factory(metadata, **env.options)` once per episode; see asyncrl/env/base.py), or
+    agent: your own agent program (env.agent) driving the episode through an OpenAI-compatible
+    endpoint. None: single-turn sampling."""
+    agent: str | None = None
+    """With env.type agent: your agent, `package.module:function`, called as
+    `function(base_url, metadata)` once per episode; it talks to the policy through the `openai`
+    client at `base_url` (an OpenAI-compatible endpoint the rollout actor serves) and returns the
+    reward, or None for reward.type to score the final text (asyncrl/rollout/agent_episode.py)."""
+    episode_timeout_s: float = Field(600.0, gt=0)
+    """With env.type agent: seconds one agent episode may take, calls included."""
     options: dict[str, Any] = {}
     """Keyword arguments for the environment's factory (e.g. max_calls; the python tool's sandbox)."""
     import_path: list[str] = []
@@ -46,3 +54,9 @@ class EnvConfig(_Section):
             raise ValueError(f"unknown environment {v!r} (allowed: {', '.join(BUILTIN_ENVS)}, "
                              f"or {IMPORT_PREFIX}package.module:factory)")
         return v
+
+    @model_validator(mode="after")
+    def _agent_named(self) -> "EnvConfig":
+        if (self.type == "agent") != (self.agent is not None):
+            raise ValueError("env.agent (package.module:function) is set exactly when env.type is agent")
+        return self

@@ -56,3 +56,19 @@ def check_env(cfg: EnvConfig, metadata: dict[str, Any]) -> None:
         raise ConfigError(f"{where}: {e}") from e
     if len(inspect.signature(env.step).parameters) != 1:
         raise ConfigError(f"{where}: step must take one argument, the model's turn (asyncrl.env.base.Turn)")
+
+
+def check_agent(cfg: EnvConfig) -> None:
+    """env.agent imports and takes (base_url, metadata); ConfigError naming env.agent otherwise."""
+    from asyncrl.reward.registry import load_function
+
+    try:
+        agent = load_function(str(cfg.agent), cfg.import_path, what="agent")
+    except ValueError as e:
+        raise ConfigError(f"env.agent: {e}") from e
+    try:
+        inspect.signature(agent).bind("http://127.0.0.1:1/v1", {})
+    except TypeError as e:
+        raise ConfigError(f"env.agent={cfg.agent!r} must take (base_url, metadata): {e}") from e
+    except ValueError:  # a builtin without a signature: it is called and fails as an episode error
+        pass

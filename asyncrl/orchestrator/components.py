@@ -20,6 +20,7 @@ from asyncrl.observe.worker_logs import log_env
 from asyncrl.rollout import engine_factory
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.rollout.agent_episode import AgentRunner
 from asyncrl.rollout.episode import EpisodeRunner
 from asyncrl.rollout.local_rewards import LocalRewards
 
@@ -78,6 +79,19 @@ def node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
+def episodes_factory(cfg: Config, model_path: str) -> Callable[[], Any] | None:
+    """What builds an actor's episode runner in its process (None: single-turn sampling): an
+    environment's, or an agent's with its OpenAI-compatible endpoint."""
+    if cfg.env.type is None:
+        return None
+    if cfg.env.type == "agent":
+        return functools.partial(
+            AgentRunner.build, cfg.env.agent, cfg.env.import_path, model_path, tiny=tiny_spec(cfg),
+            episode_timeout_s=cfg.env.episode_timeout_s, max_call_tokens=cfg.env.max_turn_tokens,
+            max_model_len=cfg.model.max_model_len)
+    return functools.partial(EpisodeRunner.build, cfg.env, model_path, tiny=tiny_spec(cfg))
+
+
 def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, actor_id: int) -> Any:
     """Create one actor (its engine starts with `actor.start.remote()`; the engine makes its own
     directory for vLLM's IPC sockets, on its node: vllm_engine.own_rpc_dir)."""
@@ -86,8 +100,7 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
            "VLLM_LOGGING_LEVEL": cfg.observe.engine_log_level.upper(), **process_env(cfg, f"actor-{actor_id}")}
     scorer = (functools.partial(LocalRewards.build, cfg.reward, model_path, tiny=tiny_spec(cfg))
               if cfg.reward.placement == "actor" else None)
-    episodes = (functools.partial(EpisodeRunner.build, cfg.env, model_path, tiny=tiny_spec(cfg))
-                if cfg.env.type else None)
+    episodes = episodes_factory(cfg, model_path)
     return ray.remote(RolloutActor).options(
         num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
         resources=cfg.rollout.resources, scheduling_strategy="SPREAD" if cfg.rollout.spread else None,

@@ -42,7 +42,7 @@ from typing import Any
 
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.rollout.engine import Completion, EngineFailed, InferenceEngine, SamplingSpec
-from asyncrl.rollout.episode import EpisodeRunner
+from asyncrl.rollout.episode import Episodes
 from asyncrl.types import PromptItem, Sample
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class RolloutActor:
                  spec: SamplingSpec, group_size: int, emit: Callable[[Sample], None] | str,
                  seed: int = 0, sync_mode: str = "inflight",
                  scorer: Callable[[Callable[[Sample], None]], Any] | None = None,
-                 episodes: Callable[[], EpisodeRunner] | None = None):
+                 episodes: Callable[[], Episodes] | None = None):
         if sync_mode not in ("drain", "inflight"):
             raise ValueError(f"sync_mode must be 'drain' or 'inflight', got {sync_mode!r}")
         self.sync_mode = sync_mode
@@ -71,7 +71,7 @@ class RolloutActor:
         self._scorer_factory = scorer  # emit -> LocalRewards: samples are scored here before they are sent
         self._scorer = None
         self._episodes_factory = episodes  # built in start(): it loads the tokenizer in this process
-        self.episodes: EpisodeRunner | None = None
+        self.episodes: Episodes | None = None
         self._deliver: asyncio.Task | None = None
         self.version = 0
         self._gate = asyncio.Event()
@@ -94,6 +94,9 @@ class RolloutActor:
         await self.engine.start()
         if self._episodes_factory is not None:
             self.episodes = self._episodes_factory()
+            start = getattr(self.episodes, "start", None)  # an agent's endpoint starts on this loop
+            if start is not None:
+                await start()
         self._open_stream()
         return {"actor_id": self.actor_id, "start_s": time.monotonic() - t0}
 
@@ -310,6 +313,7 @@ class RolloutActor:
         if self._scorer is not None:
             await asyncio.to_thread(self._scorer.close)
         if self.episodes is not None:
-            self.episodes.close()
+            close = getattr(self.episodes, "aclose", None)
+            await close() if close is not None else self.episodes.close()
         if self.engine is not None:
             await self.engine.shutdown()

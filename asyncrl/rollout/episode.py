@@ -54,6 +54,16 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: list[int]) -> str: ...
 
 
+class Episodes(Protocol):
+    """What a rollout actor runs one episode per sample with: `EpisodeRunner` (an environment) or
+    `AgentRunner` (rollout/agent_episode.py: the user's agent through an OpenAI-compatible endpoint)."""
+
+    async def run(self, actor: RolloutActor, p: PromptItem, index: int, base: SamplingSpec, name: str,
+                  abortable: bool = True) -> Sample: ...
+
+    def close(self) -> None: ...
+
+
 class EnvStepFailed(Exception):
     """An environment step that raised, timed out or broke the protocol (ends its episode)."""
 

@@ -53,6 +53,8 @@ from asyncrl.tiny import tool_measure, tool_task  # noqa: E402
 from asyncrl.tiny.measure import answer_probability, encode_examples, evaluate, measure_accuracy, soften  # noqa: E402
 from asyncrl.tiny.tokenizer import build_tokenizer, save_tokenizer  # noqa: E402
 
+TOOL_CHECK_PROBLEMS = 400
+"""Train problems sampled once each at every check of the tool task's warm start."""
 FORMAT_VERSION = 2
 """Bump when the directory layout, tokenizer or training recipe changes: it is part of the key."""
 
@@ -101,6 +103,8 @@ class TinyModelSpec:
         fields = dataclasses.asdict(self)
         if not self.tool:
             del fields["tool"]  # the arithmetic models keep the keys they were cached under
+        else:
+            fields["tool_task"] = tool_task.VERSION
         blob = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -110,7 +114,9 @@ def spec_for(cfg: TinyModelConfig) -> TinyModelSpec:
     return dataclasses.replace(
         TinyModelSpec(), seed=cfg.seed, warm_start_steps=cfg.warm_start_steps, lr=cfg.lr,
         target_sampled_accuracy=cfg.target_sampled_accuracy, soften_to_probability=cfg.soften_to_probability,
-        tool=cfg.task == "calc_tool",
+        # the tool task's sampled accuracy leaps (0.005 to 0.415 in 20 steps measured): checked
+        # every 5 steps, on 400 problems (a standard error of 0.02 at 0.25), it stops near the target
+        **({"tool": True, "check_every": 5, "check_samples_per_problem": 1} if cfg.task == "calc_tool" else {}),
     )
 
 
@@ -172,8 +178,8 @@ def new_model(spec: TinyModelSpec, tokenizer):
 def sampled_accuracy(model, tokenizer, spec: TinyModelSpec) -> float:
     """The stopping rule's measure: every train problem sampled check_samples_per_problem times at
     temperature 1 over the whole vocabulary, as rollouts sample (seeded, so a spec's build repeats)."""
-    if spec.tool:  # 6,480 train problems: a fixed draw of 1,000 of them (SE 0.015 at 0.25)
-        records = tool_task.make_problems(spec.num_eval_prompts, spec.seed, "train")
+    if spec.tool:  # 6,480 train problems: a fixed draw of them
+        records = tool_task.make_problems(TOOL_CHECK_PROBLEMS, spec.seed, "train")
         return tool_measure.success(model, tokenizer, records, seed=spec.seed)["accuracy"]
     records = train_records(spec) * spec.check_samples_per_problem
     return measure_accuracy(model, tokenizer, records, greedy=False, seed=spec.seed)
@@ -228,7 +234,7 @@ def warm_start(model, tokenizer, spec: TinyModelSpec, log: Callable[[str], None]
     reached = target is not None and bool(curve) and curve[-1][1] >= target
     if reached:
         log(f"tiny warm start: stopped at step {step}: sampled accuracy {curve[-1][1]:.3f} >= {target} "
-            f"({spec.num_eval_prompts if spec.tool else len(train_records(spec)) * spec.check_samples_per_problem} "
+            f"({TOOL_CHECK_PROBLEMS if spec.tool else len(train_records(spec)) * spec.check_samples_per_problem} "
             f"samples), {time.monotonic() - start:.0f}s")
     elif target is not None:
         log(f"tiny warm start: warning: sampled accuracy never reached {target} in {total} steps "

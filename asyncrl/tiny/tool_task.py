@@ -22,14 +22,19 @@ from asyncrl.env.base import Turn
 from asyncrl.tiny import task as tiny_task
 
 DATA_SOURCE = "tiny_calc"
+VERSION = 2
+"""Part of the tool model's cache key: bump it when the problems, their order or the traces change."""
 LOW, HIGH = 10, 100  # operands in [10, 100): two digits each
 EVAL_FRACTION = 0.2
 
 
 def all_problems(split: tiny_task.Split) -> list[tuple[int, int]]:
-    """Every (a, b) of one split, in a fixed order."""
-    return [(a, b) for a in range(LOW, HIGH) for b in range(LOW, HIGH)
-            if tiny_task.split_of(a, "*", b, EVAL_FRACTION) == split]
+    """Every (a, b) of one split, in a fixed shuffled order: any prefix (eval.max_prompts) is a
+    uniform draw, not the problems of a = 10 and 11, whose products have three digits."""
+    problems = [(a, b) for a in range(LOW, HIGH) for b in range(LOW, HIGH)
+                if tiny_task.split_of(a, "*", b, EVAL_FRACTION) == split]
+    random.Random(f"{DATA_SOURCE}:{split}").shuffle(problems)
+    return problems
 
 
 def make_record(a: int, b: int) -> dict[str, str]:

@@ -1,0 +1,394 @@
+"""AgentRunner: one episode per sample driven by a user's own agent, which talks to the policy
+through the OpenAI-compatible endpoint the rollout actor serves (rollout/agent_endpoint.py).
+
+    reward = agent(base_url, metadata)    the agent's calls ──► endpoint ──► CallStitcher.serve
+                                              ──► actor.complete (token ids, logprobs, versions)
+
+The agent is `agent(base_url, metadata) -> reward`: a plain function (run on a thread pool of the
+runner's own, so an openai.OpenAI client may block in it) or a coroutine function (awaited on the
+actor's loop; use openai.AsyncOpenAI). `metadata` is a copy of the prompt record's, plus
+`prompt_text` and `prompt_ids` (the run's rendered prompt, for an agent that wants it). The reward
+is a float, `(float, info)` (info, made JSON-safe, goes into the episode record; its `tool_calls`
+and `tool_errors` ints are counted like an environment's) or None: the run's verifier then scores
+the sample as any other (reward.type `episode` reads the returned reward, and scores None as 0).
+
+The sample is the episode's calls stitched into one token sequence, token in, token out:
+- Its prompt is the first call's prompt ids (the agent's own rendering; the PromptItem's
+  `prompt_ids` only reach the agent as metadata); prompt_id and group_id are the PromptItem's.
+- A later call *extends* the episode when its prompt continues what the last stitched call saw:
+  its rendered text (a chat call: `apply_chat_template(messages, add_generation_prompt=True)`; a
+  completion call: the prompt string) starts with the previous call's text + the reply's text.
+  The rest, less the text of the sampled tokens the reply left out (its *tail*: the end-of-turn
+  token, a stop string) where the rest starts with it, is encoded alone: observation tokens (loss
+  mask 0, logprob 0.0, the version of the model token before them). The engine is then given the
+  previous prompt ids + sampled ids + observation ids, never a re-tokenization of the text, so the
+  sample is exactly what the engine saw. Comparing text with the previous prompt's text + reply,
+  rather than two renderings of the conversation, keeps the template text between the sampled
+  end-of-turn token and the next turn (Qwen's "\n" after "<|im_end|>"), and serves completion
+  calls alike. Failing the text test (a prompt of token ids, a template that renders history
+  unlike its generation prompt), the call's full encoding extends the episode if it begins with
+  the ids so far.
+- A call that does not extend the episode (the agent edited or dropped history, or a side call:
+  a summary, a judge) is still served, from its own encoding, so the agent keeps working, but it is
+  not in the sample: it counts in `metadata["episode"]["unstitched_calls"]`. A later call that
+  extends the stitched sequence is stitched again.
+- Every model token keeps the logprob and version `actor.complete` gave it (aborted and resumed
+  across in-flight weight updates like any completion).
+
+The budget: rollout.max_tokens bounds the sample's response (model and observation tokens) plus
+the tokens unstitched calls sampled. A call's max_tokens is cut to what is left; a call with nothing
+left is refused with a 400 saying so (the agent should end). With `max_model_len` (the engine's),
+a call is also cut to the model's context, and a prompt that does not fit is refused with a 400;
+without it such a prompt fails the engine, and the actor with it. The sample's finish_reason is
+"stop" when the agent returned, its last stitched call stopped and no call ran out of budget; else
+"length" (truncated).
+
+Limits: the chat template must render a conversation's history as the prefix it rendered when that
+history was the prompt (templates that rewrite earlier turns, e.g. dropping past reasoning, leave
+every later call unstitched); an observation is encoded on its own, so tokens may split at its
+edges unlike a full encoding of the conversation (the engine and the learner both get the stitched
+ids, so training stays consistent); a tail the agent's next prompt leaves out (a stop string that
+chat messages drop, an end-of-sequence token a completion agent never saw) stays in the sample as
+sampled, so the model's context there is its own tokens, not the agent's text exactly; a retry of
+a call, or any call on a branch the agent forked, is unstitched.
+
+An agent that raises, times out (`episode_timeout_s`, counted from when it starts) or returns
+something that is not a reward ends its own episode exactly as a failing environment step does
+(rollout/episode.py): the sample keeps its stitched calls, `metadata["episode"]["error"]` holds the
+error's last line. A thread-run agent that times out keeps its thread until it returns (its later
+calls get 404). An engine failure is raised from `run`, as the actor's own requests raise it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import math
+import numbers
+import os
+import secrets
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from asyncrl.rollout.agent_endpoint import MODEL_NAME, AgentEndpoint, Call, CallRefused, Reply
+from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.rollout.episode import TRACEBACK_CHARS
+from asyncrl.types import PromptItem, Sample
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.actor import RolloutActor
+
+AGENT_THREADS = 256  # a thread-run agent holds one for its whole episode
+
+
+class ChatTokenizer(Protocol):
+    def __len__(self) -> int: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any: ...
+
+
+class AgentFailed(Exception):
+    """An agent that raised, timed out or returned something that is not a reward."""
+
+
+@dataclass
+class LastCall:
+    """What the last stitched call's successor must start with."""
+
+    text: str | None
+    """The call's rendered prompt text (None: it was given token ids)."""
+    reply: str
+    tail: str | None
+    """The sampled tokens' text past the reply's (end-of-turn token, stop string); None: unknown."""
+
+
+class CallStitcher:
+    """One episode's calls: serves each through `actor.complete` and stitches those that extend
+    the episode into its token columns (see the module docstring)."""
+
+    def __init__(self, actor: RolloutActor, tokenizer: ChatTokenizer, base: SamplingSpec, name: str,
+                 abortable: bool, max_call_tokens: int | None = None, max_model_len: int | None = None):
+        self.actor, self.tokenizer, self.base, self.name, self.abortable = actor, tokenizer, base, name, abortable
+        self.max_call_tokens, self.max_model_len = max_call_tokens, max_model_len
+        self.prompt_ids: list[int] | None = None
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.mask: list[int] = []
+        self.spans: list[list[Any]] = []
+        self.last: LastCall | None = None
+        self.finish_reason = "length"
+        self.num_calls = self.num_unstitched = self.unstitched_tokens = self.observation_tokens = 0
+        self.out_of_budget = False
+        self.engine_s = 0.0
+        self.engine_error: BaseException | None = None
+        self.failed = asyncio.Event()  # set by an engine failure: the episode ends at once
+
+    async def serve(self, call: Call) -> Reply:
+        text, ids, obs = self._prompt(call)
+        max_tokens = self._max_tokens(call, len(ids), len(obs or ()))
+        spec = replace(self.base, max_tokens=max_tokens, stop=call.stop)
+        self.num_calls += 1  # before the call: an engine request id is never reused
+        t0 = time.monotonic()
+        try:
+            out, lps, vers, reason = await self.actor.complete(ids, spec, f"{self.name}-c{self.num_calls}",
+                                                               self.abortable)
+        except Exception as e:  # the engine failed: the actor must learn it, not the agent alone
+            self.engine_error = e
+            self.failed.set()
+            raise CallRefused(500, f"the engine failed: {e!r:.300}") from e
+        finally:
+            self.engine_s += time.monotonic() - t0
+        reply, tail = self._reply(out, reason, call.stop)
+        if obs is None:
+            self.num_unstitched += 1
+            self.unstitched_tokens += len(out)
+        else:
+            self._stitch(ids, obs, out, lps, vers)
+            self.last, self.finish_reason = LastCall(text, reply, tail), reason
+        return Reply(reply, reason, len(ids), len(out))
+
+    def _render(self, call: Call) -> tuple[str | None, list[int] | None]:
+        """The call's prompt as text, or as ids when it was given ids."""
+        if call.messages is not None:
+            try:
+                return self.tokenizer.apply_chat_template(call.messages, add_generation_prompt=True,
+                                                          tokenize=False), None
+            except Exception as e:  # a template that rejects these messages (roles, order)
+                raise CallRefused(400, f"the chat template cannot render these messages: {e}") from e
+        if isinstance(call.prompt, str):
+            return call.prompt, None
+        vocab = len(self.tokenizer)  # an id past it would fail the engine, and with it the actor
+        if not all(0 <= t < vocab for t in call.prompt):
+            raise CallRefused(400, f"prompt token ids must be below the vocabulary size {vocab}")
+        return None, list(call.prompt)
+
+    def _prompt(self, call: Call) -> tuple[str | None, list[int], list[int] | None]:
+        """The call's prompt text, the ids the engine is given, and the observation ids when the
+        call extends the episode ([] for its first call; None: it does not)."""
+        text, given = self._render(call)
+        if self.prompt_ids is None:
+            return text, given if given is not None else self._encode(text or ""), []
+        context = self.prompt_ids + self.tokens
+        last = self.last
+        if text is not None and last is not None and last.text is not None \
+                and text.startswith(head := last.text + last.reply):
+            rest, tail = text[len(head):], last.tail or ""
+            if rest.startswith(tail):  # already in the sample, as the model sampled it
+                obs = self._encode(rest[len(tail):])
+                return text, context + obs, obs
+            if rest:  # the agent's history leaves the tail out (an empty reply's too): it stays in the sample
+                obs = self._encode(rest)
+                return text, context + obs, obs
+            # Else nothing follows the reply, as in a retry of the call: the ids test below decides.
+        full = given if given is not None else self._encode(text or "")
+        return text, full, full[len(context):] if full[:len(context)] == context else None
+
+    def _max_tokens(self, call: Call, prompt_len: int, obs_len: int) -> int:
+        if prompt_len == 0:  # the engine would fail on it, and with it the actor
+            raise CallRefused(400, "the prompt is empty")
+        left = self.base.max_tokens - len(self.tokens) - obs_len - self.unstitched_tokens
+        if left <= 0:
+            self.out_of_budget = True
+            raise CallRefused(400, f"this episode's token budget (rollout.max_tokens={self.base.max_tokens}, "
+                                   f"model and observation tokens) is used up: end the episode")
+        if self.max_model_len is not None:
+            room = self.max_model_len - prompt_len
+            if room <= 0:
+                raise CallRefused(400, f"a prompt of {prompt_len} tokens leaves no room in the model's "
+                                       f"context ({self.max_model_len} tokens)")
+            left = min(left, room)
+        return min(left, call.max_tokens or left, self.max_call_tokens or left)
+
+    def _stitch(self, ids: list[int], obs: list[int], out: list[int], lps: list[float], vers: list[int]) -> None:
+        if self.prompt_ids is None:
+            self.prompt_ids = ids
+        elif obs:
+            version = self.versions[-1] if self.versions else self.actor.version
+            self.spans.append([len(self.tokens), len(self.tokens) + len(obs), "env"])
+            self.observation_tokens += len(obs)
+            self._append(obs, [0.0] * len(obs), [version] * len(obs), 0)
+        self.spans.append([len(self.tokens), len(self.tokens) + len(out), "model"])
+        self._append(out, lps, vers, 1)
+
+    def _append(self, ids: list[int], lps: list[float], vers: list[int], mask: int) -> None:
+        self.tokens += ids
+        self.logprobs += lps
+        self.versions += vers
+        self.mask += [mask] * len(ids)
+
+    def _reply(self, out: list[int], reason: str, stop: tuple[str, ...]) -> tuple[str, str | None]:
+        """The reply's text (special tokens and a stop string left out, as OpenAI's API does) and
+        the rest of the sampled tokens' text."""
+        text = self.tokenizer.decode(out, skip_special_tokens=True)
+        cuts = [i for s in stop if (i := text.find(s)) >= 0] if reason == "stop" else []
+        text = text[:min(cuts)] if cuts else text
+        full = self.tokenizer.decode(out, skip_special_tokens=False)
+        return text, full[len(text):] if full.startswith(text) else None
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def episode_record(self) -> dict[str, Any]:
+        """The keys of EpisodeRunner's record, and the calls served and left out of the sample."""
+        return {"turns": sum(1 for s in self.spans if s[2] == "model"), "calls": self.num_calls,
+                "unstitched_calls": self.num_unstitched, "tool_calls": 0, "tool_errors": 0, "env_s": 0.0,
+                "observation_tokens": self.observation_tokens, "reward": None, "spans": self.spans}
+
+
+class AgentRunner:
+    """EpisodeRunner's interface (`run`, `close`) for agents; one endpoint per actor, started on
+    the actor's loop by `start` (or the first `run`) and stopped by `aclose` (or `close`)."""
+
+    def __init__(self, agent: Callable[..., Any], tokenizer: ChatTokenizer, episode_timeout_s: float = 600.0,
+                 max_call_tokens: int | None = None, max_model_len: int | None = None,
+                 num_threads: int = AGENT_THREADS, model_name: str = MODEL_NAME, name: str | None = None):
+        self.agent, self.tokenizer, self.episode_timeout_s = agent, tokenizer, episode_timeout_s
+        self.max_call_tokens, self.max_model_len = max_call_tokens, max_model_len
+        self.name = name or f"agent:{getattr(agent, '__module__', '?')}:{getattr(agent, '__qualname__', '?')}"
+        self.endpoint = AgentEndpoint(model_name)
+        self._threads = ThreadPoolExecutor(num_threads, thread_name_prefix="agent")
+        self._starting = asyncio.Lock()
+        self._stopping: asyncio.Task | None = None
+
+    @classmethod
+    def build(cls, agent_path: str, import_path: list[str], tokenizer_path: str, tiny: Any = None,
+              **kwargs: Any) -> AgentRunner:
+        """In the actor's process: the agent `package.module:function` and the model's tokenizer."""
+        from transformers import AutoTokenizer
+
+        from asyncrl.reward.registry import load_function
+
+        if tiny is not None:
+            from asyncrl.tiny.build import local_model_path
+
+            tokenizer_path = local_model_path(tokenizer_path, tiny)
+        agent = load_function(agent_path, import_path, what="agent")
+        # the agent's client reaches this process's endpoint directly, never through a proxy
+        # a cluster's environment names (httpx honours HTTP(S)_PROXY for 127.0.0.1 too)
+        os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
+        return cls(agent, AutoTokenizer.from_pretrained(tokenizer_path), name=f"agent:{agent_path}", **kwargs)
+
+    async def start(self) -> None:
+        async with self._starting:
+            if self.endpoint.port is None:
+                await self.endpoint.start()
+
+    async def run(self, actor: RolloutActor, p: PromptItem, index: int, base: SamplingSpec, name: str,
+                  abortable: bool = True) -> Sample:
+        await self.start()
+        calls = CallStitcher(actor, self.tokenizer, base, name, abortable, self.max_call_tokens, self.max_model_len)
+        episode_id = f"{name}-{secrets.token_hex(4)}"  # a timed-out agent's late calls never reach a new episode
+        url = self.endpoint.open(episode_id, calls)
+        failure: dict[str, Any] = {}
+        reward, info = None, {}
+        t0 = time.monotonic()
+        try:
+            result = await self._agent(url, self._metadata(p), calls.failed)
+            if calls.engine_error is None:
+                reward, info = agent_reward(result)
+                if calls.num_calls == 0:
+                    raise AgentFailed() from RuntimeError("no call of the agent reached the model "
+                                                          "(none made, or all refused)")
+        except AgentFailed as e:
+            fail(failure, e.__cause__ or e)
+        finally:
+            await self.endpoint.end(episode_id)
+        if calls.engine_error is not None:
+            raise calls.engine_error
+        record = {"env": self.name, **calls.episode_record(), "env_s": time.monotonic() - t0 - calls.engine_s,
+                  **failure}
+        if not failure:
+            record["reward"] = reward
+            record.update({"info": info} if info else {})
+            for key in ("tool_calls", "tool_errors"):
+                record[key] = int(info[key]) if isinstance(info.get(key), numbers.Real) else 0
+        ended = not failure and not calls.out_of_budget and calls.finish_reason == "stop"
+        return Sample(
+            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
+            prompt_ids=calls.prompt_ids or p.prompt_ids, response_ids=calls.tokens, logprobs=calls.logprobs,
+            versions=calls.versions, finish_reason="stop" if ended else "length", actor_id=actor.actor_id,
+            loss_mask=calls.mask if 0 in calls.mask else [], metadata={**p.metadata, "episode": record},
+            temperature=base.temperature)
+
+    def _metadata(self, p: PromptItem) -> dict[str, Any]:
+        """The agent's own copy of the record (it may change it), with the run's prompt."""
+        return {**copy.deepcopy(p.metadata), "prompt_ids": list(p.prompt_ids),
+                "prompt_text": self.tokenizer.decode(list(p.prompt_ids), skip_special_tokens=False)}
+
+    async def _agent(self, url: str, metadata: dict[str, Any], failed: asyncio.Event) -> Any:
+        """The agent's return value; AgentFailed when it raised or ran out of time; None at once when
+        the engine failed."""
+        loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+        if inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(getattr(self.agent, "__call__", 0)):
+            started.set()
+            work = asyncio.ensure_future(self.agent(url, metadata))
+        else:
+            def call() -> Any:
+                loop.call_soon_threadsafe(started.set)  # the timeout counts from here, not from the queue
+                return self.agent(url, metadata)
+
+            work = loop.run_in_executor(self._threads, call)
+        waits = [asyncio.ensure_future(started.wait()), asyncio.ensure_future(failed.wait())]
+        try:
+            await asyncio.wait({work, waits[0]}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({work, waits[1]}, timeout=self.episode_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            if not work.done():
+                work.cancel()  # a coroutine agent ends here; a thread keeps running until it returns
+        if failed.is_set():
+            return None
+        if work not in done:
+            raise AgentFailed() from TimeoutError(f"the agent took longer than episode_timeout_s="
+                                                  f"{self.episode_timeout_s:g}")
+        if work.cancelled():
+            raise AgentFailed() from asyncio.CancelledError("the agent was cancelled")
+        if work.exception() is not None:
+            raise AgentFailed() from work.exception()
+        return work.result()
+
+    async def aclose(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        await self.endpoint.stop()
+
+    def close(self) -> None:
+        """From the actor's shutdown (sync, on its loop): the server stops in a task of that loop."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: the server went with the one it ran on
+        self._stopping = loop.create_task(self.endpoint.stop())
+
+
+def fail(record: dict[str, Any], error: BaseException) -> None:
+    """An episode's error as EpisodeRunner records it (the reward router reads it as env_error)."""
+    lines = traceback.format_exception(error)
+    record["error"] = lines[-1].strip()
+    record["traceback"] = "".join(lines)[-TRACEBACK_CHARS:]
+
+
+def agent_reward(result: Any) -> tuple[float | None, dict[str, Any]]:
+    """An agent's return value as (reward, info); AgentFailed when it is not a reward."""
+    reward, info = result if isinstance(result, tuple) and len(result) == 2 else (result, {})
+    if not isinstance(info, dict) or not (reward is None or isinstance(reward, numbers.Real)):
+        raise AgentFailed() from TypeError(f"the agent returned {str(result)[:200]}, not a float, None "
+                                           f"or (float, dict)")
+    if reward is not None and not math.isfinite(reward):
+        raise AgentFailed() from ValueError(f"the agent returned a reward of {reward}")
+    # The record travels with the sample (msgpack): keep only what JSON keeps.
+    return None if reward is None else float(reward), json.loads(json.dumps(info, default=str))
