@@ -20,8 +20,7 @@ from asyncrl.observe.worker_logs import log_env
 from asyncrl.rollout import engine_factory
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.rollout.agent_episode import AgentRunner
-from asyncrl.rollout.episode import EpisodeRunner
+from asyncrl.rollout.episode import episodes_in_actor
 from asyncrl.rollout.local_rewards import LocalRewards
 
 
@@ -84,12 +83,8 @@ def episodes_factory(cfg: Config, model_path: str) -> Callable[[], Any] | None:
     environment's, or an agent's with its OpenAI-compatible endpoint."""
     if cfg.env.type is None:
         return None
-    if cfg.env.type == "agent":
-        return functools.partial(
-            AgentRunner.build, cfg.env.agent, cfg.env.import_path, model_path, tiny=tiny_spec(cfg),
-            episode_timeout_s=cfg.env.episode_timeout_s, max_call_tokens=cfg.env.max_turn_tokens,
-            max_model_len=cfg.model.max_model_len)
-    return functools.partial(EpisodeRunner.build, cfg.env, model_path, tiny=tiny_spec(cfg))
+    return functools.partial(episodes_in_actor, cfg.env, model_path, tiny=tiny_spec(cfg),
+                             max_model_len=cfg.model.max_model_len)
 
 
 def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, actor_id: int) -> Any:

@@ -67,7 +67,6 @@ import inspect
 import json
 import math
 import numbers
-import os
 import secrets
 import time
 import traceback
@@ -260,24 +259,6 @@ class AgentRunner:
         self._threads = ThreadPoolExecutor(num_threads, thread_name_prefix="agent")
         self._starting = asyncio.Lock()
         self._stopping: asyncio.Task | None = None
-
-    @classmethod
-    def build(cls, agent_path: str, import_path: list[str], tokenizer_path: str, tiny: Any = None,
-              **kwargs: Any) -> AgentRunner:
-        """In the actor's process: the agent `package.module:function` and the model's tokenizer."""
-        from transformers import AutoTokenizer
-
-        from asyncrl.reward.registry import load_function
-
-        if tiny is not None:
-            from asyncrl.tiny.build import local_model_path
-
-            tokenizer_path = local_model_path(tokenizer_path, tiny)
-        agent = load_function(agent_path, import_path, what="agent")
-        # the agent's client reaches this process's endpoint directly, never through a proxy
-        # a cluster's environment names (httpx honours HTTP(S)_PROXY for 127.0.0.1 too)
-        os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
-        return cls(agent, AutoTokenizer.from_pretrained(tokenizer_path), name=f"agent:{agent_path}", **kwargs)
 
     async def start(self) -> None:
         async with self._starting:

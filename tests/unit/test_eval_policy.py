@@ -43,3 +43,43 @@ def test_summarize_gives_overall_and_per_source_figures():
                                      "num_incomplete": 0}
     assert r["mean_response_tokens"] == pytest.approx((2 + 4 + 6 + 8 + 4 + 4) / 6)
     assert r["outcomes"] == {"verified": 3, "wrong": 2, "timeout": 1}
+
+
+class ScriptedEngine:
+    """Answers each prompt's first turn with a calculator call, the next with a boxed number."""
+
+    def __init__(self, tok, box):
+        self.tok, self.box, self.prompts = tok, box, []
+
+    async def generate(self, prompt_ids, spec, request_id):
+        from asyncrl.rollout.engine import Completion
+
+        self.prompts.append(self.tok.decode(prompt_ids))
+        first = request_id.endswith("-t0")
+        assert spec.stop == ("</calc>",)  # the environment's stop string reaches the engine
+        ids = self.tok.encode("<calc>12*34</calc>" if first else f"\\boxed{{{self.box}}}")
+        ids += [] if first else [self.tok.eos_token_id]
+        return Completion(ids, [-0.5] * len(ids), "stop")
+
+
+def test_an_environment_task_is_evaluated_by_episodes_and_reports_tool_use():
+    import asyncio
+
+    from asyncrl.config import load_config
+    from asyncrl.lab.offline.eval_policy import generate, prompt_items
+    from asyncrl.rollout.engine import SamplingSpec
+    from asyncrl.tiny.tokenizer import build_tokenizer
+
+    cfg = load_config("configs/tiny_tool.yaml", ["model.max_model_len=64"])  # as resolve() fills it
+    tok = build_tokenizer()
+    records = [{"prompt": "12*34=", "answer": "408", "data_source": "tiny_calc"}]
+    items = prompt_items(cfg, tok, records, 56)
+    engine = ScriptedEngine(tok, 408)
+    samples = asyncio.run(generate(cfg, records, items, 2, SamplingSpec(1.0, 1.0, 56), tok, lambda _: None, engine))
+    assert [s.response for s in samples] == ["<calc>12*34</calc><result>408</result>\\boxed{408}"] * 2
+    # each episode's second turn is prompted with the first and the calculator's answer
+    assert sorted(engine.prompts) == ["12*34="] * 2 + ["12*34=<calc>12*34</calc><result>408</result>"] * 2
+    for s in samples:
+        s.reward = 1.0
+    summary = summarize(samples, 2, [1])
+    assert summary["tool_call_rate"] == 1.0 and summary["tool_success_rate"] == 1.0

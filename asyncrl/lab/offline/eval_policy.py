@@ -33,6 +33,7 @@ from asyncrl.data.records import data_source_of
 from asyncrl.preflight import model_context, resolve
 from asyncrl.reward.registry import route
 from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.rollout.episode import EngineTurns, build_episodes
 from asyncrl.types import PromptItem
 
 
@@ -186,22 +187,31 @@ async def generate(cfg: Config, records: list[dict[str, Any]], items: list[Promp
         await engine.load(cfg.model.path)
     progress = Progress("generated", len(items) * n, say)
     base_seed = cfg.seed if spec.seed is None else spec.seed
+    episodes = build_episodes(cfg.env, tokenizer, cfg.model.max_model_len) if cfg.env.type else None
 
     async def one(request: int, item: PromptItem) -> EvalSample:
         # A seed per request: the same seed on the n requests of a prompt would give n equal samples.
-        out = await engine.generate(item.prompt_ids, replace(spec, seed=base_seed + request), f"eval-{request}")
+        seeded = replace(spec, seed=base_seed + request)
+        if episodes is not None:  # an environment's task: one episode, as in training
+            s = await episodes.run(EngineTurns(engine), item, request, seeded, f"eval-{request}")
+            token_ids, logprobs, reason, metadata = list(s.response_ids), list(s.logprobs), s.finish_reason, s.metadata
+        else:
+            out = await engine.generate(item.prompt_ids, seeded, f"eval-{request}")
+            token_ids, logprobs, reason, metadata = out.token_ids, out.logprobs, out.finish_reason, item.metadata
         progress.add()
         index = int(item.prompt_id)
         rec = records[index]
-        return EvalSample(index, rec.get("prompt", rec.get("messages")), item.metadata,
-                          tokenizer.decode(out.token_ids, skip_special_tokens=True), len(out.token_ids),
-                          out.finish_reason, prompt_ids=item.prompt_ids, token_ids=out.token_ids,
-                          logprobs=out.logprobs)
+        return EvalSample(index, rec.get("prompt", rec.get("messages")), metadata,
+                          tokenizer.decode(token_ids, skip_special_tokens=True), len(token_ids),
+                          reason, prompt_ids=item.prompt_ids, token_ids=token_ids, logprobs=logprobs)
 
     try:
         requests = itertools.chain.from_iterable(itertools.repeat(item, n) for item in items)
         return list(await asyncio.gather(*[one(i, item) for i, item in enumerate(requests)]))
     finally:
+        if episodes is not None:
+            close = getattr(episodes, "aclose", None)
+            await close() if close is not None else episodes.close()
         if own_engine:
             await engine.shutdown()
 
@@ -228,7 +238,13 @@ def summarize(samples: list[EvalSample], n: int, ks: list[int]) -> dict[str, Any
     by_source: dict[str, list[list[float]]] = defaultdict(list)
     for index, rewards in by_record.items():
         by_source[source_of[index]].append(rewards)
-    return {**eval_metrics(list(by_record.values()), n, ks),
-            "by_source": {src: eval_metrics(r, n, ks) for src, r in sorted(by_source.items())},
-            "mean_response_tokens": sum(s.num_tokens for s in samples) / len(samples),
-            "outcomes": dict(Counter(str(s.outcome) for s in samples).most_common())}
+    out = {**eval_metrics(list(by_record.values()), n, ks),
+           "by_source": {src: eval_metrics(r, n, ks) for src, r in sorted(by_source.items())},
+           "mean_response_tokens": sum(s.num_tokens for s in samples) / len(samples),
+           "outcomes": dict(Counter(str(s.outcome) for s in samples).most_common())}
+    tools = [(e.get("tool_calls", 0) > 0, not e.get("tool_errors") and s.reward > 0)
+             for s in samples if isinstance(e := s.metadata.get("episode"), dict)]
+    if tools:  # as the in-training evaluation reports them (orchestrator/evaluation.py)
+        out["tool_call_rate"] = sum(c for c, _ in tools) / len(tools)
+        out["tool_success_rate"] = sum(c and ok for c, ok in tools) / len(tools)
+    return out
