@@ -20,7 +20,7 @@ from asyncrl.observe.worker_logs import log_env
 from asyncrl.rollout import engine_factory
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.rollout.episode import episodes_in_actor
+from asyncrl.rollout.episode_runners import episodes_in_actor
 from asyncrl.rollout.local_rewards import LocalRewards
 
 

@@ -33,7 +33,7 @@ from asyncrl.data.records import data_source_of
 from asyncrl.preflight import model_context, resolve
 from asyncrl.reward.registry import route
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.rollout.episode import EngineTurns, build_episodes
+from asyncrl.rollout.episode_runners import EngineTurns, build_episodes
 from asyncrl.types import PromptItem
 
 
