@@ -126,8 +126,12 @@ _KINDS = {"str": str, "int": int, "float": float, "float | None": float, "dict[s
 SAMPLE_COLUMNS: list[tuple[str, Any]] = [(f.name, _KINDS[f.type]) for f in fields(Sample)]
 ACTOR_SCORED = ("reward", "reward_info", "reward_latency_s")
 """Columns only a frame of samples scored by their actor carries (reward.placement: actor)."""
-_FRAME_COLUMNS = {scored: [(n, k) for n, k in SAMPLE_COLUMNS if scored or n not in ACTOR_SCORED]
-                  for scored in (False, True)}
+MASKED = ("loss_mask",)
+"""Columns only a frame holding an episode with observation tokens carries (with `mask_lengths`):
+a single-turn frame decodes exactly as before masks existed, at the same cost."""
+_FRAME_COLUMNS = {(scored, masked): [(n, k) for n, k in SAMPLE_COLUMNS
+                                     if (scored or n not in ACTOR_SCORED) and (masked or n not in MASKED)]
+                  for scored in (False, True) for masked in (False, True)}
 _TOKEN_KINDS = (INT, FLOAT)
 
 
@@ -153,11 +157,13 @@ def encode_samples(samples: list[Sample]) -> bytes:
     scored = {s.reward is not None for s in samples}
     if len(scored) > 1:
         raise ValueError("a frame's samples must be all scored by their actor or none")
+    masked = any(s.loss_mask for s in samples)
     frame: dict[str, Any] = {"v": FORMAT_VERSION, "kind": "samples", "count": len(samples),
                              "prompt_lengths": [len(s.prompt_ids) for s in samples],
-                             "response_lengths": [len(s.response_ids) for s in samples],
-                             "mask_lengths": [len(s.loss_mask) for s in samples]}
-    for name, kind in _FRAME_COLUMNS[scored == {True}]:
+                             "response_lengths": [len(s.response_ids) for s in samples]}
+    if masked:
+        frame["mask_lengths"] = [len(s.loss_mask) for s in samples]
+    for name, kind in _FRAME_COLUMNS[scored == {True}, masked]:
         values = list(map(attrgetter(name), samples))
         frame[name] = (_pack(values, kind) if kind in _TOKEN_KINDS
                        else [float(v) for v in values] if kind is float else values)
@@ -168,14 +174,17 @@ def decode_samples(frame: bytes) -> list[Sample]:
     """The samples of one frame, validated as a whole: any bad record rejects the frame."""
     obj = _load_map(frame, "samples")
     k = _count(obj)
-    lengths = {name: _lengths(obj, name, k) for name in ("prompt_lengths", "response_lengths", "mask_lengths")}
+    scored, masked = "reward" in obj, "loss_mask" in obj
+    lengths = {name: _lengths(obj, name, k)
+               for name in ("prompt_lengths", "response_lengths", *(("mask_lengths",) if masked else ()))}
     col = {name: _unpack(obj, name, kind, lengths[_lengths_of(name)]) if kind in _TOKEN_KINDS
-           else _column(obj, name, kind, k) for name, kind in _FRAME_COLUMNS["reward" in obj]}
+           else _column(obj, name, kind, k) for name, kind in _FRAME_COLUMNS[scored, masked]}
     if not all(lengths["prompt_lengths"]):
         raise FrameError("a sample has an empty prompt")
     if k and min(col["sample_index"]) < 0:
         raise FrameError("a sample has a negative sample_index")
-    _check_masks(col["loss_mask"], lengths["response_lengths"], "a sample")
+    if masked:
+        _check_masks(col["loss_mask"], lengths["response_lengths"], "a sample")
     if not set(col["finish_reason"]) <= set(FINISH_REASONS):
         bad = sorted(set(col["finish_reason"]) - set(FINISH_REASONS))
         raise FrameError(f"finish_reason {bad} not in {FINISH_REASONS}")
@@ -183,7 +192,7 @@ def decode_samples(frame: bytes) -> list[Sample]:
         raise FrameError("a sample's temperature is not positive")
     if "reward" in col and not all(map(math.isfinite, col["reward"])):
         raise FrameError("a sample's reward is not finite")
-    if "reward" not in col:  # the actor-scored columns sit between the others: their defaults
+    if masked and not scored:  # the actor-scored columns sit before the mask: their defaults
         col = {name: col[name] if name in col else _unscored(name, k) for name, _ in SAMPLE_COLUMNS}
     return [Sample(*values) for values in zip(*col.values())]
 
@@ -210,8 +219,9 @@ def _chunk_columns(chunks: list[SequenceChunk]) -> dict[str, Any]:
         "advantage": [float(c.advantage) for c in chunks],
         "temperature": [float(c.temperature) for c in chunks],
         "response_length": [c.response_length for c in chunks],
-        "mask_lengths": [len(c.loss_mask) for c in chunks],
-        "loss_mask": _pack([c.loss_mask for c in chunks], INT),
+        # an episode's chunks only (see MASKED)
+        **({"mask_lengths": [len(c.loss_mask) for c in chunks], "loss_mask": _pack([c.loss_mask for c in chunks], INT)}
+           if any(c.loss_mask for c in chunks) else {}),
     }
 
 
@@ -235,9 +245,10 @@ def _decode_chunks(obj: Any, name: str) -> list[SequenceChunk]:
         _column(obj, "advantage", float, k),
         _column(obj, "temperature", float, k),
         _column(obj, "response_length", int, k),
-        _unpack(obj, "loss_mask", INT, _lengths(obj, "mask_lengths", k)),
     ]
-    _check_masks(columns[-1], loss_lens, name)
+    if "loss_mask" in obj:
+        columns.append(_unpack(obj, "loss_mask", INT, _lengths(obj, "mask_lengths", k)))
+        _check_masks(columns[-1], loss_lens, name)
     return [SequenceChunk(*fields) for fields in zip(*columns)]
 
 

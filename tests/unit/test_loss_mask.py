@@ -61,6 +61,11 @@ def test_masks_cross_the_wire_with_samples_and_batches_and_single_turn_frames_ca
     plain = Sample("p", "g", 1, [5], [1, 2], [-1.0, -1.0], [0, 0], "stop", 0)
     got = decode_samples(encode_samples([episode(), plain]))
     assert [with_lists(s).loss_mask for s in got] == [MASK, []]
+    assert "loss_mask" not in msgpack.unpackb(encode_samples([plain]))  # single-turn frames carry none
+    scored = [episode(), plain]
+    for s in scored:
+        s.reward, s.reward_info, s.reward_latency_s = 0.5, {"outcome": "x"}, 0.25
+    assert [with_lists(s) for s in decode_samples(encode_samples(scored))] == scored
     chunk = ResponseCursor(episode(), 0.5).chunk(6)
     batch = decode_batch(encode_batch(Batch(0, 0, [chunk], 4, 1, 4)))
     assert list(batch.chunks[0].loss_mask) == MASK[:6] and batch.chunks[0].num_loss_tokens == 4

@@ -52,12 +52,12 @@ def test_the_sample_wire_format_is_the_dataclass_fields():
     new field needs no edit in the codec (an annotation it has no column kind for fails at import)."""
     from dataclasses import fields
 
-    from asyncrl.transport.codec import ACTOR_SCORED, SAMPLE_COLUMNS
+    from asyncrl.transport.codec import ACTOR_SCORED, MASKED, SAMPLE_COLUMNS
 
     assert [name for name, _ in SAMPLE_COLUMNS] == [f.name for f in fields(Sample)]
     frame = msgpack.unpackb(encode_samples([sample()]))
-    assert set(frame) == ({"v", "kind", "count", "prompt_lengths", "response_lengths", "mask_lengths"}
-                          | {f.name for f in fields(Sample)} - set(ACTOR_SCORED))
+    assert set(frame) == ({"v", "kind", "count", "prompt_lengths", "response_lengths"}
+                          | {f.name for f in fields(Sample)} - set(ACTOR_SCORED) - set(MASKED))
 
 
 def test_a_frame_of_several_samples_round_trips_in_order_with_their_own_lengths():
