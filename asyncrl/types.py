@@ -99,7 +99,7 @@ class Sample:
     @property
     def num_loss_tokens(self) -> int:
         """Response tokens the model sampled (what the buffer counts toward Phi)."""
-        return model_tokens(self.loss_mask, 0, len(self.response_ids))
+        return len(self.response_ids) if not self.loss_mask else sum(self.loss_mask)
 
     def validate(self) -> None:
         """Raise ValueError if the record is inconsistent (the sender checks each sample it encodes)."""
@@ -176,7 +176,7 @@ class SequenceChunk:
 
     @property
     def num_loss_tokens(self) -> int:
-        return model_tokens(self.loss_mask, 0, self.loss_end - self.loss_start)
+        return len(self.response_ids) - self.loss_start if not self.loss_mask else sum(self.loss_mask)
 
     @property
     def num_tokens(self) -> int:

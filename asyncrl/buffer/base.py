@@ -84,8 +84,8 @@ class ResponseCursor:
     @property
     def remaining(self) -> int:
         """Loss tokens from the offset on."""
-        s = self.sample
-        return model_tokens(s.loss_mask, self.offset, len(s.response_ids))
+        s = self.sample  # single-turn responses (no mask) take the first branch, at a subtraction's cost
+        return len(s.response_ids) - self.offset if not s.loss_mask else sum(s.loss_mask[self.offset:])
 
     def chunk(self, end: int) -> SequenceChunk:
         """Loss on tokens [offset, end); everything before is context."""
@@ -99,8 +99,9 @@ class ResponseCursor:
 
     def emit(self, end: int, stats: BufferStats) -> SequenceChunk:
         """`chunk(end)`, counted as trained, with the cursor moved past it."""
-        chunk = self.chunk(end)
-        stats.responses_trained += chunk.num_loss_tokens / max(self.sample.num_loss_tokens, 1)
+        chunk, s = self.chunk(end), self.sample
+        stats.responses_trained += ((end - self.offset) / len(s.response_ids) if not s.loss_mask
+                                    else chunk.num_loss_tokens / max(s.num_loss_tokens, 1))
         self.offset = end
         return chunk
 
@@ -155,7 +156,8 @@ def cut_budget(queue: deque[ResponseCursor], budget: int, stats: BufferStats,
         if p.entered_at is None:
             p.entered_at = learner_version
         take = min(need, p.remaining)
-        chunks.append(p.emit(end_after(p.sample.loss_mask, p.offset, take), stats))
+        mask = p.sample.loss_mask
+        chunks.append(p.emit(p.offset + take if not mask else end_after(mask, p.offset, take), stats))
         need -= take
         if p.remaining == 0:
             queue.popleft()

@@ -214,7 +214,7 @@ class TokenBuffer:
         for c in chunks:
             lag_counts(c.versions, 0, len(c.versions), learner_version, into=lags)
             beyond = stale_prefix(c.versions, 0, c.entered_at - self.max_staleness)
-            self.stats.tokens_beyond_bound += model_tokens(c.loss_mask, 0, beyond)
+            self.stats.tokens_beyond_bound += beyond if not c.loss_mask else model_tokens(c.loss_mask, 0, beyond)
         self.ess_estimate = estimated_ess(lags, self.moments.by_bucket)
 
     def observe_ratio_moments(self, moments: Moments) -> None:

@@ -37,6 +37,7 @@ PROCESS_FIELDS = {
     "learner": ("backend", "num_ranks", "deepspeed", "num_threads", "num_cpus", "num_gpus", "resources",
                 "param_dtype"),
     "observe": ("worker_logs", "engine_log_level"),
+    "env": None,  # the actors hold the episode runner (an environment's factory, an agent's endpoint)
 }
 """Config fields that shape a process (what it loads, where it runs, how it talks): two runs share
 processes only when these agree. A section named with None counts whole."""

@@ -231,3 +231,24 @@ def test_a_factory_that_fails_and_a_step_that_answers_garbage_are_episode_errors
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def test_a_broken_environment_is_a_config_error_at_start_naming_env_type(tmp_path, monkeypatch):
+    from asyncrl.config import ConfigError
+    from asyncrl.env.registry import check_agent, check_env
+
+    (tmp_path / "myenvs.py").write_text(
+        "class NoStep:\n    def __init__(self, metadata): pass\n"
+        "def needs_secret(metadata, secret): return None\n"
+        "def agent(base_url): return 1.0\n")
+    cases = [("import:nowhere:Env", {}, "cannot import module 'nowhere'"),
+             ("import:myenvs:NoStep", {}, "no step\\(turn\\) method"),
+             ("import:myenvs:needs_secret", {}, "missing 1 required positional argument: 'secret'"),
+             ("calculator", {"max_calls": 0}, "max_calls must be at least 1")]
+    for env_type, options, message in cases:
+        cfg = EnvConfig(type=env_type, options=options, import_path=[str(tmp_path)])
+        with pytest.raises(ConfigError, match=f"env.type={env_type!r}.*{message}"):
+            check_env(cfg, {"answer": "1"})
+    check_env(EnvConfig(type="calculator"), {"answer": "1"})  # a good one passes
+    with pytest.raises(ConfigError, match="must take \\(base_url, metadata\\)"):
+        check_agent(EnvConfig(type="agent", agent="myenvs:agent", import_path=[str(tmp_path)]))

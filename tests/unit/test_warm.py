@@ -20,6 +20,8 @@ def test_a_process_shaping_field_is_named():
     # scoring on the actors puts the reward functions in their processes
     assert fits(["reward.placement=actor"], ["reward.placement=actor", "reward.timeout_s=3"]) == ["reward.timeout_s"]
     assert fits([], ["reward.timeout_s=3"]) == []
+    # the actors hold the episode runner: an environment's setting starts new ones
+    assert fits(["env.type=calculator"], ["env.type=calculator", "env.max_turns=2"]) == ["env.max_turns"]
 
 
 def test_differences_walks_nested_keys():
