@@ -138,10 +138,6 @@ _TOKEN_KINDS = (INT, FLOAT)
 _LENGTHS = {"prompt_ids": "prompt_lengths", "loss_mask": "mask_lengths"}  # the rest: response_lengths
 
 
-def _lengths_of(name: str) -> str:
-    return _LENGTHS.get(name, "response_lengths")
-
-
 def _check_masks(masks: list[array], response_lengths: list[int], what: str) -> None:
     """A loss mask is empty (every token is the model's) or one 0/1 per response token."""
     for mask, n in zip(masks, response_lengths):
@@ -175,9 +171,10 @@ def decode_samples(frame: bytes) -> list[Sample]:
     obj = _load_map(frame, "samples")
     k = _count(obj)
     scored, masked = "reward" in obj, "loss_mask" in obj
-    lengths = {name: _lengths(obj, name, k)
-               for name in ("prompt_lengths", "response_lengths", *(("mask_lengths",) if masked else ()))}
-    col = {name: _unpack(obj, name, kind, lengths[_lengths_of(name)]) if kind in _TOKEN_KINDS
+    lengths = {"prompt_lengths": _lengths(obj, "prompt_lengths", k), "response_lengths": _lengths(obj, "response_lengths", k)}
+    if masked:
+        lengths["mask_lengths"] = _lengths(obj, "mask_lengths", k)
+    col = {name: _unpack(obj, name, kind, lengths[_LENGTHS.get(name, "response_lengths")]) if kind in _TOKEN_KINDS
            else _column(obj, name, kind, k) for name, kind in _FRAME_COLUMNS[scored, masked]}
     if not all(lengths["prompt_lengths"]):
         raise FrameError("a sample has an empty prompt")
