@@ -29,8 +29,13 @@ def encode_examples(pairs: list[tuple[str, str]], tokenizer) -> tuple[torch.Tens
         prompt = tokenizer.encode(prompt_text)
         response = tokenizer.encode(response_text) + [tokenizer.eos_token_id]
         rows.append((prompt + response, [-100] * len(prompt) + response))
+    return pad_rows(rows, tokenizer.pad_token_id)
+
+
+def pad_rows(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, labels) rows right-padded into [N, L] tensors, labels with -100."""
     width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     for i, (row_ids, row_labels) in enumerate(rows):
         ids[i, : len(row_ids)] = torch.tensor(row_ids)

@@ -18,6 +18,7 @@ from asyncrl.env.base import Turn
 from asyncrl.env.calculator import Calculator
 from asyncrl.tiny import task as tiny_task
 from asyncrl.tiny import tool_task
+from asyncrl.tiny.measure import pad_rows
 
 
 @dataclass
@@ -32,14 +33,7 @@ class Episode:
 
 def encode_traces(records: list[dict[str, str]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids [N, L] and labels [N, L] of the tool-using traces of `records`."""
-    rows = [tool_task.encode_trace(*operands(r), tokenizer) for r in records]
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (row_ids, row_labels) in enumerate(rows):
-        ids[i, :len(row_ids)] = torch.tensor(row_ids)
-        labels[i, :len(row_labels)] = torch.tensor(row_labels)
-    return ids, labels
+    return pad_rows([tool_task.encode_trace(*operands(r), tokenizer) for r in records], tokenizer.pad_token_id)
 
 
 def operands(record: dict[str, str]) -> tuple[int, int]:

@@ -54,6 +54,18 @@ def shared(tmp_path_factory):
     loop.close()
 
 
+async def push_perturbed(sender: GlooWeightSender, actor: RolloutActor, model, seed: int | None,
+                         version: int = 1) -> dict:
+    """Perturb the model (seed None: as it is) and push it to the actor; the actor's update stats."""
+    if seed is not None:
+        perturb_(model, seed=seed)
+    params = list(model.named_parameters())
+    metadata = sender.metadata(params)
+    _, stats = await asyncio.gather(asyncio.to_thread(sender.push, params, version),
+                                    actor.update_weights(metadata, version))
+    return stats
+
+
 async def generate_across_a_push(engine, model, prompts: list[list[int]]) -> tuple[list, dict, RolloutActor]:
     samples = []
     actor = RolloutActor(0, lambda: Lent(engine), SamplingSpec(1.0, 1.0, MAX_TOKENS), group_size=4,
@@ -64,14 +76,11 @@ async def generate_across_a_push(engine, model, prompts: list[list[int]]) -> tup
     try:
         await asyncio.gather(asyncio.to_thread(sender.connect),
                              actor.init_weight_sync("127.0.0.1", port, 1, 2, 60))
+        await push_perturbed(sender, actor, model, seed=None, version=0)  # whatever the shared engine held
         await actor.submit([PromptItem(f"p{i}", ids, {}) for i, ids in enumerate(prompts)])
         while actor.engine is not None and actor.stats["samples"] < 8:
             await asyncio.sleep(0.01)  # generation is under way; most requests still run
-        perturb_(model, seed=1)
-        params = list(model.named_parameters())
-        metadata = sender.metadata(params)
-        _, stats = await asyncio.gather(asyncio.to_thread(sender.push, params, 1),
-                                        actor.update_weights(metadata, 1))
+        stats = await push_perturbed(sender, actor, model, seed=1)
         while len(samples) < len(prompts) * 4:
             await asyncio.sleep(0.05)
     finally:
@@ -183,13 +192,11 @@ async def episodes_across_a_push(engine, model, tok, num: int) -> tuple[list, li
     sender = GlooWeightSender("127.0.0.1", port, world_size=2, timeout_s=60)
     try:
         await asyncio.gather(asyncio.to_thread(sender.connect), actor.init_weight_sync("127.0.0.1", port, 1, 2, 60))
+        await push_perturbed(sender, actor, model, seed=None, version=0)  # the shared engine: another test moved it
         await actor.submit([PromptItem(f"e{i}", tok(f"{i} times {i} is")["input_ids"], {"i": i}) for i in range(num)])
         while len(envs) < num or any(not env.seen for env in envs.values()):
             await asyncio.sleep(0.01)  # every episode's first turn is sampled by version 0
-        perturb_(model, seed=2)
-        params = list(model.named_parameters())
-        metadata = sender.metadata(params)
-        await asyncio.gather(asyncio.to_thread(sender.push, params, 1), actor.update_weights(metadata, 1))
+        await push_perturbed(sender, actor, model, seed=2)
         gate.set()
         while len(samples) < num:
             await asyncio.sleep(0.05)
