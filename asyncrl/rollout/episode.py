@@ -95,6 +95,9 @@ class EpisodeRunner:
                 break
             turn_spec = replace(spec, max_tokens=min(left, cfg.max_turn_tokens or left))
             ids, lps, vers, reason = await actor.complete(p.prompt_ids + tokens, turn_spec, f"{name}-t{turn}", abortable)
+            text, cut = self._turn_text(ids, turn_spec.stop)
+            if cut < len(ids):  # what the engine sampled past the stop string is never used
+                ids, lps, vers, reason = ids[:cut], lps[:cut], vers[:cut], "stop"
             record["spans"].append([len(tokens), len(tokens) + len(ids), "model"])
             tokens += ids
             logprobs += lps
@@ -105,7 +108,7 @@ class EpisodeRunner:
                 reason = "length"
                 break
             try:
-                step = await self._step(env, Turn(turn, self.tokenizer.decode(ids), list(ids), reason), record)
+                step = await self._step(env, Turn(turn, text, list(ids), reason), record)
                 obs = [] if step.done else self._observation(step.observation)[:base.max_tokens - len(tokens)]
             except EnvStepFailed as e:
                 self._fail(record, e.__cause__ or e)
@@ -125,6 +128,21 @@ class EpisodeRunner:
             response_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=reason,
             actor_id=actor.actor_id, loss_mask=mask if 0 in mask else [],
             metadata={**p.metadata, "episode": record}, temperature=base.temperature)
+
+    def _turn_text(self, ids: list[int], stop: tuple[str, ...]) -> tuple[str, int]:
+        """The turn's text, and how many of its tokens make the turn: all, unless a stop string
+        ends before the last token. That happens when an in-flight update aborted the turn in the
+        middle of a stop string: the engine matches stop strings in a request's own output, so the
+        resumed request ran past it. The turn then ends at the first token that completes one."""
+        text = self.tokenizer.decode(ids)
+        ends = [i + len(s) for s in stop if (i := text.find(s)) >= 0]
+        if not ends or min(ends) >= len(text) or len(ids) <= 1:
+            return text, len(ids)
+        for k in range(1, len(ids)):
+            head = self.tokenizer.decode(ids[:k])
+            if any(s in head for s in stop):
+                return head, k
+        return text, len(ids)
 
     async def _step(self, env: Any, turn: Turn, record: dict[str, Any]) -> Step:
         """env.step(turn) within env.step_timeout_s; its reward and counters go into `record`."""

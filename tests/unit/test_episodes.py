@@ -252,3 +252,17 @@ def test_a_broken_environment_is_a_config_error_at_start_naming_env_type(tmp_pat
     check_env(EnvConfig(type="calculator"), {"answer": "1"})  # a good one passes
     with pytest.raises(ConfigError, match="must take \\(base_url, metadata\\)"):
         check_agent(EnvConfig(type="agent", agent="myenvs:agent", import_path=[str(tmp_path)]))
+
+
+def test_a_turn_that_ran_past_its_stop_string_ends_at_it():
+    """An in-flight update that aborts a turn inside a stop string lets the resumed request run
+    past it (the engine matches stop strings in a request's own output): the turn is cut after
+    the token that completes the first one, and the rest never reaches the sample."""
+    tok = LetterTokenizer()
+    runner = EpisodeRunner(EnvConfig(type="calculator"), Echo, tok)
+    ids = tok.encode("abxycdxy")
+    assert runner._turn_text(ids, ("xy",)) == ("abxy", 4)
+    assert runner._turn_text(ids[:4], ("xy",)) == ("abxy", 4)  # ends at its stop string: kept whole
+    assert runner._turn_text(ids, ()) == ("abxycdxy", 8)
+    assert runner._turn_text(tok.encode("abcd"), ("xy",)) == ("abcd", 4)
+    runner.close()
