@@ -24,6 +24,7 @@ SHORTEN = {
     "ring_lite_c3po": [],
     "skywork_or1_magic": ["stages.0.steps=1", "stages.1.steps=1"],
     "prorl": ["stages.0.steps=1", "stages.1.steps=1", "algo.kl.reset_every=2", "buffer.rollout_batch_prompts=8"],
+    "tiny_tool": [],  # episodes with the calculator, on its own warm start (built on first use)
 }
 RANKS = {"ring_lite_c3po": ["learner.num_ranks=2", "learner.backend=deepspeed"],
          "prorl": ["learner.num_ranks=2", "sync.probe_every=1"]}  # FSDP2 pushes of the tied tiny model, probed
@@ -83,6 +84,10 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
         assert rows[2]["kl/mean"] == 0.0 and rows[2]["learner/optimizer_steps"] == 1
         assert all(r["sync/probe_max_abs_diff"] <= 1e-4 for r in rows)
         assert [r["stage/index"] for r in rows] == [0, 1, 2]
+    if name == "tiny_tool":  # the episodes called the calculator, whose answers are in, masked
+        episodes = [r for r in rows if r.get("episode/tool_calls_mean") is not None]
+        assert episodes and all(r["episode/tool_calls_mean"] >= 0.9 and r["episode/masked_frac"] > 0.2
+                                and r["episode/error_frac"] == 0 for r in episodes)
     if name == "dapo":
         sealed = [r["buffer/rollout_batches_sealed_total"] for r in rows]
         assert sealed[0] == 1 and sealed[2] == 2

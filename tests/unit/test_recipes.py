@@ -44,7 +44,9 @@ def test_every_config_starts_from_the_early_stopped_warm_start(path):
     # a softened (temperature-baked) start would make every recipe's reward and entropy curves
     # partly an artefact of undoing the temperature; it is an explicit option, never a default
     tiny = load_config(path).model.tiny
-    assert tiny.target_sampled_accuracy == 0.25 and tiny.soften_to_probability is None
+    # the tool task's accuracy leaps once it copies: its recipe stops lower (docs/research/findings.md)
+    assert tiny.target_sampled_accuracy == (0.15 if tiny.task == "calc_tool" else 0.25)
+    assert tiny.soften_to_probability is None
 
 
 def test_names_are_unique():
