@@ -35,7 +35,8 @@ class Turn:
     index: int
     """0 for the model's first turn."""
     text: str
-    """The turn's tokens, decoded (the stop string included)."""
+    """The turn's tokens, decoded without special tokens (an end-of-sequence token is not in it;
+    the stop string is)."""
     token_ids: list[int]
     finish_reason: str
     """"stop" (a stop string or the end-of-sequence token) or "length" (the turn's token limit)."""

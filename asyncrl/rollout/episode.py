@@ -51,7 +51,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
-    def decode(self, token_ids: list[int]) -> str: ...
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 class Episodes(Protocol):
@@ -134,12 +134,13 @@ class EpisodeRunner:
         ends before the last token. That happens when an in-flight update aborted the turn in the
         middle of a stop string: the engine matches stop strings in a request's own output, so the
         resumed request ran past it. The turn then ends at the first token that completes one."""
-        text = self.tokenizer.decode(ids)
+        # special tokens left out, as the engine's own stop-string check leaves them out
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
         ends = [i + len(s) for s in stop if (i := text.find(s)) >= 0]
         if not ends or min(ends) >= len(text) or len(ids) <= 1:
             return text, len(ids)
         for k in range(1, len(ids)):
-            head = self.tokenizer.decode(ids[:k])
+            head = self.tokenizer.decode(ids[:k], skip_special_tokens=True)
             if any(s in head for s in stop):
                 return head, k
         return text, len(ids)

@@ -30,7 +30,7 @@ class LetterTokenizer:
     def encode(self, text, add_special_tokens=False):
         return [ord(c) - 97 for c in text]
 
-    def decode(self, ids):
+    def decode(self, ids, skip_special_tokens=False):
         return "".join(chr(97 + i) for i in ids)
 
 
