@@ -83,3 +83,11 @@ def test_an_environment_task_is_evaluated_by_episodes_and_reports_tool_use():
         s.reward = 1.0
     summary = summarize(samples, 2, [1])
     assert summary["tool_call_rate"] == 1.0 and summary["tool_success_rate"] == 1.0
+
+
+def test_an_eval_entry_keeps_the_tool_rates_of_an_environment_task(tmp_path):
+    from asyncrl.lab.offline.run_policies import SavedPolicy, eval_entry
+
+    entry = eval_entry(SavedPolicy("final", 8, tmp_path), {"avg@8": 0.5, "tool_call_rate": 1.0,
+                                                          "tool_success_rate": 0.5, "outcomes": {}})
+    assert entry == {"policy": "final", "step": 8, "avg@8": 0.5, "tool_call_rate": 1.0, "tool_success_rate": 0.5}

@@ -171,7 +171,7 @@ async def evaluate_runs(runs: list[str | Path], opts: EvalOptions, engine=None) 
 def model_report(r: dict[str, Any]) -> str:
     """evaluate_model's result as text: settings, examples, overall and per-source figures."""
     def figures(m: dict) -> str:
-        return "  ".join(f"{key} {m[key]:.3f}" for key in m if key.startswith(("avg@", "pass@")))
+        return "  ".join(f"{key} {m[key]:.3f}" for key in m if key.startswith(("avg@", "pass@", "tool_")))
 
     skipped = r["num_records"] - r["num_prompts"]
     outcomes = ", ".join(f"{k} {v}" for k, v in r["outcomes"].items())

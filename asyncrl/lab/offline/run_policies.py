@@ -98,7 +98,7 @@ def run_policies(run_dir: str | Path, final_only: bool = False) -> list[SavedPol
 
 def eval_entry(policy: SavedPolicy, figures: dict[str, Any]) -> dict[str, Any]:
     """One policy's entry: its name and step, then the figures (eval_policy.summarize's keys)."""
-    keep = ("num_prompts", "mean_response_tokens", "by_source")
+    keep = ("num_prompts", "mean_response_tokens", "by_source", "tool_call_rate", "tool_success_rate")
     return {"policy": policy.name, "step": policy.step,
             **{k: v for k, v in figures.items() if k.startswith(("avg@", "pass@")) or k in keep}}
 
