@@ -28,8 +28,7 @@ import math
 import operator
 from typing import Any
 
-from asyncrl.env.base import Step, Turn
-from asyncrl.env.tool_calls import ending_call, refuse_past_limit
+from asyncrl.env.tool_calls import ToolEnvironment
 
 MAX_EXPRESSION_CHARS = 500  # also keeps ast's and our recursion shallow
 MAX_MAGNITUDE = 1e100  # a float: compares exactly with ints of any size
@@ -115,27 +114,16 @@ def format_value(value: int | float) -> str:
     return str(value) if isinstance(value, int) else f"{value:.10g}"
 
 
-class Calculator:
+class Calculator(ToolEnvironment):
     """The `calculator` environment: `Calculator(metadata, max_calls=4)`, one per episode."""
 
-    stop = ("</calc>",)
+    call_tag, answer_tag = "calc", "result"
 
     def __init__(self, metadata: dict[str, Any], max_calls: int = 4):
-        if max_calls < 1:
-            raise ValueError(f"max_calls must be at least 1, got {max_calls}")
-        self.max_calls = max_calls
-        self.calls = 0
+        super().__init__(max_calls)
 
-    def step(self, turn: Turn) -> Step:
-        expression = ending_call(turn.text, "calc")
-        if expression is None:
-            return Step(done=True)
-        self.calls += 1
-        refused = refuse_past_limit(self.calls, self.max_calls, "result")
-        if refused is not None:
-            return refused
+    def answer(self, body: str) -> tuple[str, bool]:
         try:
-            text, errors = format_value(evaluate(expression)), 0
+            return format_value(evaluate(body)), False
         except CalcError as e:
-            text, errors = f"error: {e}", 1
-        return Step(observation=f"<result>{text}</result>", info={"tool_calls": 1, "tool_errors": errors})
+            return f"error: {e}", True

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import SandboxConfig
-from asyncrl.env.base import Step, Turn
-from asyncrl.env.tool_calls import ending_call, refuse_past_limit
+from asyncrl.env.tool_calls import ToolEnvironment
 from asyncrl.reward.code_reward import PYTHON
 from asyncrl.reward.sandbox import RunResult, remove_tree, run_sandboxed
 
@@ -72,8 +71,8 @@ def _signal_name(number: int) -> str:
 
 
 def format_output(result: RunResult, limits: SandboxConfig, max_chars: int) -> str:
-    """`<output>...</output>` for a run: stdout's head and, when it failed, stderr's tail and the
-    error line, the two outputs within about max_chars together."""
+    """What `<output>...</output>` holds for a run: stdout's head and, when it failed, stderr's
+    tail and the error line, the two outputs within about max_chars together."""
     out = result.stdout.decode("utf-8", "replace")
     err = result.stderr.decode("utf-8", "replace") if result.status != "ok" else ""
     # stderr's tail gets what stdout leaves, and at least half when both are long
@@ -83,42 +82,33 @@ def format_output(result: RunResult, limits: SandboxConfig, max_chars: int) -> s
     if out_chars < len(out):
         shown = _ended(shown) + f"[... {len(out) - out_chars} characters cut]\n"
     if result.status == "ok":
-        return f"<output>{shown}</output>"
+        return shown
     tail = err[len(err) - err_chars:]
     if err_chars < len(err):
         tail = f"[... {len(err) - err_chars} characters cut]\n" + tail
-    return f"<output>{_ended(shown)}{_ended(tail)}{describe_failure(result, limits)}\n</output>"
+    return f"{_ended(shown)}{_ended(tail)}{describe_failure(result, limits)}\n"
 
 
 def _ended(text: str) -> str:
     return text + "\n" if text and not text.endswith("\n") else text
 
 
-class PythonTool:
+class PythonTool(ToolEnvironment):
     """The `python` environment: `PythonTool(metadata, sandbox=None, max_calls=4,
     max_output_chars=400)`, one per episode; `sandbox` holds SandboxConfig fields."""
 
-    stop = ("</python>",)
+    call_tag, answer_tag = "python", "output"
 
     def __init__(self, metadata: dict[str, Any], sandbox: dict[str, Any] | None = None, max_calls: int = 4,
                  max_output_chars: int = 400):
-        if max_calls < 1 or max_output_chars < 1:
-            raise ValueError(f"max_calls and max_output_chars must be at least 1, got {max_calls}, "
-                             f"{max_output_chars}")
+        super().__init__(max_calls)
+        if max_output_chars < 1:
+            raise ValueError(f"max_output_chars must be at least 1, got {max_output_chars}")
         self.limits = SandboxConfig(**(sandbox or {}))
-        self.max_calls, self.max_output_chars = max_calls, max_output_chars
-        self.calls = 0
+        self.max_output_chars = max_output_chars
 
-    def step(self, turn: Turn) -> Step:
-        code = ending_call(turn.text, "python")
-        if code is None:
-            return Step(done=True)
-        self.calls += 1
-        refused = refuse_past_limit(self.calls, self.max_calls, "output")
-        if refused is not None:
-            return refused
-        if not code.strip():
-            return Step(observation="<output>error: no code</output>", info={"tool_calls": 1, "tool_errors": 1})
-        result = run_program(code, self.limits)
-        return Step(observation=format_output(result, self.limits, self.max_output_chars),
-                    info={"tool_calls": 1, "tool_errors": int(result.status != "ok")})
+    def answer(self, body: str) -> tuple[str, bool]:
+        if not body.strip():
+            return "error: no code", True
+        result = run_program(body, self.limits)
+        return format_output(result, self.limits, self.max_output_chars), result.status != "ok"

@@ -160,14 +160,18 @@ def test_make_records_is_deterministic_per_seed():
 
 def test_python_tool_output_keeps_stdouts_head_and_stderrs_tail():
     limits = SandboxConfig()
+
+    def tagged(*args):  # as the tool answers: inside <output> tags
+        return f"<output>{format_output(*args)}</output>"
+
     crashed = RunResult("crashed", 1, b"o" * 1000, b"e" * 999 + b"E", 0.1)
-    assert format_output(crashed, limits, 400) == (
+    assert tagged(crashed, limits, 400) == (
         f"<output>{'o' * 200}\n[... 800 characters cut]\n[... 800 characters cut]\n{'e' * 199}E\n"
         "error: exit status 1\n</output>")
     short_out = RunResult("memory", -9, b"12", b"MemoryError" * 100, 0.1)
-    assert format_output(short_out, limits, 40) == (
+    assert tagged(short_out, limits, 40) == (
         "<output>12\n[... 1062 characters cut]\nError" + "MemoryError" * 3 + "\n"
         "error: out of memory (limit: 512 MiB)\n</output>")
-    assert format_output(RunResult("killed", -15, b"", b"", 0.1), limits, 40) == (
+    assert tagged(RunResult("killed", -15, b"", b"", 0.1), limits, 40) == (
         "<output>error: killed by SIGTERM\n</output>")
-    assert format_output(RunResult("ok", 0, b"done\n", b"a warning\n", 0.1), limits, 40) == "<output>done\n</output>"
+    assert tagged(RunResult("ok", 0, b"done\n", b"a warning\n", 0.1), limits, 40) == "<output>done\n</output>"
