@@ -268,6 +268,9 @@ class LearnerConfig(_Section):
     """AdamW learning rate."""
     betas: tuple[float, float] = (0.9, 0.99)
     """AdamW betas."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon, added to the root of the second moment: a coordinate whose gradient is
+    below it moves less than lr."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     grad_clip: float = Field(1.0, gt=0)

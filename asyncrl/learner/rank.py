@@ -64,7 +64,7 @@ from asyncrl.types import StepResult
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 class LearnerRank:
@@ -110,7 +110,10 @@ class LearnerRank:
         self.cfg, self.algo, self.model_path = learner, algo, model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine_dtype = DTYPES[engine_dtype or dtype]  # the engines' (rollout.dtype, else model.dtype)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[learner.param_dtype]).to(self.device)
+        params = param_dtype(learner, dtype)
+        # the MoE experts' default kernel (grouped_mm) has no float64
+        kernels = {"experts_implementation": "eager"} if params == torch.float64 else {}
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=params, **kernels).to(self.device)
         model.train()
         self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
         self.generation_config = getattr(model, "generation_config", None)
@@ -421,3 +424,10 @@ def engine_weights(named_params, dtype: torch.dtype):
     """The parameters as the engines hold them: cast to their dtype one at a time, as they are sent."""
     for name, tensor in named_params:
         yield name, tensor.to(dtype)
+
+
+def param_dtype(learner: LearnerConfig, compute: str) -> torch.dtype:
+    """The parameters' dtype: learner.param_dtype, or float64 when the compute dtype is float64.
+    float64 compute is not a config value (engines have none); it is for checks that must not
+    depend on the order in which a processor sums float32 (the learner-rank tests)."""
+    return torch.float64 if compute == "float64" else DTYPES[learner.param_dtype]
