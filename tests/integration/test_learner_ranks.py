@@ -2,12 +2,39 @@
 DeepSpeed ZeRO-2 and ZeRO-3 give the single-rank gradient for every aggregation mode, with the
 step's responses split across ranks and micro-batches (ranks with fewer micro-batches pad), and
 the same parameters after optimizer steps; metrics are global; checkpoints move between rank
-counts."""
+counts.
+
+How two sides are compared. Two ranks sum a gradient in another order than one rank, and a
+processor's vector width changes the order again (AVX2 and AVX-512 round float32 sums
+differently), so a check must hold for any order of summation:
+
+- The torch backend (FSDP2) runs in float64 (`LearnerRank(dtype="float64")`). Unit roundoff
+  u = 1.1e-16: the sides differ by ~1e-15 after the optimizer steps (measured), and the checks
+  allow 1e-10 (`F64`), a million times below any real difference.
+- DeepSpeed has no float64 path (measured: in float64 ZeRO-2's gradients came out 2e-2 off, and
+  ZeRO-3 reduces in float32), so it runs float32 against a float32 single rank (`F32`):
+  * gradients within `F32_GRAD_TOL` = 1e-6. Each coordinate is a float32 sum over the step's
+    tokens of products over the model's widths (n ~ 10^2 terms of size <= ||g||_inf = 0.031):
+    two summation orders differ by ~sqrt(n) u ||g||_inf ~ 2e-8, at worst n u sum|t| ~ 2e-5.
+    Measured 4e-8 (AVX-512 and AVX2); a gradient missing a rank's share is off by ~1e-2.
+  * parameters after k AdamW steps within `Precision.param_tol(k, lr)` = k lr 3 (2 F32_GRAD_TOL) / eps.
+    An update lr m/(sqrt(v) + eps), its gradient off by dg, moves by at most
+    lr (|dm| + |m|/sqrt(v) |d sqrt(v)|) / eps; |dm| and |d sqrt(v)| are at most dg (both are
+    weighted means over the steps), and |m|/sqrt(v) <= 1.01 for 6 steps of betas (0.9, 0.99)
+    (Cauchy-Schwarz), so <= 3 lr dg / eps a step. dg is 2 F32_GRAD_TOL: the clip's scale adds
+    |g| times the global norm's relative error (<= 1e-5, checked) ~ 3e-7. With torch's default
+    eps = 1e-8 the bound is ~2 lr a step, no check at all (a coordinate whose true gradient is
+    ~0 takes the sign of its rounding noise: the 1.2e-6 that failed on AVX-512 against a fixed
+    1e-6), so these runs use eps = 1e-4: 1.8e-4 after 3 steps at lr 1e-3 (measured 1.2e-8),
+    while a lost moment, a rank's gradient missing or a rank-local clip norm moves parameters by
+    ~lr.
+"""
 
 import multiprocessing as mp
 import os
 import random
 import traceback
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -24,11 +51,35 @@ VOCAB = 48  # token ids drawn below it
 MODES = ["budget", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 STEPS = 3
 BUDGET = 64
+LR = 1e-3
 # the optimizer steps also run the learner's state: adaptive entropy control fed the measured
 # e_k (target above it, so alpha grows from 0) and a KL term whose reference resets at step 2
 STEP_ALGO = AlgoConfig(aggregation="token_mean",
                        entropy_control={"enabled": True, "target": 10.0, "delta": 0.05, "coef_max": None},
                        kl={"coef": 0.01, "reset_every": 2})
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How one backend's two sides run and how close they must be (module docstring)."""
+    dtype: str  # the learner's compute dtype; float64 loads the parameters in float64 too
+    eps: float  # AdamW's
+    grad_tol: float  # largest gradient difference two summation orders can make
+
+    def param_tol(self, steps: int, lr: float) -> float:
+        """Parameters after `steps` AdamW steps: each moves by at most 3 lr dg / eps, with the
+        clip's scale doubling dg."""
+        return steps * lr * 3 * (2 * self.grad_tol) / self.eps
+
+
+F32_GRAD_TOL = 1e-6
+F64 = Precision("float64", eps=1e-8, grad_tol=1e-13)  # n u sum|t| ~ 1e2 * 1.1e-16 * 0.1; measured 6e-17
+F32 = Precision("float32", eps=1e-4, grad_tol=F32_GRAD_TOL)
+BF16 = Precision("bfloat16", eps=1e-8, grad_tol=0.0)  # its tests compare relative errors
+
+
+def precision_of(backend):
+    return F64 if backend == "torch" else F32
 
 
 def build_model(path, tie):
@@ -89,21 +140,23 @@ def group_address(port):
     return f"127.0.0.1:{port if port is not None else free_port()}"
 
 
-def learner_cfg(backend, stage, world, **kw):
+def learner_cfg(backend, stage, world, precision=None, **kw):
     # a rank that sees CUDA must have asked for a GPU (compat.check_gpu_visibility)
-    return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=kw.pop("lr", 1e-3),
+    return LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, lr=kw.pop("lr", LR),
                          micro_batch_tokens=kw.pop("micro_batch_tokens", 24),
+                         eps=precision.eps if precision else LearnerConfig().eps,
                          num_gpus=1 if torch.cuda.is_available() else 0, **kw)
 
 
 def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ckpt_in=None, ckpt_out=None,
-             steps=STEPS, dtype="float32"):
+             steps=STEPS, precision=None):
     """What one rank does; returns rank 0's results: the gradient of step 1 per aggregation mode,
-    then STEPS optimizer steps' metrics and the parameters after them. `dtype`: the compute dtype
-    (the parameters stay float32 masters)."""
+    then STEPS optimizer steps' metrics and the parameters after them. `precision`: the compute
+    dtype and AdamW's eps (None: the backend's, `precision_of`)."""
+    precision = precision or precision_of(backend)
     # clipped at 0.1: the steps' norms are above it, so the global norm must be right
-    cfg = learner_cfg(backend, stage, world, grad_clip=0.1, micro_batch_tokens=micro_batch_tokens)
-    learner = LearnerRank(model, cfg, STEP_ALGO, dtype=dtype, rank=rank, world_size=world,
+    cfg = learner_cfg(backend, stage, world, precision, grad_clip=0.1, micro_batch_tokens=micro_batch_tokens)
+    learner = LearnerRank(model, cfg, STEP_ALGO, dtype=precision.dtype, rank=rank, world_size=world,
                           group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     grads = {}
@@ -130,11 +183,13 @@ def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ck
 MOE_ALGO = AlgoConfig(aggregation="token_mean", moe_aux_loss_coef=0.5, moe_z_loss_coef=0.05)
 
 
-def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24):
+def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, precision=None):
     """A MoE model's gradient of step 1 (load-balance and z-losses large enough to show), and
     one optimizer step's metrics."""
-    cfg = learner_cfg(backend, stage, world, micro_batch_tokens=micro_batch_tokens)
-    learner = LearnerRank(model, cfg, MOE_ALGO, rank=rank, world_size=world, group_address=group_address(port))
+    precision = precision or precision_of(backend)
+    cfg = learner_cfg(backend, stage, world, precision, micro_batch_tokens=micro_batch_tokens)
+    learner = LearnerRank(model, cfg, MOE_ALGO, dtype=precision.dtype, rank=rank, world_size=world,
+                          group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     feed(learner, sender, 1, rank, world)
     grads = learner.gradients(1)
@@ -152,8 +207,9 @@ ENTROPY_ALGO = AlgoConfig(aggregation="token_mean", entropy_control={"enabled": 
 def run_entropy_rank(rank, world, port, model, backend, stage):
     """Rank 0 gets one short response, rank 1 the other six: very unequal token counts. Two
     optimizer steps of adaptive entropy control (exact e_k)."""
-    cfg = learner_cfg(backend, stage, world, micro_batch_tokens=4096)
-    learner = LearnerRank(model, cfg, ENTROPY_ALGO, rank=rank, world_size=world, group_address=group_address(port))
+    cfg = learner_cfg(backend, stage, world, F64, micro_batch_tokens=4096)
+    learner = LearnerRank(model, cfg, ENTROPY_ALGO, dtype=F64.dtype, rank=rank, world_size=world,
+                          group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     rows = []
     for step in (1, 2):
@@ -169,13 +225,16 @@ def run_entropy_rank(rank, world, port, model, backend, stage):
 
 
 DECOUPLED_ALGO = AlgoConfig(decoupled=True, is_weight_cap=3.0, aggregation="token_mean")
+DECOUPLED_LR = 2e-2  # ratios that reach the clip
 
 
-def run_decoupled_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24):
+def run_decoupled_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, precision=None):
     """Decoupled PPO over one rollout batch of 3 steps (N_SGD = 3, data reused): the whole batch,
     then its responses again in two halves; pi_prox is the batch's start policy throughout."""
-    cfg = learner_cfg(backend, stage, world, lr=2e-2, micro_batch_tokens=micro_batch_tokens)
-    learner = LearnerRank(model, cfg, DECOUPLED_ALGO, rank=rank, world_size=world, group_address=group_address(port))
+    precision = precision or precision_of(backend)
+    cfg = learner_cfg(backend, stage, world, precision, lr=DECOUPLED_LR, micro_batch_tokens=micro_batch_tokens)
+    learner = LearnerRank(model, cfg, DECOUPLED_ALGO, dtype=precision.dtype, rank=rank, world_size=world,
+                          group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     batch = step_chunks(1)
     rows = []
@@ -231,26 +290,45 @@ def tied_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single(tied_model):
-    """The reference: one plain torch rank, in-process, one micro-batch for the whole step."""
-    return run_rank(0, 1, None, tied_model, "torch", 2, micro_batch_tokens=4096)
+    """The reference of a backend: one plain torch rank in its precision, in-process, one
+    micro-batch for the whole step."""
+    runs = {}
+
+    def reference(backend):
+        precision = precision_of(backend)
+        if precision not in runs:
+            runs[precision] = run_rank(0, 1, None, tied_model, "torch", 2, 4096, precision=precision)
+        return runs[precision]
+    return reference
 
 
-def assert_close(got, want, what, tol=1e-6):
+def assert_close(got, want, what, tol):
     assert set(got) == set(want), what
     for name in want:
         diff = float((got[name].detach().double() - want[name].double()).abs().max())
         assert diff <= tol, f"{what}: {name} differs by {diff:.3g}"
 
 
+def assert_matches_single(two, single, precision, what):
+    for mode in MODES:
+        assert_close(two["grads"][mode], single["grads"][mode], f"{what} gradient, {mode}", precision.grad_tol)
+    assert_close(two["params"], single["params"], f"{what} parameters after {STEPS} steps",
+                 precision.param_tol(STEPS, LR))
+
+
+def assert_moved(run, tol):
+    """The updates compared are real: most coordinates moved past the tolerance (float32's
+    median 2.3 times it, float64's 2e3), so a wrong update to any of them shows."""
+    moved = torch.cat([(run["params"][n] - run["start"][n]).abs().flatten().double() for n in run["start"]])
+    assert float(moved.median()) > tol, (float(moved.median()), tol)
+
+
 @pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 2), ("deepspeed", 3)],
                          ids=["fsdp2", "zero2", "zero3"])
 def test_two_ranks_give_the_single_rank_gradient_and_update(tmp_path, tied_model, single, backend, stage):
-    two = run_ranks(tmp_path, 2, tied_model, backend, stage)
-    for mode in MODES:
-        assert_close(two["grads"][mode], single["grads"][mode], f"{backend}-{stage} gradient, {mode}")
-    assert_close(two["params"], single["params"], f"{backend}-{stage} parameters after {STEPS} steps")
-    moved = max(float((single["params"][n] - single["start"][n]).abs().max()) for n in single["start"])
-    assert moved > 1e-3  # the updates compared are real (lr 1e-3, 3 steps)
+    two, single, precision = run_ranks(tmp_path, 2, tied_model, backend, stage), single(backend), precision_of(backend)
+    assert_matches_single(two, single, precision, f"{backend}-{stage}")
+    assert_moved(single, precision.param_tol(STEPS, LR))
     assert max(m["learner/grad_norm"] for m in single["metrics"]) > 0.1  # clipping was active
     assert single["metrics"][-1]["entropy/coef"] > 0 and single["metrics"][-1]["kl/resets_total"] >= 1
     for m2, m1 in zip(two["metrics"], single["metrics"], strict=True):
@@ -272,16 +350,15 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, tied_model, backend,
     ckpt = tmp_path / "ckpt"
     run_ranks(tmp_path, 2, tied_model, backend, stage, 24, None, str(ckpt))
     assert (ckpt / "policy" / "model.safetensors").is_file()
-    resumed = run_rank(0, 1, None, str(ckpt / "policy"), "torch", 2, 4096, ckpt_in=str(ckpt))
-    whole = run_rank(0, 1, None, tied_model, "torch", 2, 4096, steps=2 * STEPS)
+    precision = precision_of(backend)
+    resumed = run_rank(0, 1, None, str(ckpt / "policy"), "torch", 2, 4096, ckpt_in=str(ckpt), precision=precision)
+    whole = run_rank(0, 1, None, tied_model, "torch", 2, 4096, steps=2 * STEPS, precision=precision)
     # step 4's update uses the restored moments (its reference reset comes after the update)
     assert [m["learner/optimizer_steps"] for m in resumed["metrics"]] == [
         m["learner/optimizer_steps"] for m in whole["metrics"][STEPS:]]
-    # 1e-5, not 1e-6: six Adam steps, two of them first steps after a reference reset, where
-    # lr * g / (|g| + eps) turns float32 rounding of near-zero gradients (summed in another
-    # order on 2 ranks) into updates of a few 1e-6; a lost moment or step count changes whole
-    # updates (of order lr = 1e-3)
-    assert_close(resumed["params"], whole["params"], f"{backend} checkpoint resumed on 1 rank", tol=1e-5)
+    # a lost moment or step count changes whole updates (of order lr = 1e-3)
+    assert_close(resumed["params"], whole["params"], f"{backend} checkpoint resumed on 1 rank",
+                 precision.param_tol(2 * STEPS, LR))
 
 
 @pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
@@ -290,9 +367,10 @@ def test_moe_aux_losses_on_two_ranks_equal_the_single_rank_ones(tmp_path_factory
     losses divide by the step's routed tokens, so 2 ranks with micro-batches give the single
     rank's gradient and loss values (per-micro-batch losses do not: e.g. 1.108 vs 1.059)."""
     model = build_moe_model(tmp_path_factory.mktemp("moe"))
-    one = run_moe_rank(0, 1, None, model, "torch", 2, micro_batch_tokens=4096)
+    precision = precision_of(backend)
+    one = run_moe_rank(0, 1, None, model, "torch", 2, 4096, precision)
     two = run_ranks(tmp_path, 2, "moe", model, backend, stage)
-    assert_close(two["grads"], one["grads"], f"MoE {backend}-{stage} gradient")
+    assert_close(two["grads"], one["grads"], f"MoE {backend}-{stage} gradient", precision.grad_tol)
     for key in ("loss/moe_load_balance", "loss/moe_z", "loss/total"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-6), key
     assert one["metrics"]["loss/moe_load_balance"] > 1.0  # k = 2 is perfect balance; a real value
@@ -329,7 +407,14 @@ def test_entropy_control_uses_the_global_entropy_of_unequal_ranks(tmp_path, tied
 
 @pytest.fixture(scope="module")
 def decoupled_single(tied_model):
-    return run_decoupled_rank(0, 1, None, tied_model, "torch", 2, micro_batch_tokens=4096)
+    runs = {}
+
+    def reference(backend):
+        precision = precision_of(backend)
+        if precision not in runs:
+            runs[precision] = run_decoupled_rank(0, 1, None, tied_model, "torch", 2, 4096, precision)
+        return runs[precision]
+    return reference
 
 
 @pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 2), ("deepspeed", 3)],
@@ -338,12 +423,11 @@ def test_decoupled_reuse_on_two_ranks_equals_one_rank(tmp_path, tied_model, deco
     """Each rank computes pi_prox for its share of the opened batch and the ranks sum them, so a
     token trained on either rank in any later step of the batch has the single rank's pi_prox:
     the same ratios, clip fractions and parameters."""
-    one = decoupled_single
+    one, precision = decoupled_single(backend), precision_of(backend)
     two = run_ranks(tmp_path, 2, "decoupled", tied_model, backend, stage)
-    # 5e-5: lr 2e-2 (for ratios that reach the clip) lets Adam turn float32 rounding of near-zero
-    # gradients, summed in another order on 2 ranks, into differences of ~1e-5; a wrong pi_prox
-    # changes the ratios by tenths and the updates by ~lr
-    assert_close(two["params"], one["params"], f"decoupled {backend}-{stage} parameters after 3 steps", tol=5e-5)
+    # a wrong pi_prox changes the ratios by tenths and the updates by ~lr
+    assert_close(two["params"], one["params"], f"decoupled {backend}-{stage} parameters after 3 steps",
+                 precision.param_tol(3, DECOUPLED_LR))
     assert one["metrics"][0]["ratio/mean"] == pytest.approx(1.0, abs=1e-6)
     assert one["metrics"][2]["clip/high_frac"] + one["metrics"][2]["clip/low_frac"] > 0  # the clip engaged
     for m2, m1 in zip(two["metrics"], one["metrics"], strict=True):
@@ -362,8 +446,8 @@ def relative_error(got, want):
 def test_fsdp2_bf16_compute_over_fp32_masters_matches_one_rank(tmp_path, tied_model):
     """FSDP2 with MixedPrecisionPolicy (bf16 gathers, fp32 gradient reduction) against one rank
     under bf16 autocast: the same bf16 compute, so nearly the same gradient; masters stay fp32."""
-    one = run_rank(0, 1, None, tied_model, "torch", 2, 4096, dtype="bfloat16")
-    two = run_ranks(tmp_path, 2, tied_model, "torch", 2, 24, None, None, STEPS, "bfloat16")
+    one = run_rank(0, 1, None, tied_model, "torch", 2, 4096, precision=BF16)
+    two = run_ranks(tmp_path, 2, tied_model, "torch", 2, 24, None, None, STEPS, BF16)
     errors = {mode: relative_error(two["grads"][mode], one["grads"][mode]) for mode in MODES}
     assert all(e < 2e-2 for e in errors.values()), errors  # measured 5e-3
     assert {t.dtype for t in two["params"].values()} == {torch.float32}
@@ -404,6 +488,4 @@ def test_ranks_with_unequal_micro_batch_counts_neither_hang_nor_change_the_gradi
                for p in split_for_ranks(step_chunks(step), 2)] for step in range(1, STEPS + 2)]
     assert all(a != b for a, b in counts), counts
     two = run_ranks(tmp_path, 2, tied_model, backend, stage, 32)
-    for mode in MODES:
-        assert_close(two["grads"][mode], single["grads"][mode], f"{backend}-{stage} gradient, {mode}")
-    assert_close(two["params"], single["params"], f"{backend}-{stage} parameters after {STEPS} steps")
+    assert_matches_single(two, single(backend), precision_of(backend), f"{backend}-{stage}")
