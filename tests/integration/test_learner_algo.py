@@ -1,5 +1,10 @@
 """The learner's algorithm machinery on real Hugging Face models, in-process (no Ray): the
-hidden-state forward, MoE auxiliary losses, adaptive entropy control and reference resets."""
+hidden-state forward, MoE auxiliary losses, adaptive entropy control and reference resets.
+
+Comparisons of two computations that sum in different orders (a fused path against a direct
+one, one micro-batch against several) run in float64: in float32 their difference is set by the
+processor's summation order (AVX-512 reduces in another order than AVX2), in float64 it is
+~1e-16 relative, so tolerances of 1e-12 hold on any processor and still catch a real error."""
 
 import math
 import random
@@ -9,7 +14,6 @@ import torch
 
 from asyncrl.algo.aggregation import StepCounts
 from asyncrl.algo.moe import load_balance_loss, router_z_loss
-from asyncrl.algo.token_stats import token_logprobs_and_entropy
 from asyncrl.buffer.packing import rank_batches
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.collate import collate
@@ -24,21 +28,26 @@ VOCAB = 40
 
 
 def qwen2(tie=True):
+    """In float64 (see the module's docstring)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     return Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tie))
+                                        num_attention_heads=2, num_key_value_heads=1,
+                                        tie_word_embeddings=tie)).double()
 
 
 def qwen2_moe():
+    """In float64; the experts' default kernel (grouped_mm) has no float64, the eager one does."""
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2MoeForCausalLM(Qwen2MoeConfig(
+    model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
         shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1))
+    model.set_experts_implementation("eager")
+    return model.double()
 
 
 def make_chunks(seed=0, n=6, vocab=VOCAB):
@@ -61,16 +70,24 @@ def test_hidden_state_forward_equals_full_logits(tie):
         c.temperature = 0.7 if i % 2 else 1.3
     mb = collate(chunks)
     out = policy_forward(model, mb, chunk=5, device=torch.device("cpu"))
+    assert out.logprobs.dtype == out.entropy.dtype == torch.float64  # float64 in, float64 out
     (out.logprobs.sum() + out.entropy.sum()).backward()
     got = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
+    # the direct path, written out in float64: the whole [T, V] logits, divided by each token's
+    # temperature (the float32 temperatures, widened, as the fused path widens them)
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[mb.rows, mb.cols]
-    logp, ent = token_logprobs_and_entropy(logits * (1.0 / mb.temperatures[:, None]), mb.targets)
+    logp_all = torch.log_softmax(logits / mb.temperatures[:, None].double(), dim=-1)
+    logp = logp_all.gather(-1, mb.targets[:, None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
     (logp.sum() + ent.sum()).backward()
-    torch.testing.assert_close(out.logprobs, logp, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(out.entropy, ent, atol=1e-6, rtol=1e-6)
+    # measured in float64: logprobs and entropies <= 9e-16 apart (|logp|, H < 5), gradients
+    # <= 1.8e-15 (|grad| < 8): 1e-12 leaves a margin of 500 (in float32 they were 4.8e-7 and
+    # 1.4e-6 apart, against the old 1e-6 and 1e-5)
+    torch.testing.assert_close(out.logprobs, logp, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(out.entropy, ent, atol=1e-12, rtol=1e-12)
     for a, p in zip(got, model.parameters()):
-        torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a, p.grad, atol=1e-12, rtol=1e-12)
 
 
 def test_moe_aux_losses_are_added_with_their_coefficients():
@@ -85,9 +102,10 @@ def test_moe_aux_losses_are_added_with_their_coefficients():
         out = policy_forward(model, mb, 8, dev)
         lb = float(load_balance_loss(out.router_logits, 2, mb.attention_mask))
         z = float(router_z_loss(out.router_logits, mb.attention_mask))
-    assert m["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-6)
-    assert m["loss/moe_z"] == pytest.approx(z, rel=1e-6)
-    assert m["loss/total"] == pytest.approx(m["loss/policy"] + 0.01 * lb + 0.001 * z, rel=1e-6)
+    # float64 (the step's sums and the direct means sum in different orders): measured 0 apart
+    assert m["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-12)
+    assert m["loss/moe_z"] == pytest.approx(z, rel=1e-12)
+    assert m["loss/total"] == pytest.approx(m["loss/policy"] + 0.01 * lb + 0.001 * z, rel=1e-12)
     assert 1.0 < lb < 4.0  # between perfectly balanced (k = 2) and everything on k experts (E = 4)
 
 
@@ -114,15 +132,19 @@ def test_moe_aux_losses_do_not_depend_on_micro_batching():
         out = policy_forward(model, mb, 8, dev)
         lb = float(load_balance_loss(out.router_logits, 2, mb.attention_mask))
         z = float(router_z_loss(out.router_logits, mb.attention_mask))
-    assert whole["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-6)
-    assert whole["loss/moe_z"] == pytest.approx(z, rel=1e-6)
+    # float64: a split sums the same terms in another order. Measured: values <= 2.3e-16 apart
+    # (relative), gradients <= 1.4e-17 (|grad| < 0.04); a split computed with its own f, or
+    # dividing by its own count, is off by percents (in float32 the splits differed by 5e-8
+    # relative and 6.5e-9 in the gradients, against the old 1e-6 and atol 1e-6 / rtol 1e-5)
+    assert whole["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-12)
+    assert whole["loss/moe_z"] == pytest.approx(z, rel=1e-12)
     for parts in ([chunks[:4], chunks[4:]], [chunks[:1], chunks[1:5], chunks[5:]]):
         split, g_split = run(parts)
-        assert split["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-6), len(parts)
-        assert split["loss/moe_z"] == pytest.approx(z, rel=1e-6), len(parts)
-        assert split["loss/total"] == pytest.approx(whole["loss/total"], rel=1e-6)
+        assert split["loss/moe_load_balance"] == pytest.approx(lb, rel=1e-12), len(parts)
+        assert split["loss/moe_z"] == pytest.approx(z, rel=1e-12), len(parts)
+        assert split["loss/total"] == pytest.approx(whole["loss/total"], rel=1e-12)
         for a, b in zip(g_split, g_whole):
-            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(a, b, atol=1e-14, rtol=1e-12)
 
 
 @pytest.fixture
@@ -265,22 +287,32 @@ DECOUPLED = AlgoConfig(decoupled=True, is_weight_cap=3.0, aggregation="token_mea
 def test_decoupled_steps_of_a_rollout_batch_take_the_ratio_against_its_start_policy(model_dir):
     """pi_prox is the policy the batch opened with, fixed over its 3 steps: the first step's
     ratio is 1, the later steps' is pi_theta / pi_start (checked against logprobs recomputed
-    independently before step 1 and before step 2) and the clip engages."""
+    independently before step 1 and before step 2) and the clip engages.
+
+    In float64: the learner's logprobs (its micro-batches) and the ones recomputed here (one batch
+    of other rows and padding) sum in different orders. What is left is the learner keeping
+    pi_prox in float32 (one rounding of each logprob, |error| <= u |log pi| with u = 2^-24): that
+    moves each token's log ratio, so each ratio relatively, and so their mean, by at most
+    u max |log pi|, whatever the processor. Measured: 6e-9 off 1 on the first step, 4.5e-9
+    relative on the second, against that bound's 3e-7 (in float32: 7e-9 against rel=1e-5)."""
     path, vocab = model_dir
-    learner = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
+    learner = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED, dtype="float64")
     batch, plan = batch_plan(vocab)
     try:
         start = batch_logprobs(learner, plan[1][1])
+        bound = 2.0**-24 * float(batch_logprobs(learner, batch).abs().max()) + 1e-12  # + float64's own error
         rows = train_plan(learner, batch, plan[:1])
         after_one = batch_logprobs(learner, plan[1][1])
         rows += train_plan(learner, batch, plan[1:], first_step=2)
     finally:
         learner.shutdown()
-    assert rows[0]["ratio/mean"] == pytest.approx(1.0, abs=1e-6) and rows[0]["clip/high_frac"] == 0
+    assert rows[0]["ratio/mean"] == pytest.approx(1.0, rel=0, abs=bound) and rows[0]["clip/high_frac"] == 0
     ratio = torch.exp(after_one - start)
     adv = collate(plan[1][1]).advantages.double()
-    assert rows[1]["ratio/mean"] == pytest.approx(float(ratio.mean()), rel=1e-5)
+    assert rows[1]["ratio/mean"] == pytest.approx(float(ratio.mean()), rel=bound)
     assert abs(rows[1]["ratio/mean"] - 1.0) > 0.05
+    # the clip fractions below are counted exactly: no ratio is within the bound of a clip edge
+    assert float(torch.minimum((ratio - 1.28).abs(), (ratio - 0.8).abs()).min()) > 100 * bound
     assert rows[1]["clip/high_frac"] == pytest.approx(float(((ratio > 1.28) & (adv > 0)).double().mean()), abs=1e-9)
     assert rows[1]["clip/low_frac"] == pytest.approx(float(((ratio < 0.8) & (adv < 0)).double().mean()), abs=1e-9)
     assert rows[1]["clip/high_frac"] + rows[1]["clip/low_frac"] > 0 and rows[2]["ratio/mean"] != 1.0
