@@ -25,23 +25,6 @@ def split_for_ranks(chunks: list[SequenceChunk], num_ranks: int) -> list[list[Se
     return ranks
 
 
-def micro_batches(chunks: list[SequenceChunk], max_tokens: int) -> list[list[SequenceChunk]]:
-    """Consecutive groups of chunks whose total length stays within max_tokens (one chunk at
-    least, even if it alone is longer)."""
-    out: list[list[SequenceChunk]] = []
-    current: list[SequenceChunk] = []
-    size = 0
-    for c in chunks:
-        if current and size + c.num_tokens > max_tokens:
-            out.append(current)
-            current, size = [], 0
-        current.append(c)
-        size += c.num_tokens
-    if current:
-        out.append(current)
-    return out
-
-
 def rank_batches(step: int, chunks: list[SequenceChunk], num_ranks: int, token_budget: int, role: str = "own",
                  opened: list[SequenceChunk] | None = None) -> list[Batch]:
     """One `Batch` per rank: its part of the step's chunks with the step's global counts, and

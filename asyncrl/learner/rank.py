@@ -41,7 +41,7 @@ import torch
 from asyncrl.algo.aggregation import StepCounts
 from asyncrl.algo.corrections import m2po_threshold
 from asyncrl.algo.kl import should_reset_reference
-from asyncrl.buffer.packing import micro_batches
+from asyncrl.learner.micro_batches import micro_batches
 from asyncrl.compat import check_gpu_visibility, hide_broken_torch_extras
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import collectives

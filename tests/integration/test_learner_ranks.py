@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from asyncrl.buffer.packing import micro_batches, rank_batches, split_for_ranks
+from asyncrl.buffer.packing import rank_batches, split_for_ranks
+from asyncrl.learner.micro_batches import micro_batches
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.sync.wire import free_port

@@ -1,4 +1,5 @@
-from asyncrl.buffer.packing import micro_batches, split_for_ranks
+from asyncrl.buffer.packing import split_for_ranks
+from asyncrl.learner.micro_batches import micro_batches
 from asyncrl.buffer.admission import admission_capacity, rollout_batch_capacity
 from asyncrl.orchestrator.admission import assign_prompts, prompts_per_step
 from asyncrl.types import SequenceChunk

@@ -5,7 +5,7 @@ import torch
 
 from asyncrl.algo.aggregation import StepCounts
 from asyncrl.algo.token_stats import token_logprobs_and_entropy
-from asyncrl.buffer.packing import micro_batches
+from asyncrl.learner.micro_batches import micro_batches
 from asyncrl.config import AlgoConfig
 from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import TokenForward
