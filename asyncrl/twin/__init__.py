@@ -1,7 +1,7 @@
 """A digital twin of a GPU cluster for asyncrl's loop: engines, learner and network as cost
 models on a virtual clock, the real driver deciding (cluster.py). It measures what the one CPU
 machine cannot: the asynchronous advantage, the split of GPUs, the staleness and the driver's
-own load at a cluster's scale (tools/bench_twin.py, tools/plan_cluster.py, docs/design/twin.md).
+own load at a cluster's scale (`asyncrl twin`, `asyncrl plan-cluster`, docs/design/twin.md).
 
     scenario.py  the YAML a scenario is (configs/twin/)
     costs.py     engine step, learner step, push: pure cost models

@@ -1,6 +1,6 @@
 """A scenario's modes side by side: the synchronous baseline, drain and in-flight asynchronous
 runs of the real driver in the twin, a table, the summary JSON and a utilisation figure
-(`asyncrl twin`, tools/bench_twin.py)."""
+(`asyncrl twin`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""tools/study.py as a user runs it, on a 2-arm x 1-seed study with the fake engine: stopped by a
+"""`asyncrl study` as a user runs it, on a 2-arm x 1-seed study with the fake engine: stopped by a
 signal in its first run and invoked again, it resumes that run from its checkpoint and starts the
 other; a third invocation reruns nothing; the report has the verdict and both arms, and every
 figure holds both arms with the seed means of their metrics files. The same study with
---parallel 2 runs both arms at once on one Ray cluster. tools/plot_runs.py draws the same runs."""
+--parallel 2 runs both arms at once on one Ray cluster. `asyncrl plot` draws the same runs."""
 
 import json
 import os
@@ -15,6 +15,7 @@ from pathlib import Path
 from figure_checks import check_metric_figure
 
 ROOT = Path(__file__).resolve().parents[2]
+ASYNCRL = str(Path(sys.executable).with_name("asyncrl"))  # the command the install put beside this Python
 STEPS = 16
 STUDY = f"""
 name: e2e
@@ -51,7 +52,7 @@ METRICS = ["entropy/learner", "entropy/behaviour_sampled", "reward/mean", "clip/
 def study(tmp_path, model, *extra):
     path = tmp_path / "e2e.yaml"
     path.write_text(STUDY)
-    cmd = [sys.executable, "tools/study.py", str(path), f"model.path={model}", f"observe.output_dir={tmp_path}", *extra]
+    cmd = [ASYNCRL, "study", str(path), f"model.path={model}", f"observe.output_dir={tmp_path}", *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -109,7 +110,7 @@ def test_study_resumes_skips_and_reports(tmp_path, tiny_model_path):
     assert [r["arm"] for r in manifest["runs"]] == ["tight", "loose"]
     assert " -m asyncrl run --config " in manifest["runs"][0]["command"]
 
-    plots = subprocess.run([sys.executable, "tools/plot_runs.py", str(tight), str(loose), "--out", str(tmp_path / "p")],
+    plots = subprocess.run([ASYNCRL, "plot", str(tight), str(loose), "--out", str(tmp_path / "p")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert plots.returncode == 0, plots.stdout + plots.stderr
     check_metric_figure(tmp_path / "p" / "figures", "entropy/learner", {"tight-s0": [tight], "loose-s0": [loose]})

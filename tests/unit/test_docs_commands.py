@@ -5,10 +5,9 @@ must be covered in one of three ways, or this test fails naming it:
 
 - run here, because it is cheap: `--help`, `tools/gen_config_reference.py --check`,
   `launch/scale.py` (it only writes a request file);
-- run here as a dry run: `asyncrl run ...` (or its shim `asyncrl run ...`) with
+- run here as a dry run: `asyncrl run ...` (or its shim `python launch/run.py ...`) with
   `--print-config` (the recipe, every override and the model's lengths are resolved; nothing
-  starts), `asyncrl study ...` (or `asyncrl study ...`) with `--plan` (every run of the
-  study is planned; none starts);
+  starts), `asyncrl study ...` with `--plan` (every run of the study is planned; none starts);
 - listed in RUN_BY with the tests or CI script that run it (expensive: installs, training runs,
   clusters, tools that start vLLM). This test checks that each named test exists, and that each
   `--flag` of a listed tool command is one its script defines.
@@ -98,10 +97,9 @@ def _module(path: Path):
     return module
 
 
-# the scripts in launch/ and tools/ that are shims over an `asyncrl` command (asyncrl/cli/)
-SHIMS = {"launch/run.py": "run", "launch/scale.py": "scale", "tools/study.py": "study",
-         "tools/evaluate.py": "evaluate", "tools/sample_policy.py": "sample", "tools/plot_runs.py": "plot",
-         "tools/filter_difficulty.py": "filter-difficulty", "tools/choose_checkpoint.py": "choose-checkpoint"}
+# the scripts in launch/ that are shims over an `asyncrl` command (asyncrl/cli/): run.py for
+# `ray job submit -- python launch/run.py`, scale.py for the cluster guide
+SHIMS = {"launch/run.py": "run", "launch/scale.py": "scale"}
 
 
 def _argv(cmd: Command, script: str) -> list[str] | None:
