@@ -28,10 +28,10 @@ from asyncrl.buffer.token_buffer import TokenBuffer
 from asyncrl.config import BufferConfig, Config
 from asyncrl.data.stages import ResolvedStage
 from asyncrl.observe.metrics import EventLog, Say
-from asyncrl.orchestrator.admission import assign_prompts, group_by_settings
+from asyncrl.orchestrator.admission import assign_prompts
 from asyncrl.orchestrator.evaluation import Evaluator
 from asyncrl.orchestrator.intake import SampleIntake
-from asyncrl.orchestrator.ledger import GroupLedger, Shaping
+from asyncrl.orchestrator.ledger import GroupLedger, Shaping, group_by_settings
 from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.orchestrator.stage_runner import StageChange, StageRunner
 from asyncrl.orchestrator.stale_gate import StaleGate
@@ -50,6 +50,22 @@ BOOKKEEPING_S = 0.002
 # With no sample arriving, a loop turn waits this long for one before it looks at the learner
 # again: a step that ends then is noticed up to this late (the twin charges it too).
 RECV_WAIT_S = 0.01
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the pipeline has done so far: the facts a stalled run is diagnosed from (requests.py)."""
+
+    groups_complete: int
+    groups_zero_variance: int  # complete groups dropped with equal rewards: no advantage signal
+    buffered_tokens: int
+    token_budget: int
+    groups_in_flight: int
+    rewards_pending: int
+    rewards_completed: int
+    reward_timeouts: int
+    reward_outcomes: list[tuple[str, int]]  # the most common, with their counts
+    answers_missing: tuple[int, int]  # (records without an answer, records)
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,17 @@ class Driver:
     def probe_ids(self) -> list[int] | None:
         """The first sample seen (prompt and response): real text for this model's parity probe."""
         return self.intake.probe_ids
+
+    def progress(self) -> Progress:
+        groups, pool = self.ledger.assembler.stats, self.rewards
+        return Progress(groups.groups_complete, groups.groups_zero_variance, self.ledger.token_accounting()["buffered"],
+                        self.stages.current.token_budget, len(self.ledger.records), pool.num_pending,
+                        pool.stats.completed, pool.stats.timeouts, pool.stats.outcomes.most_common(6),
+                        self.stages.source.answers_missing())
+
+    def requeue_actor(self, actor: int) -> int:
+        """A lost or removed actor's groups go back to be generated elsewhere; how many."""
+        return self.ledger.requeue_actor(actor)
 
     # -- admission ----------------------------------------------------------------------------
 

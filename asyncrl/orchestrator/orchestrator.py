@@ -60,7 +60,7 @@ from asyncrl.orchestrator.collector import ScheduledCollector
 from asyncrl.orchestrator.driver import BOOKKEEPING_S, RECV_WAIT_S, Driver, build_driver
 from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
 from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
-from asyncrl.orchestrator.requests import RunRequests
+from asyncrl.orchestrator.requests import RunRequests, StallFacts
 from asyncrl.orchestrator.run_lock import RunLock, claim_run_dir
 from asyncrl.orchestrator.warm import Warm, process_key
 from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
@@ -392,7 +392,7 @@ class Orchestrator:
         if change is not None:
             self.metrics.event(self.step, "stage", **change.describe())
             self.say(f"step {self.step}: {change}")
-        self.requests.apply_scale(self.pool, self.driver.ledger, self.step)
+        self.requests.apply_scale(self.pool, self.driver.requeue_actor, self.step)
         if self.cfg.checkpoint.every_steps and self.step % self.cfg.checkpoint.every_steps == 0:
             self.checkpoints.save(self.step, self.state_dict(), self.learner)
         self._loop_s = time.monotonic() - pushed  # the next row's, with the next step's start
@@ -425,11 +425,16 @@ class Orchestrator:
             self._last_health_t = time.monotonic()
             for actor, why in self.pool.find_dead().items():
                 self._actors_lost([actor], why)
-            self.requests.check_stall(self, self._last_health_t)
+            self.requests.check_stall(self._last_health_t, self._last_step_t, self.cfg.observe.stall_timeout_s,
+                                      self._stall_facts)
+
+    def _stall_facts(self) -> StallFacts:
+        return StallFacts(self.driver.progress(), self.samples.num_received, len(self.pool.ids),
+                          self.cfg.data.answer_field)
 
     def _actors_lost(self, dead: list[int], why: str) -> None:
         for actor in dead:  # its groups are regenerated elsewhere; a fresh actor starts meanwhile
-            requeued = self.driver.ledger.requeue_actor(actor)
+            requeued = self.driver.requeue_actor(actor)
             self.pool.replace(actor)
             self.metrics.event(self.step, "actor_lost", actor=actor, groups_requeued=requeued, reason=why)
             self.actors_lost.append({"step": self.step, "actor": actor, "reason": why})

@@ -1,7 +1,10 @@
 """Requests made by creating files in the run directory: applied once, at a step boundary, and
 never from a file that is still being written."""
 
-from asyncrl.orchestrator.requests import SCALE_FILE, RunRequests
+import pytest
+
+from asyncrl.orchestrator.driver import Progress
+from asyncrl.orchestrator.requests import SCALE_FILE, RunRequests, RunStalled, StallFacts
 
 
 class Pool:
@@ -13,9 +16,8 @@ class Pool:
         return [1], []
 
 
-class Ledger:
-    def requeue_actor(self, actor):
-        return 0
+def requeue_actor(actor):
+    return 0
 
 
 class Metrics:
@@ -37,10 +39,10 @@ def test_an_empty_scale_file_is_left_for_the_next_step(tmp_path):
     req, said, metrics = make(tmp_path)
     pool = Pool()
     (tmp_path / SCALE_FILE).write_text("")
-    req.apply_scale(pool, Ledger(), step=3)
+    req.apply_scale(pool, requeue_actor, step=3)
     assert (tmp_path / SCALE_FILE).exists() and pool.calls == [] and said == []
     (tmp_path / SCALE_FILE).write_text("2\n")
-    req.apply_scale(pool, Ledger(), step=4)
+    req.apply_scale(pool, requeue_actor, step=4)
     assert not (tmp_path / SCALE_FILE).exists() and pool.calls == [2]
     assert metrics.events == [(4, "scale", {"actors": 2, "started": [1], "stopped": [], "groups_requeued": 0})]
 
@@ -49,7 +51,7 @@ def test_a_bad_scale_request_is_warned_and_removed(tmp_path):
     req, said, metrics = make(tmp_path)
     pool = Pool()
     (tmp_path / SCALE_FILE).write_text("zero")
-    req.apply_scale(pool, Ledger(), step=1)
+    req.apply_scale(pool, requeue_actor, step=1)
     assert not (tmp_path / SCALE_FILE).exists() and pool.calls == [] and metrics.events == []
     assert len(said) == 1 and "'zero'" in said[0]
 
@@ -58,8 +60,6 @@ def test_a_stall_with_labels_missing_names_them_before_the_task(tmp_path):
     """Every group dropped with equal rewards while the records carry no answer: the diagnosis
     names the misnamed label first (a reward comparing with None scores everything alike)."""
     import json
-    from types import SimpleNamespace
-
     from asyncrl.config import load_config
     from asyncrl.observe.metrics import MetricsWriter
     from asyncrl.orchestrator.driver import build_driver
@@ -77,13 +77,32 @@ def test_a_stall_with_labels_missing_names_them_before_the_task(tmp_path):
     try:
         stats = driver.ledger.assembler.stats
         stats.groups_complete = stats.groups_zero_variance = 5
-        orch = SimpleNamespace(driver=driver, cfg=cfg, samples=SimpleNamespace(num_received=40),
-                               pool=SimpleNamespace(ids=[0]))
-        said = stall_diagnosis(orch)
+        said = stall_diagnosis(StallFacts(driver.progress(), 40, 1, cfg.data.answer_field))
         assert said.startswith("answer is None on 3 of 4 records (data.answer_field='target'), so a reward that "
                                "compares with it scores every response alike; else every complete group had equal "
                                "rewards"), said
         stats.groups_zero_variance = 4  # some group had a signal: the labels are not the stall's cause
-        assert "answer is None" not in stall_diagnosis(orch)
+        assert "answer is None" not in stall_diagnosis(StallFacts(driver.progress(), 40, 1, cfg.data.answer_field))
     finally:
         driver.rewards.close()
+
+
+def test_a_stall_is_warned_every_minute_and_ends_the_run_at_its_timeout(tmp_path):
+    """The facts are gathered only when something is said (they read every record)."""
+    req, said, _ = make(tmp_path)
+    asked = []
+
+    def facts():
+        asked.append(1)
+        return StallFacts(Progress(0, 0, 0, 64, 2, 0, 0, 0, [], (0, 0)), 0, 1, "answer")
+
+    start = req._last_warn_t
+    req.check_stall(start + 30, start, 300, facts)
+    assert said == [] and asked == []
+    req.check_stall(start + 61, start, 300, facts)
+    req.check_stall(start + 90, start, 300, facts)  # within a minute of the last warning
+    assert len(said) == 1 and asked == [1]
+    assert said[0].startswith("warning: no optimizer step for 61s (the run stops after 300s): no sample has arrived")
+    assert "0/64 loss tokens buffered, 2 groups in flight on 1 actor(s)" in said[0]
+    with pytest.raises(RunStalled, match=r"no optimizer step for 300s \(observe.stall_timeout_s=300\)"):
+        req.check_stall(start + 300, start, 300, facts)
