@@ -1,17 +1,10 @@
 """Dispatch decisions of the rollout loop, as pure functions: how many prompts one step
-consumes (the B of the admission bound, buffer/admission.py) and which actor gets them."""
+consumes (the B of the admission bound, buffer/admission.py) and which actor gets them (the
+ledger groups an actor's records into submits: `group_by_settings`)."""
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.types import PromptItem
-
-if TYPE_CHECKING:  # the ledger imports this module's prompts_per_step
-    from asyncrl.orchestrator.ledger import GroupRecord
 
 
 def prompts_per_step(token_budget: int, tokens_per_kept_group: float | None, group_size: int,
@@ -39,12 +32,3 @@ def assign_prompts(num_prompts: int, in_flight: dict[int, int], max_per_actor: i
         else:
             heapq.heappop(heap)
     return share
-
-
-def group_by_settings(records: Iterable[GroupRecord]) -> list[tuple[SamplingSpec, int, list[PromptItem]]]:
-    """Ledger records -> [(SamplingSpec, group size, prompts)]: one submit per setting, since
-    requeued groups keep the settings they were admitted with (an earlier stage's, maybe)."""
-    out: dict[tuple, list[PromptItem]] = {}
-    for r in records:
-        out.setdefault((r.spec.temperature, r.spec.top_p, r.spec.max_tokens, r.group_size), []).append(r.prompt)
-    return [(SamplingSpec(t, p, m), n, prompts) for (t, p, m, n), prompts in out.items()]

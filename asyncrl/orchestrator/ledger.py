@@ -30,6 +30,7 @@ the ledger no longer tracks; live: arrived for groups still generating or scorin
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -98,6 +99,15 @@ def _next_attempt(r: GroupRecord) -> None:
     base = r.prompt.prompt_id.split(".r")[0]
     r.attempt += 1
     r.prompt = PromptItem(f"{base}.r{r.attempt}", r.prompt.prompt_ids, r.prompt.metadata)
+
+
+def group_by_settings(records: Iterable[GroupRecord]) -> list[tuple[SamplingSpec, int, list[PromptItem]]]:
+    """Ledger records -> [(SamplingSpec, group size, prompts)]: one submit per setting, since
+    requeued groups keep the settings they were admitted with (an earlier stage's, maybe)."""
+    out: dict[tuple, list[PromptItem]] = {}
+    for r in records:
+        out.setdefault((r.spec.temperature, r.spec.top_p, r.spec.max_tokens, r.group_size), []).append(r.prompt)
+    return [(SamplingSpec(t, p, m), n, prompts) for (t, p, m, n), prompts in out.items()]
 
 
 def _record_state(r: GroupRecord) -> dict[str, Any]:

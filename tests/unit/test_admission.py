@@ -86,7 +86,7 @@ def test_groups_held_by_verifiers_do_not_count_against_the_bound():
 def test_requeued_groups_keep_their_own_sampling_settings():
     from types import SimpleNamespace
 
-    from asyncrl.orchestrator.admission import group_by_settings
+    from asyncrl.orchestrator.ledger import group_by_settings
     from asyncrl.rollout.engine import SamplingSpec
 
     def rec(pid, max_tokens, n):
