@@ -31,7 +31,8 @@ def resolve_model_path(cfg: Config, log: Callable[[str], None] = print) -> str:
         name = cfg.model.path.split(":", 1)[1]
         if name != "tiny":
             raise ValueError(f"model.path {cfg.model.path!r}: the only built-in model is 'builtin:tiny'")
-        from asyncrl.tiny.build import ensure_tiny_model, spec_for
+        from asyncrl.tiny.build import ensure_tiny_model
+        from asyncrl.tiny.spec import spec_for
 
         return str(ensure_tiny_model(spec_for(cfg.model.tiny), log=log))
     return cfg.model.path
@@ -58,7 +59,7 @@ def tiny_spec(cfg: Config) -> Any:
     tiny/build.py local_model_path), else None."""
     if not cfg.model.path.startswith("builtin:"):
         return None
-    from asyncrl.tiny.build import spec_for
+    from asyncrl.tiny.spec import spec_for
 
     return spec_for(cfg.model.tiny)
 

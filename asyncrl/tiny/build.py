@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -42,7 +41,6 @@ from pathlib import Path
 from typing import Callable
 
 from asyncrl.compat import hide_broken_torch_extras
-from asyncrl.config import TinyModelConfig
 
 hide_broken_torch_extras()  # before transformers caches what is installed: see asyncrl/compat.py
 
@@ -51,74 +49,12 @@ import torch  # noqa: E402
 from asyncrl.tiny import task as tiny_task  # noqa: E402
 from asyncrl.tiny import tool_measure, tool_task  # noqa: E402
 from asyncrl.tiny.measure import answer_probability, encode_examples, evaluate, measure_accuracy, soften  # noqa: E402
+from asyncrl.tiny.spec import FORMAT_VERSION, TinyModelSpec  # noqa: E402
 from asyncrl.tiny.tokenizer import build_tokenizer, save_tokenizer  # noqa: E402
 
 TOOL_CHECK_LOSS = 0.35
 TOOL_CHECK_PROBLEMS = 400
 """Train problems sampled once each at every check of the tool task's warm start."""
-FORMAT_VERSION = 2
-"""Bump when the directory layout, tokenizer or training recipe changes: it is part of the key."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TinyModelSpec:
-    """Everything that determines the built model; its hash is the cache key."""
-
-    seed: int = 0
-    """Seeds the init, the warm-start batches and the accuracy measurements."""
-    num_layers: int = 2
-    hidden_size: int = 128
-    num_heads: int = 4
-    """hidden_size / num_heads must be a head size vLLM's CPU attention supports (32, 64, ...)."""
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    max_positions: int = 64
-    """Context length; the tiny task needs under 20 tokens per sample."""
-    warm_start_steps: int = 800
-    """Length of the learning-rate schedule and the most steps trained (to convergence, greedy
-    accuracy ~1, in about 60 s on 2 cores); target_sampled_accuracy usually stops far earlier."""
-    batch_size: int = 64
-    lr: float = 3e-3
-    """AdamW peak learning rate (linear warmup over 5% of warm_start_steps, then linear decay to 10%)."""
-    target_sampled_accuracy: float | None = 0.25
-    """Stop training at the first check whose sampled accuracy on the train problems reaches this
-    (None: train all warm_start_steps)."""
-    check_every: int = 20
-    """Steps between accuracy checks (a check costs about 0.3 s, a tenth of the steps between)."""
-    check_samples_per_problem: int = 16
-    """Samples of every train problem per check: 16 x 79 problems gives a standard error of 0.012
-    at 0.25, well below the check-to-check rise of the accuracy itself (0.06 -> 0.15 -> 0.30)."""
-    soften_to_probability: float | None = None
-    """Optional softening after training (None: none): bake into the weights the temperature at
-    which the exact probability of sampling the canonical right response, averaged over train
-    problems, is this. Meant for target_sampled_accuracy=None (a converged model)."""
-    task: tiny_task.TinyTaskSpec = dataclasses.field(default_factory=tiny_task.TinyTaskSpec)
-    num_eval_prompts: int = 1000
-    """Prompts drawn per split for the accuracies recorded in warm_start.json (SE about 0.015)."""
-    tool: bool = False
-    """Warm-start on the calculator task (tool_task.py: two-digit multiplication, answered by
-    copying the operands into a calculator call and its result into the box) instead of `task`."""
-
-    def key(self) -> str:
-        """Stable short hash of the spec and the format version."""
-        fields = dataclasses.asdict(self)
-        if not self.tool:
-            del fields["tool"]  # the arithmetic models keep the keys they were cached under
-        else:
-            fields["tool_task"] = tool_task.VERSION
-        blob = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def spec_for(cfg: TinyModelConfig) -> TinyModelSpec:
-    """The spec a run's `model.tiny` section asks for (its defaults give TinyModelSpec())."""
-    return dataclasses.replace(
-        TinyModelSpec(), seed=cfg.seed, warm_start_steps=cfg.warm_start_steps, lr=cfg.lr,
-        target_sampled_accuracy=cfg.target_sampled_accuracy, soften_to_probability=cfg.soften_to_probability,
-        # the tool task's sampled accuracy leaps (0.005 to 0.415 in 20 steps measured): checked
-        # every 5 steps, on 400 problems (a standard error of 0.02 at 0.25), it stops near the target
-        **({"tool": True, "check_every": 5, "check_samples_per_problem": 1} if cfg.task == "calc_tool" else {}),
-    )
 
 
 def local_model_path(path: str, spec: TinyModelSpec | None) -> str:

@@ -18,7 +18,7 @@ import torch
 from asyncrl.tiny import task as tiny_task
 
 if TYPE_CHECKING:
-    from asyncrl.tiny.build import TinyModelSpec
+    from asyncrl.tiny.spec import TinyModelSpec
 
 
 def encode_examples(pairs: list[tuple[str, str]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from asyncrl.config import TinyModelConfig, load_config
 from asyncrl.orchestrator.components import resolve_model_path
 from asyncrl.tiny import build, task
-from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model, new_model, sampled_accuracy, spec_for, train_records, warm_start
+from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model, new_model, sampled_accuracy, train_records, warm_start
+from asyncrl.tiny.spec import spec_for
 from asyncrl.tiny.measure import answer_probability, soften
 from asyncrl.tiny.tokenizer import build_tokenizer
 
@@ -171,7 +172,9 @@ def test_every_model_tiny_setting_changes_the_cache_key(override):
 
 def test_the_format_version_is_part_of_the_key(monkeypatch):
     before = TinyModelSpec().key()
-    monkeypatch.setattr(build, "FORMAT_VERSION", build.FORMAT_VERSION + 1)
+    from asyncrl.tiny import spec
+
+    monkeypatch.setattr(spec, "FORMAT_VERSION", spec.FORMAT_VERSION + 1)
     assert TinyModelSpec().key() != before
 
 
