@@ -3,7 +3,7 @@ buffers, fed by 64 simulated rollout actors, against the raw zmq+msgpack rate of
 
     python tools/bench_orchestrator.py [--actors 64] [--seconds 4] [--rounds 3]
 
-The simulated actors (asyncrl/rollout/simulated_actors.py) spend no CPU generating; a group is
+The simulated actors (tools/simulated_actors.py) spend no CPU generating; a group is
 granted again as soon as the driver is done with it, so the offered load only depends on the
 driver's speed.
 
@@ -34,10 +34,10 @@ from pathlib import Path
 import msgpack
 import zmq
 
-from asyncrl.rollout.simulated_actors import VERIFIER, SimulatedActors, Workload, group_samples, metadata
 from asyncrl.transport.codec import decode_samples, encode_batch, encode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import PromptItem, Sample
+from simulated_actors import VERIFIER, SimulatedActors, Workload, group_samples, metadata  # beside this file
 
 
 def producer(endpoint: str, frames: list[bytes]) -> None:
@@ -196,7 +196,7 @@ def measure(stage: Ingest, actors: SimulatedActors, collector, args) -> tuple[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for f in fields(Workload):  # the simulated actors' workload (rollout/simulated_actors.py)
+    for f in fields(Workload):  # the simulated actors' workload (tools/simulated_actors.py)
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     parser.add_argument("--token-budget", type=int, default=8192, help="Phi: loss tokens per batch")
     parser.add_argument("--reward-workers", type=int, default=2)

@@ -73,15 +73,12 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from asyncrl.rollout.agent_endpoint import MODEL_NAME, AgentEndpoint, Call, CallRefused, Reply
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.rollout.episode import TRACEBACK_CHARS
+from asyncrl.rollout.episode import TRACEBACK_CHARS, Completer
 from asyncrl.types import PromptItem, Sample
-
-if TYPE_CHECKING:
-    from asyncrl.rollout.actor import RolloutActor
 
 AGENT_THREADS = 256  # a thread-run agent holds one for its whole episode
 
@@ -115,7 +112,7 @@ class CallStitcher:
     """One episode's calls: serves each through `actor.complete` and stitches those that extend
     the episode into its token columns (see the module docstring)."""
 
-    def __init__(self, actor: RolloutActor, tokenizer: ChatTokenizer, base: SamplingSpec, name: str,
+    def __init__(self, actor: Completer, tokenizer: ChatTokenizer, base: SamplingSpec, name: str,
                  abortable: bool, max_call_tokens: int | None = None, max_model_len: int | None = None):
         self.actor, self.tokenizer, self.base, self.name, self.abortable = actor, tokenizer, base, name, abortable
         self.max_call_tokens, self.max_model_len = max_call_tokens, max_model_len
@@ -265,7 +262,7 @@ class AgentRunner:
             if self.endpoint.port is None:
                 await self.endpoint.start()
 
-    async def run(self, actor: RolloutActor, p: PromptItem, index: int, base: SamplingSpec, name: str,
+    async def run(self, actor: Completer, p: PromptItem, index: int, base: SamplingSpec, name: str,
                   abortable: bool = True) -> Sample:
         await self.start()
         calls = CallStitcher(actor, self.tokenizer, base, name, abortable, self.max_call_tokens, self.max_model_len)

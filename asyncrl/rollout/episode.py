@@ -31,16 +31,13 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from asyncrl.config.env_section import EnvConfig
 from asyncrl.env.base import EnvFactory, Step, Turn
 from asyncrl.env.registry import stop_strings
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.types import PromptItem, Sample
-
-if TYPE_CHECKING:
-    from asyncrl.rollout.actor import RolloutActor
 
 STEP_THREADS = 64  # hung steps each hold one until they return; the rest keep going
 TRACEBACK_CHARS = 4000
@@ -54,11 +51,24 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
+class Completer(Protocol):
+    """What an episode needs of its rollout actor (`RolloutActor` is one): one completion at a
+    time, abortable and resumed across in-flight updates, and whose samples they are."""
+
+    actor_id: int
+    version: int  # the weights' version now: an observation before any model token takes it
+
+    async def complete(self, prompt_ids: list[int], base: SamplingSpec, name: str,
+                       abortable: bool = True) -> tuple[list[int], list[float], list[int], str]:
+        """Tokens, logprobs, versions and finish reason of one completion of prompt_ids."""
+        ...
+
+
 class Episodes(Protocol):
     """What a rollout actor runs one episode per sample with: `EpisodeRunner` (an environment) or
     `AgentRunner` (rollout/agent_episode.py: the user's agent through an OpenAI-compatible endpoint)."""
 
-    async def run(self, actor: RolloutActor, p: PromptItem, index: int, base: SamplingSpec, name: str,
+    async def run(self, actor: Completer, p: PromptItem, index: int, base: SamplingSpec, name: str,
                   abortable: bool = True) -> Sample: ...
 
     def close(self) -> None: ...
@@ -73,7 +83,7 @@ class EpisodeRunner:
         self.cfg, self.factory, self.tokenizer = cfg, factory, tokenizer
         self._threads = ThreadPoolExecutor(STEP_THREADS, thread_name_prefix="env-step")
 
-    async def run(self, actor: RolloutActor, p: PromptItem, index: int, base: SamplingSpec, name: str,
+    async def run(self, actor: Completer, p: PromptItem, index: int, base: SamplingSpec, name: str,
                   abortable: bool = True) -> Sample:
         cfg = self.cfg
         tokens: list[int] = []
