@@ -197,7 +197,7 @@ def test_adaptive_entropy_alpha_follows_the_equation_on_measured_entropy(model_d
         c = min(c + 0.05, 0.12) if e < 10.0 else max(c - 0.05, 0.0) if e > 10.0 else c
         assert r["entropy_control/c"] == pytest.approx(c, abs=1e-12)
     assert [r["entropy/coef"] for r in rows] == pytest.approx([0.0, 0.05, 0.1, 0.12, 0.12])
-    state = learner.algo_state()["entropy_control"]
+    state = learner.step.state_dict()["entropy_control"]
     assert state["coef"] == pytest.approx(0.12) and state["num_updates"] == 5
 
 
@@ -251,9 +251,9 @@ def test_algo_state_is_saved_with_the_policy_and_restored(model_dir, tmp_path):
     assert state["entropy_control"]["coef"] == pytest.approx(0.15) and state["num_reference_resets"] == 1
     fresh = LearnerRank(saved, LearnerConfig(lr=1e-3), algo)
     try:
-        fresh.load_algo_state(state)
-        assert fresh.entropy_ctl.coef == pytest.approx(0.15) and fresh.entropy_ctl.num_updates == 3
-        assert fresh.algo_state() == state
+        fresh.step.load_state_dict(state)
+        assert fresh.step.entropy_ctl.coef == pytest.approx(0.15) and fresh.step.entropy_ctl.num_updates == 3
+        assert fresh.step.state_dict() == state
     finally:
         fresh.shutdown()
 
@@ -364,4 +364,4 @@ def test_adaptive_entropy_coefficient_moves_once_per_rollout_batch(model_dir):
     assert [r["entropy_control/c"] for r in rows] == pytest.approx([0.05] * 3 + [0.1] * 3, abs=1e-12)
     assert all(r["entropy_control/measured"] == pytest.approx(e_start, rel=1e-6) for r in rows[:3])
     assert rows[3]["entropy_control/measured"] != rows[0]["entropy_control/measured"]  # the second batch's
-    assert learner.entropy_ctl.num_updates == 2
+    assert learner.step.entropy_ctl.num_updates == 2

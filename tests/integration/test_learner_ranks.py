@@ -163,10 +163,10 @@ def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ck
     sender = FrameSender(learner.batch_endpoint())
     grads = {}
     for mode in MODES:
-        learner.algo = AlgoConfig(aggregation=mode)
+        learner.step.algo = AlgoConfig(aggregation=mode)
         feed(learner, sender, 1, rank, world)
         grads[mode] = learner.gradients(1)
-    learner.algo = STEP_ALGO
+    learner.step.algo = STEP_ALGO
     if ckpt_in:
         learner.load_checkpoint(ckpt_in)
     start = {n: t.cpu().clone() for n, t in learner.backend.named_full_params()}

@@ -87,3 +87,24 @@ def test_the_factories_live_in_the_package_faces():
     assert not graph["asyncrl.learner.backend"] & {"asyncrl.learner.torch_backend", "asyncrl.learner.deepspeed_backend"}
     receivers = ("asyncrl.sync.gloo_receiver", "asyncrl.sync.vllm_receiver", "asyncrl.sync.vllm_gloo_engine")
     assert not any(graph[r] & {"asyncrl.sync.gloo_sender", "asyncrl.sync.nccl_sender"} for r in receivers)
+
+
+def instance_attributes(path: Path, cls: str) -> set[str]:
+    """The names a class's methods assign on `self` (`self.x = ...`, `self.x, self.y = ...`)."""
+    node = next(n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) and n.name == cls)
+    names = set()
+    for n in ast.walk(node):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        for t in targets:
+            for e in t.elts if isinstance(t, ast.Tuple) else [t]:
+                if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+                    names.add(e.attr)
+    return names
+
+
+def test_the_learner_rank_is_a_process_shell():
+    """The step's work and the algorithm's state are PolicyStep's (learner/step.py): the rank keeps
+    what a process holds (sockets, the backend, the version, the sender) and stays small."""
+    attrs = instance_attributes(PACKAGE / "learner" / "rank.py", "LearnerRank")
+    assert len(attrs) <= 15, sorted(attrs)
+    assert "step" in attrs and not attrs & {"algo", "reference", "proximal", "entropy"}
