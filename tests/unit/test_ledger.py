@@ -257,3 +257,25 @@ def test_a_learner_restart_renews_the_checkpoints_requeued_ids_so_the_kept_actor
         assert led.on_generated(sample("p0.r1", i)) is not None
         led.on_scored(sample("p0.r1", i), float(i), {})
     assert led.counts.groups_kept == 1 and balanced(led)
+
+
+def test_a_group_moves_only_along_its_lifecycle():
+    """`_move` is the one place a state changes: a move the lifecycle has no arrow for is refused
+    (here: requeueing a group already in the buffer, admitting one twice), and nothing changes."""
+    import pytest
+
+    from asyncrl.orchestrator.ledger import GroupState
+
+    led = make_ledger()
+    rec = led.admit(prompt(0), 0, SPEC, 2, actor=0, version=0)
+    for i in range(2):
+        led.on_generated(sample("p0", i))
+        led.on_scored(sample("p0", i), float(i), {})
+    assert rec.state is GroupState.KEPT
+    before = (dict(led.counts.__dict__), len(led.requeued), led.generating_by_actor([0]))
+    with pytest.raises(ValueError, match="no move from kept to requeued"):
+        led._move(rec, GroupState.REQUEUED)
+    with pytest.raises(ValueError, match="no move from kept to generating"):
+        led.readmit(rec, 1, version=1)
+    assert (dict(led.counts.__dict__), len(led.requeued), led.generating_by_actor([0])) == before
+    assert rec.state is GroupState.KEPT and rec.actor == 0 and balanced(led)
