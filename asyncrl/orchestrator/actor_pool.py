@@ -100,6 +100,21 @@ class ActorPool:
         """Generate n samples of each held-out prompt on one actor (`RolloutActor.evaluate`)."""
         return PendingCall(self.actors[actor_id].evaluate.remote(prompts, spec, n))
 
+    # -- weights (the calls weight_sync.py waits on together: object refs, one per actor) ----------
+
+    def init_weight_sync(self, ids: list[int], host: str, port: int, tensor_parallel_size: int, world_size: int,
+                         timeout_s: float) -> list[Any]:
+        """Actors `ids` join the weight-sync group; actor ids[r]'s engine workers take ranks
+        1 + tp * r onwards (rank 0 is the learner's)."""
+        return [self.actors[a].init_weight_sync.remote(host, port, 1 + tensor_parallel_size * r, world_size, timeout_s)
+                for r, a in enumerate(ids)]
+
+    def update_weights(self, ids: list[int], weight_meta: dict[str, Any], version: int, rewind: bool) -> list[Any]:
+        return [self.actors[a].update_weights.remote(weight_meta, version, rewind) for a in ids]
+
+    def prompt_logprobs(self, ids: list[int], token_ids: list[int]) -> list[Any]:
+        return [self.actors[a].prompt_logprobs.remote(token_ids) for a in ids]
+
     def find_dead(self) -> dict[int, str]:
         """Live actors that are gone, with why; they are removed (cheap: no waiting)."""
         dead = {}

@@ -71,8 +71,7 @@ class WeightSync:
         tp = self.tensor_parallel_size  # every TP worker of an engine is a member: rank offset + its TP rank
         world = 1 + tp * len(ids)
         refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, timeout_s, self.cfg.bucket_mb << 20)]
-        refs += [self.pool.actors[a].init_weight_sync.remote(host, port, 1 + tp * r, world, timeout_s)
-                 for r, a in enumerate(ids)]
+        refs += self.pool.init_weight_sync(ids, host, port, tp, world, timeout_s)
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s + 30)
         lost = self._remove_lost(ids, refs[1:], waiting)
         if lost or refs[0] in waiting:
@@ -125,7 +124,7 @@ class WeightSync:
             return {"sync/push_s": 0.0, "sync/version": version}
         if ids != self.members:
             self.rebuild_group()
-        refs = [self.pool.actors[a].update_weights.remote(self._weight_meta, version, rewind) for a in ids]
+        refs = self.pool.update_weights(ids, self._weight_meta, version, rewind)
         learner = self.learner.push_weights(version) if self._weight_meta else None
         all_refs = refs + (learner.refs if learner is not None else [])
         timeout_s = self.cfg.timeout_s
@@ -186,7 +185,7 @@ class WeightSync:
         want = self.learner.prompt_logprobs(probe_ids).result()
         ids = self.pool.ids
         gaps = [max(abs(a - b) for a, b in zip(got, want))
-                for got in ray.get([self.pool.actors[a].prompt_logprobs.remote(probe_ids) for a in ids])]
+                for got in ray.get(self.pool.prompt_logprobs(ids, probe_ids))]
         for actor, gap in zip(ids, gaps):
             if gap > tolerance:
                 raise RuntimeError(

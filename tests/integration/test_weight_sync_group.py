@@ -6,6 +6,7 @@ import pytest
 import ray
 
 from asyncrl.config import SyncConfig
+from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
 
 
@@ -46,6 +47,11 @@ class Learner:
 
 
 class Pool:
+    """The pool's membership over recording actors; its weight calls are ActorPool's own."""
+
+    init_weight_sync = ActorPool.init_weight_sync
+    update_weights = ActorPool.update_weights
+
     def __init__(self, actors):
         self.actors, self.removed = dict(enumerate(actors)), []
 
