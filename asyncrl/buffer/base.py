@@ -206,7 +206,7 @@ class Buffer(Protocol):
     """A token buffer as the group ledger and the train loop see it."""
 
     token_budget: int
-    """Phi of the current stage (the orchestrator sets it at a stage boundary)."""
+    """Phi of the current stage (`set_token_budget` at a stage boundary)."""
     stats: BufferStats
     ess_estimate: float | None
     """The estimated ESS of the last step cut (algo/batch_ess.py); None: not estimated."""
@@ -219,6 +219,9 @@ class Buffer(Protocol):
     def batch_start_version(self) -> int | None:
         """The learner version the last `next_batch`'s rollout batch was first trained at (its
         lag since then is reuse, not asynchrony); None: every batch is trained once."""
+
+    def set_token_budget(self, token_budget: int) -> None:
+        """Phi from the next batch on (a new training stage's)."""
 
     def add_group(self, group: Group, seq: int | None = None) -> None:
         """A kept group; `seq` is its admission sequence number (the ledger's)."""

@@ -116,6 +116,9 @@ class RolloutBatchBuffer:
     def num_collecting_groups(self) -> int:
         return len(self._collecting)
 
+    def set_token_budget(self, token_budget: int) -> None:
+        self.token_budget = token_budget
+
     def add_group(self, group: Group, seq: int | None = None) -> None:
         """`seq`: the group's admission sequence number (the sealing order); None: after every
         group added so far."""

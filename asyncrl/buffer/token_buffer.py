@@ -95,6 +95,9 @@ class TokenBuffer:
     def num_responses(self) -> int:
         return len(self._queue)
 
+    def set_token_budget(self, token_budget: int) -> None:
+        self.token_budget = token_budget
+
     def add_group(self, group: Group, seq: int | None = None) -> None:
         """`seq` (admission order) is not used: the queue keeps version, then arrival, order."""
         for scored, adv in zip(group.samples, group.advantages):

@@ -36,3 +36,7 @@ class ReferencePolicy:
         for name, tensor in named_params:
             own[name].copy_(tensor)
         self.num_resets += 1
+
+    def restore_resets(self, num_resets: int) -> None:
+        """A checkpoint's count of resets (its weights are loaded into `model` apart)."""
+        self.num_resets = num_resets

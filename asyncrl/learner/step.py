@@ -234,4 +234,4 @@ class PolicyStep:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.entropy.load_state_dict(state)
         if self.reference is not None:
-            self.reference.num_resets = int(state.get("num_reference_resets", 0))
+            self.reference.restore_resets(int(state.get("num_reference_resets", 0)))

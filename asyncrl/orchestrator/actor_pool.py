@@ -57,12 +57,13 @@ class ActorPool:
             raise RunFailed(f"a rollout actor could not start: {components.start_failure(e)}") from None
         self.admit_started(block=True)
 
-    def reset(self, cfg: Config, sample_endpoint: str) -> None:
+    def reset(self, cfg: Config, sample_endpoint: str, model_path: str) -> None:
         """The next run of a study on these actors (orchestrator/warm.py): each cancels the last
         run's requests, streams to `sample_endpoint` and takes `cfg`'s seed; the run's first push
-        gives them its weights. An actor still starting is waited for first."""
+        gives them its weights (`model_path`: the run's base model, what replacements load). An
+        actor still starting is waited for first."""
         self.admit_started(block=True)
-        self.cfg, self.endpoint = cfg, sample_endpoint
+        self.cfg, self.endpoint, self.model_path = cfg, sample_endpoint, model_path
         ray.get([handle.reset.remote(sample_endpoint, cfg.seed, log_env(
             cfg.run_dir, f"actor-{i}", cfg.observe.worker_logs).get(LOG_ENV)) for i, handle in self.actors.items()])
         self._calls = {i: [] for i in self.actors}

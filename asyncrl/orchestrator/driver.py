@@ -196,7 +196,7 @@ class Driver:
                 "stages": self.stages.state_dict(), "stats": self.stats.state_dict(), "gate": self.gate.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.intake.probe_ids = state["probe_ids"]
+        self.intake.restore_probe(state["probe_ids"])
         self.ledger.load_state_dict(state["ledger"])
         self.stages.load_state_dict(state["stages"])
         self.ledger.set_token_budget(self.stages.current.token_budget)

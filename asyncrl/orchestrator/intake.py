@@ -87,6 +87,10 @@ class SampleIntake:
     def _submit(self, samples: list[Sample], texts: list[str]) -> None:
         self.rewards.submit_many([(s, text, s.metadata) for s, text in zip(samples, texts)])
 
+    def restore_probe(self, probe_ids: list[int] | None) -> None:
+        """A checkpoint's probe (the first sample of the run it continues)."""
+        self.probe_ids = probe_ids
+
     def close(self) -> None:
         if self._decoder is not None:
             self._decoder.shutdown(wait=False, cancel_futures=True)

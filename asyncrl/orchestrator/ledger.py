@@ -304,7 +304,7 @@ class GroupLedger:
 
     def set_token_budget(self, token_budget: int) -> None:
         """Phi of a new stage, from the next batch on."""
-        self.buffer.token_budget = token_budget
+        self.buffer.set_token_budget(token_budget)
 
     def token_accounting(self) -> dict[str, int]:
         """The buffer's loss tokens, exact at any moment: in == out + dropped_stale + buffered."""

@@ -192,10 +192,9 @@ class Orchestrator:
                  "rollout actor(s) from the run before")
         self.learner, self.pool, self.weight_sync = warm.learner, warm.pool, warm.weight_sync
         reset = self.learner.reset(self.cfg, self.model_path, tiny=tiny)
-        self.pool.model_path = base_model
-        self.pool.reset(self.cfg, self.samples.endpoint)
+        self.pool.reset(self.cfg, self.samples.endpoint, base_model)
         reset.result()
-        self.weight_sync.pushes = 0
+        self.weight_sync.load_state_dict({"pushes": 0})
 
     def _check_parity(self, probe_ids: list[int] | None) -> float | None:
         """The engines compute with the learner's weights after a push that replaced newer ones
@@ -311,8 +310,9 @@ class Orchestrator:
                  f"{path or 'the base model'}")
         learner_dir = path / checkpoint.LEARNER_DIR if path else None
         self.model_path = str(learner_dir / "policy") if learner_dir else self.pool.model_path
-        self.learner = self.weight_sync.learner = LearnerGroup(
-            self.cfg, self.model_path, tiny=None if learner_dir else components.tiny_spec(self.cfg))
+        self.learner = LearnerGroup(self.cfg, self.model_path,
+                                    tiny=None if learner_dir else components.tiny_spec(self.cfg))
+        self.weight_sync.rebind(self.learner)
         checkpoint.check_shared(self.run_dir, self.learner.answer_storage_probe)
         self.version = self.learner.load_checkpoint(str(learner_dir)).result() if learner_dir else 0
         self._form_weight_sync_group()
@@ -452,7 +452,7 @@ class Orchestrator:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "version": self.version, "history": self.history,
-                "pushes": self.weight_sync.pushes, "actors_lost": self.actors_lost,
+                **self.weight_sync.state_dict(), "actors_lost": self.actors_lost,
                 "elapsed_s": self._elapsed_before + time.monotonic() - self._t_start, **self.driver.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -466,7 +466,7 @@ class Orchestrator:
         if state["version"] != self.version:
             raise RuntimeError(f"run state at version {state['version']}, learner at {self.version}")
         self.step, self.history = state["step"], list(state["history"])
-        self.weight_sync.pushes = state["pushes"]
+        self.weight_sync.load_state_dict(state)
         self.driver.load_state_dict(state)
 
     def shutdown(self) -> None:

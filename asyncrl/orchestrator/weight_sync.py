@@ -59,6 +59,17 @@ class WeightSync:
         self.members, self.pushes, self.before_push = [], 0, []
         self._weight_meta: dict[str, Any] = {}
 
+    def rebind(self, learner: LearnerGroup) -> None:
+        """Push from a new learner group (a restarted one): the next push forms a new group."""
+        self.learner, self.members = learner, []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pushes": self.pushes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The pushes made so far (sync.probe_every counts them)."""
+        self.pushes = state["pushes"]
+
     def rebuild_group(self, timeout_s: float | None = None) -> None:
         """Learner rank 0 and every live actor join a fresh weight-sync group (all at once), within
         timeout_s (default sync.timeout_s)."""

@@ -108,3 +108,28 @@ def test_the_learner_rank_is_a_process_shell():
     attrs = instance_attributes(PACKAGE / "learner" / "rank.py", "LearnerRank")
     assert len(attrs) <= 15, sorted(attrs)
     assert "step" in attrs and not attrs & {"algo", "reference", "proximal", "entropy"}
+
+
+# records a component keeps its own counts in: writing their fields is the owner's bookkeeping
+OWN_RECORDS = {"stats", "counts"}
+
+
+def test_no_component_writes_another_components_fields():
+    """`self.b.c = ...` (b another component) changes a collaborator behind its back: the ledger,
+    the weight sync, the actor pool and the intake each offer a method for what their owner needs."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                for e in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    inner = e.value if isinstance(e, ast.Attribute) else None
+                    if (isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
+                            and inner.value.id == "self" and inner.attr not in OWN_RECORDS):
+                        found.append(f"{path.relative_to(PACKAGE.parent)}:{e.lineno}: {ast.unparse(e)}")
+    assert not found, found
