@@ -88,9 +88,10 @@ def submit_launch_run(log: Path, *overrides):
                        "python", "launch/run.py", *overrides, env=env)
 
 
-def tool(name, *args):
-    """tools/<name> started (not waited for): its `communicate()` gives stdout and stderr."""
-    return subprocess.Popen([sys.executable, f"tools/{name}", *args], cwd=ROOT, stdout=subprocess.PIPE,
+def tool(command, *args):
+    """`asyncrl <command>` started (not waited for): its `communicate()` gives stdout and stderr."""
+    asyncrl = str(Path(sys.executable).with_name("asyncrl"))  # the command the install put beside this Python
+    return subprocess.Popen([asyncrl, command, *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -111,8 +112,8 @@ def test_launch_run_as_a_ray_job_trains_saves_and_the_policy_generates_in_vllm(t
 
     # The two tools start an engine each; they run side by side (starting an engine is mostly
     # single-threaded imports, and this machine has two cores).
-    gen = tool("sample_policy.py", "--model", str(final), "--num", "16", "--json")
-    ev = tool("evaluate.py", "--model", str(final), "--n", "2", "--json")
+    gen = tool("sample", "--model", str(final), "--num", "16", "--json")
+    ev = tool("evaluate", "--model", str(final), "--n", "2", "--json")
     gen_out, gen_err = gen.communicate(timeout=300)
     assert gen.returncode == 0, gen_out[-3000:] + gen_err[-3000:]
     result = json.loads(gen_out.strip().splitlines()[-1])
@@ -130,7 +131,7 @@ def test_launch_run_as_a_ray_job_trains_saves_and_the_policy_generates_in_vllm(t
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "3*4=", "answer": "12"}\n{"prompt": "3*5=", "solution": "15"}\n')
-    ev = tool("evaluate.py", "--model", str(final), "--data", str(bad), "--json")
+    ev = tool("evaluate", "--model", str(final), "--data", str(bad), "--json")
     _, ev_err = ev.communicate(timeout=120)
     assert ev.returncode == 2, ev_err[-2000:]
     assert f"{bad}:2: no 'answer' field" in ev_err
