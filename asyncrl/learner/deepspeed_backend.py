@@ -56,7 +56,8 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 def adamw_params(cfg) -> dict:
     """DeepSpeed's AdamW section: torch's AdamW, on CPU and GPU (see the module docstring)."""
-    return {"lr": cfg.lr, "betas": list(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay, "torch_adam": True}
+    return {"lr": cfg.lr, "betas": list(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay,
+            "torch_adam": True}
 
 
 class DeepSpeedBackend:

@@ -16,10 +16,11 @@ so every rank runs as many micro-batches as the busiest one (padding with zero-l
 A step's work, from the batch to the gradient, is `PolicyStep`'s (step.py), which also holds the
 algorithm's state across steps (entropy schedule, reference policy, pi_prox of the open rollout
 batch); the rank is the process around it: the batch socket, the optimizer step and the
-version, the weight-sync sender, checkpoints. `save_checkpoint` / `load_checkpoint` write and read the whole group's state independent of
-the number of ranks: policy (Hugging Face format), full optimizer state, reference policy,
-algorithm state (pi_prox included: every rank holds all of it), version and torch RNG, so a
-resumed run's next step is bit-identical on CPU and a checkpoint of N ranks resumes on M.
+version, the weight-sync sender, checkpoints. `save_checkpoint` / `load_checkpoint` write and
+read the whole group's state independent of the number of ranks: policy (Hugging Face format),
+full optimizer state, reference policy, algorithm state (pi_prox included: every rank holds all
+of it), version and torch RNG, so a resumed run's next step is bit-identical on CPU and a
+checkpoint of N ranks resumes on M.
 
 Three dtypes, each its own: the parameters (`learner.param_dtype`, float32 masters by default),
 the compute dtype of every forward (`dtype`, model.dtype: the backend autocasts to it), and the

@@ -36,7 +36,8 @@ def test_opening_a_rollout_batch_passes_over_it_once_when_pi_prox_or_its_entropy
 
 @pytest.mark.parametrize("measure,role,exact,sampled", [
     ("exact", "own", True, False), ("exact", "open", False, False), ("exact", "continue", False, False),
-    ("sampled_nll", "own", False, True), ("sampled_nll", "open", False, True), ("sampled_nll", "continue", False, False),
+    ("sampled_nll", "own", False, True), ("sampled_nll", "open", False, True),
+    ("sampled_nll", "continue", False, False),
     ("lagged", "own", False, False), ("lagged", "open", False, False),
 ])
 def test_entropy_control_measures_only_where_its_e_k_is_read(measure, role, exact, sampled):
