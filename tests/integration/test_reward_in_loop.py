@@ -18,7 +18,9 @@ from asyncrl.orchestrator.orchestrator import Orchestrator
 STEPS = 8
 
 
-def run(tmp_path, model, name, reward_type):
+def run(tmp_path, model, name, reward_type, warm=None, keep=False):
+    """One run; `warm`: the processes of the run before (a study's take-over, warm.py: one vLLM
+    start for both runs); `keep`: hand this run's processes back for the next."""
     cfg = load_config(None, [
         f"model.path={model}", "buffer.token_budget=1024", "buffer.max_staleness=2", f"total_steps={STEPS}",
         f"reward.type={reward_type}",
@@ -28,10 +30,14 @@ def run(tmp_path, model, name, reward_type):
     ])
     orch = Orchestrator(cfg)
     try:
-        orch.run()
-        return orch.history, orch.driver.rewards.stats
-    finally:
+        orch.run(warm)
+    except BaseException:
         orch.shutdown()
+        raise
+    if keep:
+        return (orch.history, orch.driver.rewards.stats), orch.release()
+    orch.shutdown()
+    return orch.history, orch.driver.rewards.stats
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +45,8 @@ def runs(tmp_path_factory, tiny_model_path):
     out = tmp_path_factory.mktemp("runs")
     ray.init(address="local", num_cpus=4, include_dashboard=False)
     try:
-        yield (run(out, tiny_model_path, "plain", "math_verify"),
-               run(out, tiny_model_path, "hang", "import:asyncrl.reward.fault_injection:hang_on_some"))
+        plain, warm = run(out, tiny_model_path, "plain", "math_verify", keep=True)
+        yield plain, run(out, tiny_model_path, "hang", "import:asyncrl.reward.fault_injection:hang_on_some", warm)
     finally:
         ray.shutdown()
 
