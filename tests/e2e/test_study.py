@@ -125,5 +125,8 @@ def test_parallel_study_runs_arms_at_once_on_one_cluster(tmp_path, tiny_model_pa
     for run in runs:
         assert [json.loads(r)["step"] for r in rows(run)] == [1, 2, 3, 4]
         evs = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
-        spans.append((evs[0]["time"], evs[-1]["time"]))
+        # a run's life from its config's writing (the first thing `start` does) to its last event:
+        # 4 fake-engine steps take ~0.5 s, less than two processes' start-ups differ by, so the
+        # steps alone may not overlap (CI saw 0.18 s apart) while the runs did
+        spans.append(((run / "config.yaml").stat().st_mtime, evs[-1]["time"]))
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], f"the runs did not overlap: {spans}"
