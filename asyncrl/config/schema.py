@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.config.algo_section import AlgoConfig
 from asyncrl.config.env_section import EnvConfig
+from asyncrl.config.learner_section import LearnerConfig
 from asyncrl.config.reward_section import RewardConfig
 from asyncrl.config.section import _Section
 
@@ -241,58 +242,6 @@ class BufferConfig(_Section):
             raise ValueError(f"buffer.ess_max_lag ({self.ess_max_lag}) must be >= buffer.max_staleness "
                              f"({self.max_staleness})")
         return self
-
-
-class DeepSpeedConfig(_Section):
-    stage: int = 2
-    """ZeRO stage: 2 (optimizer state and gradients sharded) or 3 (parameters too)."""
-
-    @field_validator("stage")
-    @classmethod
-    def _stage(cls, v: int) -> int:
-        if v not in (2, 3):
-            raise ValueError(f"ZeRO stage must be 2 or 3, got {v}")
-        return v
-
-
-class LearnerConfig(_Section):
-    backend: Literal["torch", "deepspeed"] = "torch"
-    """Training backend: `torch` (the plain module at one rank, FSDP2 at several) or
-    `deepspeed` (ZeRO stage `learner.deepspeed.stage`; `pip install deepspeed`)."""
-    num_ranks: int = Field(1, ge=1)
-    """Learner ranks, one process each, in one torch.distributed group (gloo on CPU, NCCL on GPU).
-    The step's Φ loss tokens are split between them; the gradient is the single-rank one."""
-    deepspeed: DeepSpeedConfig = DeepSpeedConfig()
-    """DeepSpeed settings (learner.backend=deepspeed)."""
-    lr: float = Field(3e-4, gt=0)
-    """AdamW learning rate."""
-    betas: tuple[float, float] = (0.9, 0.99)
-    """AdamW betas."""
-    eps: float = Field(1e-8, gt=0)
-    """AdamW epsilon, added to the root of the second moment: a coordinate whose gradient is
-    below it moves less than lr."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Global gradient-norm clip."""
-    micro_batch_tokens: int = Field(4096, gt=0)
-    """Tokens (context included) per forward/backward; the step's gradient does not depend on it."""
-    entropy_chunk_tokens: int = Field(1024, gt=0)
-    """Tokens per chunk when computing logprobs and entropy over the vocabulary."""
-    offpolicy_metrics: bool = True
-    """Decompose each step's tokens by staleness, entropy and response length (`offpolicy/`
-    metrics, algo/token_decomposition.py): no extra forward, a few ms a step."""
-    num_threads: int = Field(1, ge=1)
-    """torch intra-op threads of a learner rank on CPU."""
-    num_cpus: float = Field(1.0, gt=0)
-    """Logical Ray CPUs per learner rank."""
-    num_gpus: float = Field(0.0, ge=0)
-    """Ray GPUs per learner rank."""
-    resources: dict[str, float] = {}
-    """Custom Ray resources each learner rank asks for, e.g. {learner_node: 1} to put the ranks on
-    the node started with `ray start --resources '{"learner_node": 8}'`."""
-    param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Learner parameters, gradients and Adam moments (float32 masters keep updates below a bf16 ulp)."""
 
 
 class SyncConfig(_Section):
