@@ -11,9 +11,11 @@ Stages, measured in alternating rounds:
 - raw: one producer, frames of as many samples as the stages' carried; recv + msgpack.unpackb;
 - ingest: 64 actors -> FrameReceiver + decode_samples;
 - score: ingest + detokenize + the real reward pool (a verifier that costs ~1 us) and back;
-- driver: the product's driver (orchestrator/driver.py) turned as the orchestrator turns it:
-  ingest and rewards every turn; every BOOKKEEPING_S the admission bound and every batch it can
-  cut, split and encoded for a rank as the learner group does, with the step's row;
+- driver: the product's driver (orchestrator/driver.py), through the one loop turn the
+  orchestrator and the twin call (`Driver.turn`): ingest and rewards every turn; every
+  BOOKKEEPING_S its admission (prompts from the built-in task, up to groups_per_actor an actor)
+  and a batch for a learner that trains it at once, split and encoded for a rank as the learner
+  group does, with the step's row (`Driver.end_step`);
 - driver_actor_rewards: the same with `reward.placement: actor` (rewards arrive in the frames).
 The driver's rate counts samples of groups the buffer took or rejected; the ratio to raw and the
 driver's cores say where it saturates (`py-spy record -- python tools/bench_orchestrator.py`).
@@ -34,9 +36,11 @@ from pathlib import Path
 import msgpack
 import zmq
 
+from asyncrl.config import RewardConfig
+from asyncrl.reward.registry import build_reward_pool
 from asyncrl.transport.codec import decode_samples, encode_batch, encode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
-from asyncrl.types import PromptItem, Sample
+from asyncrl.types import Sample
 from simulated_actors import VERIFIER, SimulatedActors, Workload, group_samples, metadata  # beside this file
 
 
@@ -70,22 +74,39 @@ def raw_rate(args, seconds: float, per_frame: int) -> float:
 
 
 class Ingest:
-    """Stage "ingest": Samples decoded from the stream, nothing else."""
+    """Stage "ingest": Samples decoded from the stream, nothing else. Each actor is granted its
+    groups_per_actor groups at the start and each again as soon as the stage is done with it."""
 
     def __init__(self, receiver: FrameReceiver, args):
         self.receiver, self.n, self.arrived = receiver, args.group_size, Counter()
-        self.key = {f"a{a}g{g}": (a, g) for a in range(args.actors) for g in range(args.groups_per_actor)}
+        self.groups = [(a, g) for a in range(args.actors) for g in range(args.groups_per_actor)]
+        self.key = {f"a{a}g{g}": (a, g) for a, g in self.groups}
         self.completed = self.outstanding = 0  # samples through the stage; groups granted, not through
+        self.actors: SimulatedActors | None = None
+        self.stopping = False
+
+    def start(self, actors: SimulatedActors) -> None:
+        self.actors, self.stopping = actors, False
+        self.grant(self.groups)
+
+    def drain(self) -> None:
+        """Grant nothing more: `turn` until nothing is outstanding."""
+        self.stopping = True
 
     def grant(self, groups: list[tuple[int, int]]) -> None:
-        self.outstanding += len(groups)
+        if groups and not self.stopping:
+            self.outstanding += len(groups)
+            self.actors.grant(groups)
 
     def arrivals(self) -> list[Sample]:
-        got, sample = self.receiver.drain(), self.receiver.recv(timeout_s=0.01)
-        return got + [sample] if sample is not None else got
+        """What the stream holds; with nothing there, what arrives within 10 ms (as the orchestrator waits)."""
+        got = self.receiver.drain()
+        if not got and (sample := self.receiver.recv(timeout_s=0.01)) is not None:
+            got = [sample]
+        return got
 
-    def count(self, group_ids) -> list[tuple[int, int]]:
-        """Groups whose n samples have all completed the stage: to be granted again."""
+    def count(self, group_ids) -> None:
+        """Groups whose n samples have all completed the stage are granted again."""
         done = []
         for gid in group_ids:
             self.arrived[gid] += 1
@@ -94,10 +115,10 @@ class Ingest:
                 done.append(self.key[gid])
         self.completed += len(group_ids)
         self.outstanding -= len(done)
-        return done
+        self.grant(done)
 
-    def turn(self) -> list[tuple[int, int]]:
-        return self.count([s.group_id for s in self.arrivals()])
+    def turn(self) -> None:
+        self.count([s.group_id for s in self.arrivals()])
 
 
 class Score(Ingest):
@@ -109,83 +130,80 @@ class Score(Ingest):
         super().__init__(receiver, args)
         self.rewards, self.decode = rewards, batch_decoder(tokenizer)
 
-    def turn(self) -> list[tuple[int, int]]:
+    def turn(self) -> None:
         got = self.arrivals()
         self.rewards.submit_many([(s, t, s.metadata) for s, t in zip(got, self.decode([s.response_ids for s in got]))])
-        return self.count([r.key.group_id for r in self.rewards.poll()])
+        self.count([r.key.group_id for r in self.rewards.poll()])
 
 
 class DriverStage(Ingest):
-    """Stage "driver": the product's driver, turned as orchestrator.py turns it."""
+    """Stage "driver": the product's driver turned as orchestrator.py turns it (Driver.turn), its
+    admission granting the simulated actors their prompts (up to groups_per_actor each, as the
+    other stages grant them), and a learner that takes each batch at once."""
 
     def __init__(self, receiver, args, tmp: Path, run: str):
         from asyncrl.buffer.packing import rank_batches
         from asyncrl.config import load_config
         from asyncrl.observe.metrics import MetricsWriter
-        from asyncrl.orchestrator.driver import BOOKKEEPING_S, build_driver
-        from asyncrl.rollout.engine import SamplingSpec
+        from asyncrl.orchestrator.driver import StepState, build_driver
 
         super().__init__(receiver, args)
         cfg = load_config(None, [
             f"reward.type={VERIFIER}", f"reward.num_workers={args.reward_workers}", f"rollout.group_size={args.group_size}",
             f"rollout.max_tokens={args.response_tokens}", f"buffer.token_budget={args.token_budget}", "eval.every_steps=0",
+            f"rollout.num_actors={args.actors}", f"rollout.max_in_flight_prompts={args.groups_per_actor}",
+            "buffer.max_staleness=1000000",  # the per-actor bound alone limits what is offered, as in the other stages
             f"model.max_model_len={args.prompt_tokens + args.response_tokens + 64}", "observe.tensorboard=false",
             f"observe.output_dir={tmp}"])
         self.driver = build_driver(cfg, str(tmp), MetricsWriter(tmp / run, tensorboard=False))
-        self.driver.rewards.wait_ready()
-        self.rank_batches, self.every, self.next_bookkeeping = rank_batches, BOOKKEEPING_S, 0.0
-        self.spec, self.prompt, self.step = SamplingSpec(1.0, 1.0, args.response_tokens), [5] * args.prompt_tokens, 0
+        self.driver.wait_ready()
+        self.rank_batches, self.states, self.state = rank_batches, StepState, StepState.IDLE
+        self.step = self.version = 0
         self.actor_ids = list(range(args.actors))
 
-    def grant(self, groups: list[tuple[int, int]]) -> None:
-        super().grant(groups)
-        for a, g in groups:  # admitted as the driver admits a prompt for an actor
-            self.driver.ledger.admit(PromptItem(f"a{a}g{g}", self.prompt, metadata(g)), 0, self.spec, self.n, a,
-                                     version=0)
+    def step_state(self):  # the driver's LearnerView
+        return self.state
 
-    def turn(self) -> list[tuple[int, int]]:
-        d = self.driver
-        d.ingest(self.receiver.drain())
-        if (now := time.monotonic()) >= self.next_bookkeeping:
-            self.next_bookkeeping = now + self.every
-            d.capacity(0, step_running=True)
-            d.ledger.generating_by_actor(self.actor_ids)  # the dispatch load admission reads
-            while (batch := d.next_batch(0)) is not None:  # a learner that takes each batch at once
-                self.step += 1
-                for part in self.rank_batches(self.step, batch.chunks, 1, batch.token_budget, batch.role, None):
-                    encode_batch(part)
-                d.step_metrics(self.step, self.receiver.num_dropped)
-        if (sample := self.receiver.recv(timeout_s=0.01)) is not None:
-            d.ingest([sample])
-        results, c = d.poll_rewards(self.step), d.ledger.counts
-        done = {r.key.group_id for r in results} - d.ledger.records.keys()
-        before, self.completed = self.completed, c.samples_kept + c.samples_rejected
-        assert self.completed - before == len(done) * self.n  # the ledger's accounting holds
-        self.outstanding -= len(done)
-        return [self.key[gid] for gid in done]
+    def start(self, actors: SimulatedActors) -> None:  # the driver's admission grants
+        self.actors, self.stopping = actors, False
 
+    def turn(self) -> None:
+        d, arrivals = self.driver, self.arrivals()
+        acts = d.turn(time.monotonic(), arrivals, self)
+        by_actor: dict[int, list[str]] = {}
+        for g in acts.grants:
+            by_actor.setdefault(g.actor, []).extend(p.prompt_id for p in g.prompts)
+        self.actors.grant([(a, gid) for a, gids in by_actor.items() for gid in gids])
+        if acts.step_done:
+            self.step, self.version, self.state = self.step + 1, self.version + 1, self.states.IDLE
+            d.end_step(self.step, {}, self.receiver.num_dropped)
+        if acts.batch is not None:  # split and encoded for a rank as the learner group does; trained at once
+            b = acts.batch
+            for part in self.rank_batches(self.step + 1, b.chunks, 1, b.token_budget, b.role, None):
+                encode_batch(part)
+            self.state = self.states.DONE
+        c = d.accounting()["samples"]
+        self.completed, self.outstanding = c["kept"] + c["rejected"], d.in_flight()
 
 def measure(stage: Ingest, actors: SimulatedActors, collector, args) -> tuple[float, float]:
     """Samples/s through `stage` over `args.seconds` after a second of warm-up and the driver
     process's CPU use in cores; then lets every granted group finish."""
     import psutil
 
-    me, groups = psutil.Process(), [(a, g) for a in range(args.actors) for g in range(args.groups_per_actor)]
-    stage.grant(groups)
-    actors.grant(groups)
+    me = psutil.Process()
+    stage.start(actors)
     t_start, mark = time.monotonic(), None
     while True:
-        done = stage.turn()
+        stage.turn()
         collector.maybe_collect()  # as the orchestrator's loop does
         now = time.monotonic()
         if mark is None and now - t_start >= 1.0:
             mark = (now, stage.completed, sum(me.cpu_times()[:2]))
         if mark is not None and now - mark[0] >= args.seconds:
             break
-        stage.grant(done)
-        actors.grant(done)
     wall = now - mark[0]
     rate, cores = (stage.completed - mark[1]) / wall, (sum(me.cpu_times()[:2]) - mark[2]) / wall
+    stage.drain()
     deadline = time.monotonic() + 60
     while stage.outstanding and time.monotonic() < deadline:
         stage.turn()
@@ -213,8 +231,9 @@ def main() -> None:
     receiver = FrameReceiver(decode_samples)
     actors = SimulatedActors(receiver.endpoint, workload)
     drivers = {name: DriverStage(receiver, args, tmp, name) for name in ("driver", "driver_actor_rewards")}
-    stages = {"ingest": Ingest(receiver, args), "score": Score(receiver, args, drivers["driver"].driver.rewards, tokenizer),
-              **drivers}
+    score_pool = build_reward_pool(RewardConfig(type=VERIFIER, num_workers=args.reward_workers), {})
+    score_pool.wait_ready()
+    stages = {"ingest": Ingest(receiver, args), "score": Score(receiver, args, score_pool, tokenizer), **drivers}
     collector = ScheduledCollector()  # as the orchestrator does at the end of its start-up
     collector.start()
     print(f"{args.actors} simulated actors in {args.hosts} processes, {args.groups_per_actor} groups of {args.group_size} "
@@ -236,13 +255,14 @@ def main() -> None:
         actors.stop()
         for stage in drivers.values():
             stage.driver.close()
+        score_pool.close()
         collector.release()
     raw = statistics.median(rates["raw"])
     for name, values in rates.items():
         med = statistics.median(values)
         print(f"{name:<20} {med:10,.0f} samples/s (median of {len(values)}), {med / raw:5.2f} of raw")
     for name, stage in drivers.items():
-        print(f"{name} accounting: {stage.driver.ledger.accounting()}")
+        print(f"{name} accounting: {stage.driver.accounting()['samples']}")
     print(f"garbage collector (scheduled): {collector.num_collections} full collections, {collector.total_s:.2f} s in all")
 
 

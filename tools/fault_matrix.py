@@ -164,7 +164,8 @@ SCENARIOS = {
 
 
 def balanced(orch) -> bool:
-    a, t = orch.driver.ledger.accounting(), orch.driver.ledger.token_accounting()
+    accounting = orch.driver.accounting()
+    a, t = accounting["samples"], accounting["tokens"]
     return (a["received"] == a["kept"] + a["rejected"] + a["discarded"] + a["orphaned"] + a["live"]
             and t["in"] == t["out"] + t["dropped_stale"] + t["buffered"])
 
@@ -215,7 +216,7 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
             "crafted_steps": sum(any(k.startswith("reward/outcome_crafted_") and v for k, v in h.items())
                                  for h in orch.history),  # steps that scored a crafted report
             "accounting_balanced": ok_balance, "actors_lost": events.count("actor_lost"),
-            "reward_crashes": orch.driver.rewards.stats.crashes, "frames_dropped": orch.samples.num_dropped,
+            "reward_crashes": orch.driver.reward_stats().crashes, "frames_dropped": orch.samples.num_dropped,
             "checkpoints": events.count("checkpoint"), "checkpoints_failed": events.count("checkpoint_failed"),
             "learner_restarts": events.count("learner_restarted"),
             "seconds": round(time.monotonic() - t0, 1)}

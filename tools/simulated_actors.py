@@ -7,8 +7,9 @@ hands out the requests that finished in one step together), and the samples that
 together go in one frame with the real codec, as RolloutActor's RecordBatcher sends them. Samples
 (and, for actor-scored runs, their rewards) are built beforehand: on a cluster that is the actor
 nodes' work, not the driver's. Grants travel as zmq messages (the stand-in for
-`RolloutActor.submit`): `(scored?, [(actor, group), ...])`; group `g` of actor `a` has the id
-`a<a>g<g>`.
+`RolloutActor.submit`): `(scored?, [(actor, group), ...])`, where `group` is a slot `g` (its samples
+have the id `a<a>g<g>`) or a group id the driver's admission chose (the actor's next slot's samples
+go out under that id).
 """
 
 from __future__ import annotations
@@ -78,10 +79,14 @@ def actor_host(endpoint: str, grants_endpoint: str, actors: list[int], args: Wor
     plain = {(a, g): group_samples(a, g, args, rng) for a in actors for g in range(args.groups_per_actor)}
     with_rewards = {key: [scored(s, tokenizer) for s in group] for key, group in plain.items()}
     phase = {a: rng.random() * args.step_s for a in actors}  # the actors' steps are not in lockstep
+    # a group id the driver admitted -> the free slot whose samples go out under it (renamed in
+    # place: a copy per sample would cost these processes the cores the driver is measured on)
+    named: dict[tuple[int, str], tuple[int, int]] = {}  # (actor, id) -> (slot, samples not yet sent)
+    free = {a: list(range(args.groups_per_actor)) for a in actors}
     sockets = {a: FrameSender(endpoint) for a in actors}
     grants = zmq.Context.instance().socket(zmq.PULL)
     grants.connect(grants_endpoint)
-    due: list[tuple[float, int, int, int, bool]] = []  # (when, actor, group, sample index, scored)
+    due: list[tuple[float, int, int | str, int, bool]] = []  # (when, actor, group, sample index, scored)
     while True:
         wait_ms = max(0.0, due[0][0] - time.monotonic()) * 1000 if due else 100
         while grants.poll(wait_ms):
@@ -90,6 +95,11 @@ def actor_host(endpoint: str, grants_endpoint: str, actors: list[int], args: Wor
                 return
             now, (by_actor, pairs) = time.monotonic(), msg
             for a, g in pairs:
+                if isinstance(g, str):  # a group the driver admitted (at most groups_per_actor at a time)
+                    slot = free[a].pop()
+                    named[a, g] = (slot, args.group_size)
+                    for x in (with_rewards if by_actor else plain)[a, slot]:
+                        x.group_id = x.prompt_id = g
                 for i in range(args.group_size):
                     t = now + args.gen_s * (0.5 + rng.random())
                     t = phase[a] + math.ceil((t - phase[a]) / args.step_s) * args.step_s if args.step_s else t
@@ -97,7 +107,15 @@ def actor_host(endpoint: str, grants_endpoint: str, actors: list[int], args: Wor
         now, finished = time.monotonic(), {}
         while due and due[0][0] <= now:
             _, a, g, i, by_actor = heapq.heappop(due)
-            finished.setdefault(a, []).append((with_rewards if by_actor else plain)[a, g][i])
+            if isinstance(g, str):
+                slot, left = named.pop((a, g))
+                finished.setdefault(a, []).append((with_rewards if by_actor else plain)[a, slot][i])
+                if left > 1:
+                    named[a, g] = (slot, left - 1)
+                else:
+                    free[a].append(slot)
+            else:
+                finished.setdefault(a, []).append((with_rewards if by_actor else plain)[a, g][i])
         for a, samples in finished.items():
             sockets[a].send(encode_samples(samples))
 

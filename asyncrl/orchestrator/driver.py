@@ -1,24 +1,31 @@
 """The driver: every decision of the orchestrator's loop, with no Ray, socket or process in it.
 
-    samples ─► ingest ─► reward pool ─► poll_rewards ─► router ─► ledger (shaping, groups, buffer)
-    admit(version, actors) ─► [Grant: prompts for one actor]
-    next_batch(version) ─► StepBatch (chunks, role, start version, Phi of the buffer that cut it)
-    observe_learner(metrics) ─► the buffer's ratio moments (its ESS estimate, buffer.stale_policy)
-    end_step(step) ─► the row's pipeline metrics, and the stage change if the step ended a stage
+One loop turn, the same for every caller (the orchestrator, the twin, the orchestrator bench):
+
+    turn(now, arrivals, learner) ─► Actions
+      every turn:            arrivals ─► ingest ─► reward pool ─► poll_rewards ─► router ─► ledger
+      every BOOKKEEPING_S:   admission ─► grants (prompts for one actor each)
+                             learner idle ─► the next batch (chunks, role, start version, Phi)
+                             learner done ─► step_done: the caller pushes, then end_step
+    end_step(step, learner metrics) ─► the row's pipeline metrics, the buffer's ratio moments,
+                                       the stage change if the step ended a stage
+
+The caller feeds the turn what its processes produced (samples from the actors' stream) and a
+`LearnerView` (the policy version, the actors, whether the step runs or is done; asked only when
+bookkeeping is due, since on a cluster each look is a Ray check), then carries out the actions:
+prompts to actors, a batch to the learner ranks, a push. It reads the driver only through its
+methods below, never through its parts.
 
 It holds the ledger, the intake (samples to the reward pool), the result router, the step
 statistics, the stage runner, the evaluator's bookkeeping and the stale gate (buffer.stale_policy
-wait and pace, stale_gate.py); `build_driver` makes all of them
-from a config. The orchestrator (orchestrator.py) feeds it what its processes produce (samples
-from the actors' stream, a learner's finished step) and carries out what it decides (prompts to
-actors, batches to the learner ranks). tools/bench_orchestrator.py drives this same object with
-simulated actors, so the benchmark measures the product's code, not a copy of it.
+wait and pace, stale_gate.py); `build_driver` makes all of them from a config.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
 
 from asyncrl.algo.batch_ess import ratio_moments
 from asyncrl.buffer.base import Buffer, StepBatch
@@ -78,6 +85,42 @@ class Grant:
     prompts: list[PromptItem]
 
 
+class StepState(Enum):
+    IDLE = "idle"  # no step runs: the turn may start one
+    TRAINING = "training"
+    DONE = "done"  # the step ended and the caller has not finished it yet
+
+
+class LearnerView(Protocol):
+    """What a loop turn reads of its caller: the policy, the actors and the learner's step."""
+
+    step: int  # optimizer steps done
+    version: int  # the policy version the learner holds (the one admitted groups are counted at)
+
+    @property
+    def actor_ids(self) -> list[int]: ...
+
+    @property
+    def stopping(self) -> bool:
+        """No more admissions or steps: the run is winding down (the running step still ends)."""
+
+    def step_state(self) -> StepState:
+        """Asked only when bookkeeping is due (a Ray check on a cluster)."""
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What the caller is to carry out after a turn."""
+
+    grants: list[Grant] = field(default_factory=list)
+    batch: StepBatch | None = None  # start this step (step + 1)
+    step_done: bool = False  # the running step ended: take its result, push, then `end_step`
+    bookkeeping: bool = False  # the turn looked at admission and the step: the caller's own periodic work rides on it
+    recheck: bool = False
+    """The bookkeeping moved tokens out of the buffer (a batch, or stale tokens dropped by a cut):
+    the next one may admit more though nothing arrives (the twin, which turns on events, asks for it)."""
+
+
 class Driver:
     cfg: Config
     # the run's memory: groups from admission to the buffer, and the prompt supply
@@ -98,6 +141,30 @@ class Driver:
                  gate: StaleGate) -> None:
         self.cfg, self.ledger, self.stages, self.rewards = cfg, ledger, stages, rewards
         self.intake, self.route, self.evaluator, self.stats, self.gate = intake, route, evaluator, stats, gate
+        self._next_bookkeeping = 0.0
+
+    # -- the loop turn ------------------------------------------------------------------------
+
+    @property
+    def next_bookkeeping_at(self) -> float:
+        """When the next turn looks at admission and the step (the twin schedules a turn then)."""
+        return self._next_bookkeeping
+
+    def turn(self, now: float, arrivals: list[Sample], learner: LearnerView) -> Actions:
+        """One turn of the loop (the module's docstring): `arrivals` ingested and rewards routed
+        every turn; admission and the step looked at every BOOKKEEPING_S, each costs tens of
+        microseconds and the loop turns every few samples under load."""
+        self.intake.ingest(arrivals)
+        self.intake.poll_rewards(learner.step)
+        if now < self._next_bookkeeping:
+            return Actions()
+        self._next_bookkeeping = now + BOOKKEEPING_S
+        state, stopping, buffered = learner.step_state(), learner.stopping, self.buffered_tokens()
+        grants = [] if stopping else self.admit(learner.version, learner.actor_ids,
+                                                step_running=state is not StepState.IDLE)
+        batch = self.next_batch(learner.version) if state is StepState.IDLE and not stopping else None
+        return Actions(grants, batch, step_done=state is StepState.DONE, bookkeeping=True,
+                       recheck=self.buffered_tokens() != buffered)
 
     # -- samples and rewards ------------------------------------------------------------------
 
@@ -108,6 +175,10 @@ class Driver:
     def poll_rewards(self, step: int, timeout_s: float = 0.0) -> list[RewardResult]:
         """Rewards as they come back, routed (ledger, statistics, stages, evaluator)."""
         return self.intake.poll_rewards(step, timeout_s)
+
+    def wait_ready(self) -> None:
+        """Until the reward pool's workers have started (a benchmark's measure starts after)."""
+        self.rewards.wait_ready()
 
     def close(self) -> None:
         """The reward pool's workers and the detokenizing threads."""
@@ -169,25 +240,68 @@ class Driver:
             self.stats.add_batch(batch.chunks, version, batch.start_version)
         return batch
 
-    def observe_learner(self, metrics: dict[str, float]) -> None:
-        """A finished learner step's metrics: its ratio moments per staleness bucket go to the
-        buffer (exponentially averaged), for the ESS of the batches it cuts next."""
-        self.ledger.observe_ratio_moments(ratio_moments(metrics))
-
-    def step_metrics(self, step: int, frames_dropped: int) -> dict[str, Any]:
-        """The pipeline's part of step `step`'s row: what the statistics accumulated since the last
-        row, the stage, the reward pool, the intake, the ledger, reward errors and evaluation."""
-        return {**self.stats.flush({**self.ledger.token_metrics(), "rollout/frames_dropped_total": frames_dropped}),
-                **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
-                **self.route.errors.metrics(), **(self.route.env_errors.metrics() if self.route.env_errors else {}), **self.evaluator.take_metrics(step), **self.gate.take_metrics()}
-
-    def end_step(self, step: int, reward_mean: float | None) -> StageChange | None:
-        """After optimizer step `step`: the new stage if the step ended one (its Phi applies from
-        the next batch on)."""
-        change = self.stages.on_step(step, reward_mean)
+    def end_step(self, step: int, learner_metrics: dict[str, Any], frames_dropped: int) -> tuple[dict[str, Any], StageChange | None]:
+        """After optimizer step `step` and its push: the pipeline's part of its row (what the
+        statistics accumulated since the last row, the stage, the reward pool, the intake, the
+        ledger, reward errors and evaluation), and the new stage if the step ended one (its Phi
+        applies from the next batch on). The learner's ratio moments per staleness bucket go to
+        the buffer (exponentially averaged), for the ESS of the batches it cuts next."""
+        self.ledger.observe_ratio_moments(ratio_moments(learner_metrics))
+        row = {**self.stats.flush({**self.ledger.token_metrics(), "rollout/frames_dropped_total": frames_dropped}),
+               **self.stages.metrics(), **self.rewards.metrics(), **self.intake.metrics(), **self.ledger.metrics(),
+               **self.route.errors.metrics(), **(self.route.env_errors.metrics() if self.route.env_errors else {}),
+               **self.evaluator.take_metrics(step), **self.gate.take_metrics()}
+        change = self.stages.on_step(step, row["reward/mean"])
         if change is not None:
             self.ledger.set_token_budget(change.stage.token_budget)
-        return change
+        return row, change
+
+    def take_examples(self) -> list[dict[str, Any]]:
+        """The example completions kept since the last call (observe.samples_per_step)."""
+        return self.stats.take_examples()
+
+    def restart_clock(self) -> None:
+        """The next row's rates count from now (not from the start-up before it)."""
+        self.stats.restart_clock()
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def start_eval(self, version: int, engines: Any) -> None:
+        """The held-out evaluation of `version` if one is due (at the start), on `engines`."""
+        self.evaluator.maybe_start(version, engines, self.stages.current)
+
+    def eval_after_push(self, version: int, engines: Any, last: bool, poll: Any) -> None:
+        """The engines now hold `version`: its evaluation, if due (`last`: the run's final one)."""
+        self.evaluator.after_push(version, engines, self.stages.current, last=last, poll=poll)
+
+    # -- what callers may read ----------------------------------------------------------------
+
+    def in_flight(self) -> int:
+        """Groups admitted and not yet kept, rejected or requeued."""
+        return len(self.ledger.records)
+
+    def requeued(self) -> int:
+        """Groups waiting to be generated again (a lost actor's, or in flight at a checkpoint)."""
+        return len(self.ledger.requeued)
+
+    def buffered_tokens(self) -> int:
+        return self.ledger.buffer.num_loss_tokens
+
+    def accounting(self) -> dict[str, dict[str, int]]:
+        """Where every sample and every loss token went: the ledger's two balance sheets."""
+        return {"samples": self.ledger.accounting(), "tokens": self.ledger.token_accounting()}
+
+    def reward_stats(self) -> Any:
+        """The reward pool's running totals (submitted, completed, timeouts, crashes)."""
+        return self.rewards.stats
+
+    def buffer_stats(self) -> Any:
+        """The buffer's running totals (tokens in, dropped stale, the length bias)."""
+        return self.ledger.buffer.stats
+
+    def group_stats(self) -> Any:
+        """The assembler's group counts (complete, dropped with zero variance)."""
+        return self.ledger.assembler.stats
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -195,13 +309,17 @@ class Driver:
         return {"probe_ids": self.probe_ids, "ledger": self.ledger.state_dict(),
                 "stages": self.stages.state_dict(), "stats": self.stats.state_dict(), "gate": self.gate.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, renew_requeued: bool = False) -> None:
+        """`renew_requeued`: a learner restart's rewind in a running process, whose actors may
+        still send samples of the attempts in flight then (they arrive orphaned)."""
         self.intake.restore_probe(state["probe_ids"])
         self.ledger.load_state_dict(state["ledger"])
         self.stages.load_state_dict(state["stages"])
         self.ledger.set_token_budget(self.stages.current.token_budget)
         self.stats.load_state_dict(state["stats"])
         self.gate.load_state_dict(state.get("gate", {"num_holds": 0}))  # none in a checkpoint older than it
+        if renew_requeued:
+            self.ledger.renew_requeued()
 
 
 def build_buffer(cfg: BufferConfig, token_budget: int, seed: int) -> Buffer:
@@ -222,10 +340,11 @@ def build_ledger(cfg: Config, stage: ResolvedStage) -> GroupLedger:
 
 
 def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = print,
-                 rewards: RewardPool | None = None) -> Driver:
+                 rewards: RewardPool | None = None, virtual_clock: bool = False) -> Driver:
     """The driver of a run of `cfg` on the model at `model_path` (its tokenizer and data);
     `metrics` receives the run's events (reward errors, evaluations). `rewards`: a pool to use
-    instead of the config's (the twin's, on its virtual clock)."""
+    instead of the config's; `virtual_clock`: each turn waits for the texts its samples are
+    decoded into off the thread (both the twin's, whose clock stands still meanwhile)."""
     stages = StageRunner(cfg, model_path)
     rewards = rewards or build_reward_pool(cfg.reward, stages.data_sources)
     ledger = build_ledger(cfg, stages.current)
@@ -234,6 +353,6 @@ def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = pri
     route = ResultRouter(ledger, stats, stages, evaluator, stages.tokenizer,
                          RewardErrorMonitor(cfg.reward.max_error_frac), metrics, say,
                          env_errors=env_error_monitor(cfg.env.max_error_frac) if cfg.env.type else None)
-    intake = SampleIntake(ledger, rewards, stages.tokenizer, route, evaluator)
+    intake = SampleIntake(ledger, rewards, stages.tokenizer, route, evaluator, wait_decodes=virtual_clock)
     return Driver(cfg, ledger, stages, rewards, intake, route, evaluator, stats,
                   StaleGate(cfg.buffer.stale_policy, cfg.buffer.max_staleness))

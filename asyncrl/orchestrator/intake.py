@@ -43,8 +43,10 @@ DECODE_THREADS = 2
 
 class SampleIntake:
     def __init__(self, ledger: GroupLedger, rewards: RewardPool, tokenizer: Any, route: ResultRouter,
-                 evaluator: Evaluator):
+                 evaluator: Evaluator, wait_decodes: bool = False):
         self.ledger, self.rewards, self.tokenizer = ledger, rewards, tokenizer
+        # the twin's: its clock does not run while a helper thread decodes, so each poll waits for them
+        self.wait_decodes = wait_decodes
         self.route, self.evaluator = route, evaluator
         self.decode = batch_decoder(tokenizer)
         self.probe_ids: list[int] | None = None  # the first sample seen: real text for this model
@@ -97,7 +99,7 @@ class SampleIntake:
 
     def poll_rewards(self, step: int, timeout_s: float = 0.0) -> list[RewardResult]:
         """Rewards as they come back, routed; eval samples handed to the pool. Returns them."""
-        self.submit_decoded()
+        self.submit_decoded(self.wait_decodes)
         self.evaluator.poll(self.rewards, self.tokenizer, step)
         results, self._scored = self._scored, []
         results += self.rewards.poll(0.0 if results else timeout_s)

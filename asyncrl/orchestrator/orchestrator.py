@@ -49,6 +49,7 @@ from ray.exceptions import RayActorError
 
 from asyncrl import preflight
 from asyncrl.compat import hide_broken_torch_extras
+from asyncrl.buffer.base import StepBatch
 from asyncrl.config import Config, write_resolved
 from asyncrl.observe.console import ProgressDisplay
 from asyncrl.observe.metrics import MetricsWriter, Say
@@ -57,7 +58,7 @@ from asyncrl.orchestrator import checkpoint, components
 from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.checkpointer import Checkpointer
 from asyncrl.orchestrator.collector import ScheduledCollector
-from asyncrl.orchestrator.driver import BOOKKEEPING_S, RECV_WAIT_S, Driver, build_driver
+from asyncrl.orchestrator.driver import RECV_WAIT_S, Actions, Driver, StepState, build_driver
 from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
 from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests, StallFacts
@@ -97,7 +98,6 @@ class Orchestrator:
         self._train_ref: GroupCall | None = None
         self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
         self._loop_s = 0.0  # the loop's own work between two steps (timing/loop_s)
-        self._next_bookkeeping = 0.0
         self.restarts = 0  # learner restarts in place (fault.max_restarts)
         self._start_point: tuple[Any, dict[str, Any]] | None = None
         self._overlap_tokens = 0  # response tokens that arrived while the learner trained
@@ -158,11 +158,11 @@ class Orchestrator:
             self.weight_sync.push(self.version, step=None)
         parity = self._check_parity(warm.probe_ids) if warm is not None else None
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
-        self.driver.stats.restart_clock()  # the first row's rates count from here, not from start-up
+        self.driver.restart_clock()  # the first row's rates count from here, not from start-up
         if resume:
             self.load_state_dict(resume[1])
             self.say(f"resumed from {resume[0]} at step {self.step} (version {self.version}); "
-                     f"{len(self.driver.ledger.requeued)} groups in flight then are regenerated")
+                     f"{self.driver.requeued()} groups in flight then are regenerated")
         # where a learner restart goes back to before this run writes a checkpoint
         self._start_point = (resume[0] if resume else None, checkpoint.snapshot(self.state_dict()))
         self.requests = RunRequests(self.run_dir, self.metrics, self.say)
@@ -170,7 +170,7 @@ class Orchestrator:
                            actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}),
                            **({"warm": True, "parity_max_abs_diff": parity} if warm is not None else {}))
         self._last_step_t = self._last_health_t = time.monotonic()
-        self.driver.evaluator.maybe_start(self.version, self.pool, self.driver.stages.current)
+        self.driver.start_eval(self.version, self.pool)
         self.collector.start()  # the garbage collector runs from the loop from now on (collector.py)
 
     def _form_weight_sync_group(self) -> None:
@@ -263,27 +263,49 @@ class Orchestrator:
         return summary
 
     def _turn(self, display: ProgressDisplay) -> None:
-        """One turn of the loops (see the module's docstring)."""
-        self._ingest(self.samples.drain())
-        now = time.monotonic()
-        if now >= self._next_bookkeeping:  # see BOOKKEEPING_S
-            self._next_bookkeeping = now + BOOKKEEPING_S
-            if self.stop_reason is None:
-                self._admit()
-            if self._train_ref is None:
-                self._join_started_actors()
-                if self.stop_reason is None:
-                    self._try_start_step()
-            elif self._train_ref.ready():
-                display.update(self._finish_step(self._train_ref.result()))
-                return
-            self.checkpoints.poll()
-            self.collector.maybe_collect()
-        sample = self.samples.recv(timeout_s=RECV_WAIT_S)
-        if sample is not None:
-            self._ingest([sample])
-        self._poll_rewards()
+        """One turn of the loops (the module's docstring): the driver's turn on what arrived (with
+        none, after waiting RECV_WAIT_S for one), its actions carried out."""
+        arrivals = self._receive()
+        if self._train_ref is not None:  # generation overlapping training: what asynchrony buys
+            self._overlap_tokens += sum(len(s.response_ids) for s in arrivals)
+        self._carry_out(self.driver.turn(time.monotonic(), arrivals, self), display)
         self._check_health()
+
+    def _receive(self) -> list[Sample]:
+        """What the stream holds; with nothing there, what arrives within RECV_WAIT_S."""
+        arrivals = self.samples.drain()
+        if not arrivals and (sample := self.samples.recv(timeout_s=RECV_WAIT_S)) is not None:
+            arrivals = [sample]
+        return arrivals
+
+    # the driver's view of this run's learner (driver.py LearnerView)
+    @property
+    def actor_ids(self) -> list[int]:
+        return self.pool.ids
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_reason is not None
+
+    def step_state(self) -> StepState:
+        if self._train_ref is None:
+            return StepState.IDLE
+        return StepState.DONE if self._train_ref.ready() else StepState.TRAINING
+
+    def _carry_out(self, acts: Actions, display: ProgressDisplay) -> None:
+        for grant in acts.grants:
+            self.pool.submit(grant.actor, grant.prompts, grant.spec, grant.group_size)
+        if not acts.bookkeeping:
+            return
+        if self._train_ref is None:
+            self._join_started_actors()
+        if acts.batch is not None:
+            self._start_step(acts.batch)
+        if acts.step_done:
+            display.update(self._finish_step(self._train_ref.result()))
+            return
+        self.checkpoints.poll()
+        self.collector.maybe_collect()
 
     def _restart_learner(self, error: BaseException) -> None:
         """A learner rank died: new ranks from the newest checkpoint (or where this run started),
@@ -318,8 +340,7 @@ class Orchestrator:
         self._form_weight_sync_group()
         self.weight_sync.push(self.version, step=None, on_lost=self._actors_lost, rewind=True)
         parity = self._check_parity(self.probe_ids)
-        self._restore(state)
-        self.driver.ledger.renew_requeued()
+        self._restore(state, renew_requeued=True)
         self.metrics.rewind(self.step)
         self._last_step_t = time.monotonic()  # the stall watch counts from the restart
         self.metrics.event(self.step, "learner_restarted", restart=self.restarts, died_at_step=died_at,
@@ -335,23 +356,12 @@ class Orchestrator:
         """The first sample seen (prompt and response): real text for this model's parity probe."""
         return self.driver.probe_ids
 
-    def _ingest(self, samples: list[Sample]) -> None:
-        if self._train_ref is not None:  # generation overlapping training: what asynchrony buys
-            self._overlap_tokens += sum(len(s.response_ids) for s in samples)
-        self.driver.ingest(samples)
-
     def _poll_rewards(self, timeout_s: float = 0.0) -> None:
-        """Rewards as they come back (scoring.py routes them), and eval samples to be scored."""
+        """Rewards as they come back (scoring.py routes them), and eval samples to be scored:
+        while a push waits for an evaluation, outside the turn."""
         self.driver.poll_rewards(self.step, timeout_s)
 
-    def _admit(self) -> None:
-        for grant in self.driver.admit(self.version, self.pool.ids, step_running=self._train_ref is not None):
-            self.pool.submit(grant.actor, grant.prompts, grant.spec, grant.group_size)
-
-    def _try_start_step(self) -> None:
-        batch = self.driver.next_batch(self.version)
-        if batch is None:
-            return
+    def _start_step(self, batch: StepBatch) -> None:
         self._wait_for_data_s = time.monotonic() - self._last_step_t
         self._step_started = time.monotonic()
         self._train_ref = self.learner.train_step(self.step + 1, batch, self.requests.take_reset(self.cfg))
@@ -366,29 +376,27 @@ class Orchestrator:
         if result.version != self.version:
             raise RuntimeError(f"learner reports version {result.version} after step {self.step}, "
                                f"expected {self.version}")
-        self.driver.observe_learner(result.metrics)
         train_s = time.monotonic() - self._step_started
         joined = self.pool.admit_started()
         sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}
         pushed = time.monotonic()
         self._announce(joined)
-        evaluator = self.driver.evaluator
         if sync:  # the actors now hold this version: its evaluation, if due
-            evaluator.after_push(self.version, self.pool, self.driver.stages.current,
-                                 last=self.step >= self.cfg.total_steps, poll=self._poll_rewards)
+            self.driver.eval_after_push(self.version, self.pool, last=self.step >= self.cfg.total_steps,
+                                        poll=self._poll_rewards)
+        pipeline, change = self.driver.end_step(self.step, result.metrics, self.samples.num_dropped)
         row = {"step": self.step, "learner/version": self.version, **result.metrics, **sync,
                "timing/train_s": train_s, "timing/wait_for_data_s": self._wait_for_data_s,
                "timing/loop_s": self._loop_s, "throughput/gen_tokens_while_training": overlap,
                "kl/reset": float(any(e["event"] == "reference_reset" for e in result.events)),
-               **self.driver.step_metrics(self.step, self.samples.num_dropped), **self.collector.metrics(),
+               **pipeline, **self.collector.metrics(),
                "rollout/actors": len(self.pool.ids)}
         self.history.append(row)
         self.metrics.log(self.step, row)
-        self.metrics.log_samples(self.step, self.driver.stats.take_examples())
+        self.metrics.log_samples(self.step, self.driver.take_examples())
         for e in result.events:
             self.metrics.event(self.step, e["event"], **{k: v for k, v in e.items() if k != "event"})
             self.say(f"step {self.step}: {e['event']} ({e.get('reason')}); KL was {e.get('kl', 0.0):.4g}")
-        change = self.driver.end_step(self.step, row["reward/mean"])
         if change is not None:
             self.metrics.event(self.step, "stage", **change.describe())
             self.say(f"step {self.step}: {change}")
@@ -448,7 +456,7 @@ class Orchestrator:
 
     def _stopped(self) -> bool:
         return (self.stop_reason is not None and self._train_ref is None
-                and (not self.driver.ledger.records or time.monotonic() > self._stop_deadline))
+                and (not self.driver.in_flight() or time.monotonic() > self._stop_deadline))
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "version": self.version, "history": self.history,
@@ -461,13 +469,13 @@ class Orchestrator:
         self.actors_lost = state.get("actors_lost", [])  # checkpoints written before they were kept: none
         self._elapsed_before, self._resumed_at = state.get("elapsed_s", 0.0), state["step"]
 
-    def _restore(self, state: dict[str, Any]) -> None:
+    def _restore(self, state: dict[str, Any], renew_requeued: bool = False) -> None:
         """The training state of `state` (a resume's, or a learner restart's in this process)."""
         if state["version"] != self.version:
             raise RuntimeError(f"run state at version {state['version']}, learner at {self.version}")
         self.step, self.history = state["step"], list(state["history"])
         self.weight_sync.load_state_dict(state)
-        self.driver.load_state_dict(state)
+        self.driver.load_state_dict(state, renew_requeued=renew_requeued)
 
     def shutdown(self) -> None:
         """Whatever the run started, in reverse (each part only if it got that far)."""

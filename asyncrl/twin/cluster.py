@@ -1,8 +1,8 @@
 """The twin: a cluster's engines, learner and network as cost models on a virtual clock, and the
 real driver (orchestrator/driver.py) deciding everything, turned as orchestrator.py turns it.
 
-    SimActor/SimEngine ─frame (real codec)─► inbox ─► [driver turn: decode, ingest, verifiers (TwinRewardPool);
-        every BOOKKEEPING_S: admit, next batch (split and encoded per rank), finish a step]
+    SimActor/SimEngine ─frame (real codec)─► inbox ─► [Driver.turn, as the orchestrator's: ingest, verifiers
+        (TwinRewardPool); every BOOKKEEPING_S: admit, next batch (split and encoded per rank), step done]
     grants ─► actors        batch ─► simulated learner (LearnerCost) ─► push (PushCost; the
     engines drain or abort first, by sync mode) ─► the next version
 
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncrl.orchestrator.driver import StepState
 from asyncrl.twin.actor import SimActor
 from asyncrl.twin.capacity import gen_tokens_per_s, train_tokens_per_s
 from asyncrl.twin.engine import SimEngine
@@ -105,7 +106,7 @@ class Twin:
     def __init__(self, sc: Scenario, mode: str, charge_driver: bool = True):
         from asyncrl.config import load_config
         from asyncrl.observe.metrics import MetricsWriter
-        from asyncrl.orchestrator.driver import BOOKKEEPING_S, RECV_WAIT_S, build_driver
+        from asyncrl.orchestrator.driver import RECV_WAIT_S, build_driver
         from asyncrl.tiny.tokenizer import save_tokenizer
 
         sc = sc.for_mode(mode)
@@ -120,8 +121,8 @@ class Twin:
         # then the driver's pool only scores evaluations, and there are none
         pool = TwinRewardPool(self.events, sc.run.reward_workers, sc.workload.verify_s, self.rewards, self._on_wake)
         self.driver = build_driver(self.cfg, str(self._tmp), MetricsWriter(self._tmp / "twin", tensorboard=False),
-                                   say=lambda *_: None, rewards=pool)
-        self.bookkeeping_s, self.recv_wait_s = BOOKKEEPING_S, RECV_WAIT_S
+                                   say=lambda *_: None, rewards=pool, virtual_clock=True)
+        self.recv_wait_s = RECV_WAIT_S
         self.engine_cost, self.kv_tokens = sc.engine_cost(), sc.kv_tokens()
         self.learner_cost, self.push_cost = sc.learner_cost(), sc.push_cost()
         self.ranks = sc.learner.ranks or sc.split.train_gpus
@@ -136,7 +137,7 @@ class Twin:
         self.actor_ids = list(range(len(self.actors)))
         # the driver's thread
         self.inbox: list[bytes] = []
-        self.driver_free = self.next_bookkeeping = 0.0
+        self.driver_free = 0.0
         self.driver_cpu_s = 0.0
         self._turn_at: float | None = None  # when the next turn is scheduled (None: none is)
         self._turn_token = 0
@@ -173,6 +174,12 @@ class Twin:
         waited = max(t - self.driver_free, 0.0)
         self._request_turn(max(t, self.driver_free + math.ceil(waited / self.recv_wait_s - 1e-9) * self.recv_wait_s))
 
+    # the driver's view of this twin's learner (orchestrator/driver.py LearnerView)
+    stopping = False
+
+    def step_state(self) -> StepState:
+        return StepState(self.learner_state)
+
     def _turn(self, t: float, token: int) -> None:
         from asyncrl.buffer.packing import rank_batches
         from asyncrl.transport.codec import decode_samples, encode_batch
@@ -184,36 +191,26 @@ class Twin:
             return
         d, cpu0 = self.driver, time.thread_time()
         frames, self.inbox = self.inbox, []
-        for f in frames:
-            d.ingest(decode_samples(f))
         # long responses are detokenized on the driver's helper threads (orchestrator/intake.py):
         # not its thread's time, and, on a head node with cores to spare, done within the turn
-        d.intake.submit_decoded(wait=True)
-        d.poll_rewards(self.step)
-        grants, batch, finished, bookkeeping = [], None, False, t >= self.next_bookkeeping
-        buffered = d.ledger.buffer.num_loss_tokens
-        if bookkeeping:
-            self.next_bookkeeping = t + self.bookkeeping_s
-            grants = d.admit(self.version, self.actor_ids, step_running=self.learner_state != "idle")
-            if self.learner_state == "idle":
-                batch = d.next_batch(self.version)
-                if batch is not None:  # streamed to the ranks as learner_group.py does
-                    for part in rank_batches(self.step + 1, batch.chunks, self.ranks, batch.token_budget, batch.role,
-                                             batch.opened if batch.role == "open" else None):
-                        encode_batch(part)
-            elif self.learner_state == "done":
-                self.step += 1
-                self.version += 1
-                d.observe_learner({})
-                finished = True
+        # (the driver was built with virtual_clock)
+        acts = d.turn(t, [s for f in frames for s in decode_samples(f)], self)
+        if acts.batch is not None:  # streamed to the ranks as learner_group.py does
+            b = acts.batch
+            for part in rank_batches(self.step + 1, b.chunks, self.ranks, b.token_budget, b.role,
+                                     b.opened if b.role == "open" else None):
+                encode_batch(part)
+        if acts.step_done:
+            self.step += 1
+            self.version += 1
         t_end = self._charge(t, cpu0)
-        acted = bool(grants) or batch is not None or finished
+        acted = bool(acts.grants) or acts.batch is not None or acts.step_done
         if acted:
-            self.events.at(t_end, lambda now: self._carry_out(now, grants, batch, finished))
-        if not bookkeeping or acted or d.ledger.buffer.num_loss_tokens != buffered:
+            self.events.at(t_end, lambda now: self._carry_out(now, acts.grants, acts.batch, acts.step_done))
+        if not acts.bookkeeping or acted or acts.recheck:
             # the orchestrator's loop looks again BOOKKEEPING_S later; what this turn did (a step
             # started, stale tokens dropped by a cut) may open room for more, with no event to say so
-            self._request_turn(max(self.next_bookkeeping, t_end))
+            self._request_turn(max(d.next_bookkeeping_at, t_end))
 
     def _charge(self, t: float, cpu0: float) -> float:
         cpu = time.thread_time() - cpu0
@@ -294,8 +291,7 @@ class Twin:
             a.end_update(self.version, t)
         self.learner_state = "idle"
         cpu0 = time.thread_time()
-        row = self.driver.step_metrics(self.step, 0)
-        self.driver.end_step(self.step, row.get("reward/mean"))
+        row, _ = self.driver.end_step(self.step, {}, 0)
         self.driver_free = self._charge(t, cpu0) + self.sc.learner.loop_overhead_s
         self.rows.append(_Row(t, *self._batch_tokens, float(row.get("staleness/mean") or 0.0),
                               float(row.get("staleness/max") or 0.0), self.driver_cpu_s))
@@ -309,7 +305,7 @@ class Twin:
             while len(self.rows) < self.sc.run.steps:
                 if not self.events.run_next():
                     raise RuntimeError(f"twin ({self.mode}) stalled at step {self.step}: nothing is left to happen "
-                                       f"({self.driver.ledger.accounting()})")
+                                       f"({self.driver.accounting()['samples']})")
             return self.result()
         finally:
             self.close()
@@ -328,7 +324,7 @@ class Twin:
         useful = sum(r.useful_tokens for r in measured)
         # the share of generated work that can carry a gradient (groups with mixed rewards)
         if self.cfg.algo.drop_zero_variance_groups:
-            a = self.driver.ledger.assembler.stats
+            a = self.driver.group_stats()
             keep = 1 - a.groups_zero_variance / max(a.groups_complete, 1)
         else:  # trained with zero advantages: their share of the tokens trained
             keep = useful / max(loss_tokens, 1)
@@ -346,7 +342,7 @@ class Twin:
         gen_busy = sum(e.stats.busy_by_bin.get(b, 0.0) for e in self.engines for b in range(b0, b1))
         train_busy = sum(self.learner_busy.by_bin.get(b, 0.0) for b in range(b0, b1))
         tokens = sum(r.loss_tokens * r.staleness_mean for r in measured)
-        stats = self.driver.ledger.buffer.stats
+        stats = self.driver.buffer_stats()
         rate = useful / window
         return {
             "scenario": sc.name, "mode": self.mode, "steps": len(self.rows), "measured_steps": len(measured),

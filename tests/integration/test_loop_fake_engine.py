@@ -51,10 +51,11 @@ class RecordingOrchestrator(Orchestrator):
 
     seen: list = []
 
-    def _ingest(self, samples):
+    def _receive(self):
+        samples = super()._receive()
         self.seen.extend((s.prompt_id, s.metadata["record_key"], s.temperature, s.sample_index,
                           len(s.response_ids)) for s in samples)
-        super()._ingest(samples)
+        return samples
 
 
 def test_stages_switch_sampling_budget_and_filter_solved_prompts(ray_cluster, tmp_path, small_model):
@@ -89,12 +90,13 @@ def test_stages_switch_sampling_budget_and_filter_solved_prompts(ray_cluster, tm
 class HangFirstGroup(Orchestrator):
     """The real loop, with the verifier told to hang on every sample of the first group."""
 
-    def _ingest(self, samples):
+    def _receive(self):
+        samples = super()._receive()
         for s in samples:
             self.hung_group = getattr(self, "hung_group", s.group_id)
             if s.group_id == self.hung_group:
                 s.metadata = {**s.metadata, "behave": "hang"}
-        super()._ingest(samples)
+        return samples
 
 
 def test_a_group_stuck_in_a_hung_verifier_does_not_hold_up_the_steps(ray_cluster, tmp_path, small_model):
@@ -144,9 +146,10 @@ def test_decoupled_rollout_batches_on_two_ranks_in_the_loop(ray_cluster, tmp_pat
 class ScoredIntake(Orchestrator):
     """The real loop, recording each ingested sample's record and the reward it arrived with."""
 
-    def _ingest(self, samples):
+    def _receive(self):
+        samples = super()._receive()
         self.seen.extend((s.metadata["record_key"], s.reward, s.reward_info.get("outcome")) for s in samples)
-        super()._ingest(samples)
+        return samples
 
 
 def test_actors_that_score_their_own_samples_feed_the_loop_without_the_drivers_pool(ray_cluster, tmp_path, small_model):

@@ -8,7 +8,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.observe.metrics import MetricsWriter
-from asyncrl.orchestrator.driver import Grant, build_driver
+from asyncrl.orchestrator.driver import BOOKKEEPING_S, Actions, Grant, StepState, build_driver
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.tiny.tokenizer import save_tokenizer
 from asyncrl.types import Sample
@@ -60,11 +60,10 @@ def test_grants_samples_rewards_and_a_step_batch_of_phi_tokens(driver):
     batch = driver.next_batch(version=0)
     assert batch.token_budget == 8 and sum(c.num_loss_tokens for c in batch.chunks) == 8
     assert (batch.role, batch.opened, batch.start_version) == ("own", [], None)
-    row = driver.step_metrics(1, frames_dropped=0)
+    row, change = driver.end_step(1, {}, frames_dropped=0)
     assert row["reward/num_samples"] == prompts * N and row["buffer/loss_tokens"] == prompts * N * 4 - 8
     assert row["ledger/groups_kept_total"] == prompts and row["rollout/frames_dropped_total"] == 0
     # the first stage ends after step 1: Phi 6 from the next batch on
-    change = driver.end_step(1, row["reward/mean"])
     assert change is not None and change.stage.token_budget == 6
     assert driver.next_batch(version=1).token_budget == 6
 
@@ -113,12 +112,12 @@ def test_wait_holds_the_step_for_a_straggler_until_it_lands(tmp_path, policy, dr
             for s in b_samples:
                 led.on_generated(s)
             assert led.records[b.prompt_id].state == "scoring" and d.next_batch(1) is None
-            row = d.step_metrics(1, frames_dropped=0)
+            row, _ = d.end_step(1, {}, frames_dropped=0)
             assert row["buffer/waiting_for_stragglers"] == 1.0 and row["buffer/straggler_holds_total"] == 2
             for i, s in enumerate(b_samples):
                 led.on_scored(s, float(i), {})
             first = d.next_batch(1)  # released: b is older than c, so it goes first
-            assert d.step_metrics(2, frames_dropped=0)["buffer/waiting_for_stragglers"] == 0.0
+            assert d.end_step(2, {}, frames_dropped=0)[0]["buffer/waiting_for_stragglers"] == 0.0
         else:
             land(d, b, version=0)  # too late: step 1 took c, and at 2 b is 2 behind
         second = d.next_batch(2)
@@ -153,9 +152,9 @@ def test_pace_admits_nothing_while_an_at_risk_group_generates(tmp_path, policy):
         d.rewards.close()
 
 
-def test_observe_learner_feeds_the_buffers_ess_estimate(driver):
-    driver.observe_learner({"offpolicy/stale_0/ratio_mean": 1.0, "offpolicy/stale_0/ratio_sq_mean": 1.25,
-                            "loss/policy": 0.1})
+def test_a_finished_steps_ratio_moments_feed_the_buffers_ess_estimate(driver):
+    driver.end_step(1, {"offpolicy/stale_0/ratio_mean": 1.0, "offpolicy/stale_0/ratio_sq_mean": 1.25,
+                        "loss/policy": 0.1}, frames_dropped=0)
     assert driver.ledger.buffer.moments.by_bucket == {"stale_0": (1.0, 1.25)}
     grants = driver.admit(version=0, actor_ids=[0], step_running=False)
     for g in grants:
@@ -163,8 +162,48 @@ def test_observe_learner_feeds_the_buffers_ess_estimate(driver):
     scored_all(driver, step=0, expect=sum(len(g.prompts) for g in grants) * N)
     assert driver.next_batch(0) is not None
     # every token of the cut is fresh: (8 * 1)^2 / (8 * 8 * 1.25)
-    assert driver.step_metrics(1, frames_dropped=0)["buffer/ess_estimate"] == pytest.approx(0.8)
+    assert driver.end_step(2, {}, frames_dropped=0)[0]["buffer/ess_estimate"] == pytest.approx(0.8)
     state = driver.state_dict()
     driver.ledger.buffer.moments.by_bucket = {}
     driver.load_state_dict(state)
     assert driver.ledger.buffer.moments.by_bucket == {"stale_0": (1.0, 1.25)}
+
+
+class View:
+    """A LearnerView: the turn asks its step's state only when bookkeeping is due."""
+
+    def __init__(self, state=StepState.IDLE, stopping=False):
+        self.step = self.version = 0
+        self.actor_ids, self.state, self.stopping, self.asked = [0, 1], state, stopping, 0
+
+    def step_state(self):
+        self.asked += 1
+        return self.state
+
+
+def test_a_turn_ingests_every_time_and_looks_at_admission_and_the_step_every_bookkeeping_period(driver):
+    learner = View()
+    first = driver.turn(100.0, [], learner)
+    assert first.bookkeeping and first.grants and first.batch is None and not first.step_done
+    assert learner.asked == 1
+    # within the period: the arrivals are ingested and scored, nothing else is looked at
+    arrived = [s for g in first.grants for s in respond(g, g.actor)]
+    between = driver.turn(100.0 + BOOKKEEPING_S / 2, arrived, learner)
+    assert between == Actions() and learner.asked == 1 and driver.in_flight() == sum(len(g.prompts) for g in first.grants)
+    scored_all(driver, step=0, expect=len(arrived))
+    # the period over: the buffer holds Phi, so the idle learner gets its batch
+    cut = driver.turn(100.0 + BOOKKEEPING_S, [], learner)
+    assert cut.bookkeeping and cut.batch is not None and sum(c.num_loss_tokens for c in cut.batch.chunks) == 8
+    assert learner.asked == 2
+    learner.state = StepState.TRAINING  # a running step gets no second batch
+    assert driver.turn(101.0, [], learner).batch is None
+    learner.state = StepState.DONE
+    assert driver.turn(102.0, [], learner).step_done
+
+
+def test_a_stopping_run_is_granted_nothing_and_starts_no_step(driver):
+    learner = View(stopping=True)
+    acts = driver.turn(100.0, [], learner)
+    assert acts.bookkeeping and acts.grants == [] and acts.batch is None and driver.in_flight() == 0
+    learner.state = StepState.DONE  # the running step still ends
+    assert driver.turn(101.0, [], learner).step_done
