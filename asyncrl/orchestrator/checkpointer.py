@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,23 @@ class LearnerDied(RunFailed):
     """The learner process is gone; the message says where to resume from."""
 
 
+@dataclass(frozen=True)
+class StartPoint:
+    """Where a run or a learner restart starts: a checkpoint directory and the run state saved in
+    it, or (path None) the base model and the state the run started with."""
+
+    path: Path | None
+    state: dict[str, Any]
+
+    @property
+    def learner_dir(self) -> Path | None:
+        return self.path / checkpoint.LEARNER_DIR if self.path else None
+
+    def model_path(self, base_model: str) -> str:
+        """The policy the learner loads from here."""
+        return str(self.path / checkpoint.LEARNER_DIR / "policy") if self.path else base_model
+
+
 class Checkpointer:
     def __init__(self, cfg: Config, run_dir: Path, say: Say = print,
                  on_commit: Callable[..., None] | None = None, on_failure: Callable[..., None] | None = None):
@@ -38,7 +56,7 @@ class Checkpointer:
         self.failures = 0
         self._pending: tuple[Path, int, GroupCall] | None = None
 
-    def find_resume(self) -> tuple[Path, dict[str, Any]] | None:
+    def find_resume(self) -> StartPoint | None:
         """The checkpoint `resume` names (None: start fresh); ConfigError if it cannot be used."""
         resume = self.cfg.resume
         if resume is None:
@@ -64,7 +82,7 @@ class Checkpointer:
             except ValueError as e:
                 raise ConfigError(f"resume: {e}") from None
         checkpoint.check_compatible(found[0], self.cfg)
-        return found
+        return StartPoint(*found)
 
     def save(self, step: int, state: dict[str, Any], learner: LearnerGroup) -> None:
         self.poll(block=True)  # one at a time
@@ -110,9 +128,10 @@ class Checkpointer:
             shutil.rmtree(self._pending[0], ignore_errors=True)
             self._pending = None
 
-    def newest_resumable(self) -> tuple[Path, dict[str, Any]] | None:
+    def newest_resumable(self) -> StartPoint | None:
         """The newest checkpoint of this run that validates, and its state (a learner restart's)."""
-        return checkpoint.find_resumable(self.run_dir, warn=lambda m: self.say(f"warning: {m}"))
+        found = checkpoint.find_resumable(self.run_dir, warn=lambda m: self.say(f"warning: {m}"))
+        return StartPoint(*found) if found else None
 
     def newest(self) -> Path | None:
         found = checkpoint.list_complete(checkpoint.checkpoints_dir(self.run_dir))

@@ -1,4 +1,4 @@
-"""The orchestrator: starts the components and runs the loops that connect them.
+"""The orchestrator: owns a run's processes and turns the loop that connects them.
 
     prompt source ─► [admission] ─submit (Ray)─► rollout actors ─samples (zmq)─► [ingest]
                          ▲                            ▲                              │
@@ -7,40 +7,29 @@
     [step] ◄─────────────┴──── token buffer ◄─────────┴──── (shaping, groups, advantages) ◄┘
        │  a part per rank (zmq) ─► learner ranks ─► StepResult (version + 1) ─► [push]
 
-Every decision is the driver's (driver.py: ledger, intake, rewards, statistics, stages; no Ray);
-this object owns the processes it decides for: Ray, the sample socket, the rollout actors
-(actor_pool.py), the learner ranks (learner_group.py), weight sync (weight_sync.py), checkpoints
-and signals. One thread drives three loops, interleaved, each step of which is cheap and
-non-blocking (every turn ingests samples and routes rewards; admission and the step are looked at
-every BOOKKEEPING_S):
-
-- rollout loop (actors, in their own processes): generates continuously; each actor runs the
-  prompts it was given and streams every sample as it finishes. Waits for: prompts. Unblocked by:
-  admission, which grants prompts when the buffer's staleness bound allows (buffer/admission.py)
-  and, under buffer.stale_policy pace, no at-risk group is still generating (stale_gate.py).
-- ingest loop (here): hands each arriving sample to the reward pool (worker processes, a hard
-  timeout per sample); rewards coming back (scoring.py) go to the group ledger (ledger.py), which
-  shapes them, completes groups, drops zero-variance ones and fills the buffer, or to the held-out
-  evaluation (evaluation.py, run on an actor at step 0, every eval.every_steps and at the end).
-- train loop (here + learner ranks): when no step is running and the buffer can fill one, streams
-  each rank its part of the batch (learner_group.py) and starts the step. Waits for: the buffer
-  and the previous step (and, under buffer.stale_policy wait, the groups in flight that would go
-  stale after it, stale_gate.py). A finished step's metrics feed the buffer's ESS estimate. After
-  a step, every `sync.every_steps`, a drain push (weight_sync.py): actors stop starting requests,
-  finish the running ones and load the new weights while the learner broadcasts them.
+Every decision is the driver's: one turn (`Driver.turn`, driver.py; no Ray) ingests the samples
+that arrived and routes their rewards, and every BOOKKEEPING_S grants prompts under the staleness
+bound, cuts the next batch for an idle learner, or says the running step is done. This object
+feeds it the sample stream and the learner's state and carries out its actions: prompts to the
+actors (actor_pool.py), the batch to the learner ranks (learner_group.py), and after each step the
+push every `sync.every_steps` (weight_sync.py: actors drain and load while the learner broadcasts)
+and the step's row. The three loops it interleaves (rollout, ingest, train), what each waits for
+and what unblocks it: docs/design/loop.md.
 
 Versions: the orchestrator owns the policy version; it advances with every optimizer step (the
 learner's StepResult must agree). An actor's version advances when it has applied a push.
 
-At step boundaries: checkpoints (checkpointer.py), lost actors replaced (actor_pool.py) around a
-rebuilt weight-sync group (weight_sync.py), requests from the run directory and the stall watch (requests.py).
-`request_stop` (SIGTERM / SIGINT) stops admission, lets the step finish, checkpoints and ends.
-A learner rank that dies is restarted in place from the newest checkpoint, up to
-`fault.max_restarts` times (`_restart_learner`); after that the run ends and says how to resume.
+Start, take-over of the run before's processes and a learner's replacement: lifecycle.py. At step
+boundaries: checkpoints (checkpointer.py), lost actors replaced (actor_pool.py) around a rebuilt
+weight-sync group, requests from the run directory and the stall watch (requests.py).
+`request_stop` (SIGTERM / SIGINT) stops admission, lets the step finish, checkpoints and ends. A
+learner rank that dies is restarted in place from the newest checkpoint, up to
+`fault.max_restarts` times; after that the run ends and says how to resume.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -54,9 +43,9 @@ from asyncrl.config import Config, write_resolved
 from asyncrl.observe.console import ProgressDisplay
 from asyncrl.observe.metrics import MetricsWriter, Say
 from asyncrl.observe.summary import format_summary, summarize
-from asyncrl.orchestrator import checkpoint, components
+from asyncrl.orchestrator import checkpoint, components, lifecycle
 from asyncrl.orchestrator.actor_pool import ActorPool
-from asyncrl.orchestrator.checkpointer import Checkpointer
+from asyncrl.orchestrator.checkpointer import Checkpointer, StartPoint
 from asyncrl.orchestrator.collector import ScheduledCollector
 from asyncrl.orchestrator.driver import RECV_WAIT_S, Actions, Driver, StepState, build_driver
 from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
@@ -64,10 +53,10 @@ from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
 from asyncrl.orchestrator.requests import RunRequests, StallFacts
 from asyncrl.orchestrator.run_lock import RunLock, claim_run_dir
 from asyncrl.orchestrator.warm import Warm, process_key
-from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
+from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.transport.codec import decode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
-from asyncrl.types import RunFailed, Sample, StepResult
+from asyncrl.types import Sample, StepResult
 
 
 class Orchestrator:
@@ -99,7 +88,7 @@ class Orchestrator:
         self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
         self._loop_s = 0.0  # the loop's own work between two steps (timing/loop_s)
         self.restarts = 0  # learner restarts in place (fault.max_restarts)
-        self._start_point: tuple[Any, dict[str, Any]] | None = None
+        self._start_point: StartPoint | None = None
         self._overlap_tokens = 0  # response tokens that arrived while the learner trained
         self.model_path = ""
         self.driver = self.samples = self.learner = self.pool = self.weight_sync = None
@@ -117,7 +106,7 @@ class Orchestrator:
 
     def start(self, warm: Warm | None = None) -> None:
         """Start the run's processes, or take over `warm`'s, the processes of the run before it on
-        the same cluster (warm.py; they must fit this config)."""
+        the same cluster (warm.py; they must fit this config); lifecycle.py does the work."""
         cfg = self.cfg
         if self.run_lock is None:
             self.run_lock = claim_run_dir(self.run_dir, cfg.resume)
@@ -125,88 +114,43 @@ class Orchestrator:
         write_resolved(cfg, self.run_dir)
         hide_broken_torch_extras()
         if resume:
-            MetricsWriter.truncate(self.run_dir, resume[1]["step"])  # rows after the checkpoint are rewritten
+            MetricsWriter.truncate(self.run_dir, resume.state["step"])  # rows after the checkpoint are rewritten
         self.metrics = MetricsWriter(self.run_dir, cfg.observe.tensorboard, cfg.observe.wandb_project,
                                      cfg.name, json.loads(cfg.model_dump_json()))
         # actors always start from the base model and get the current weights pushed (a resumed
         # run's checkpoint may be pruned before a replacement actor starts); the learner loads it
         base_model = components.resolve_model_path(cfg, log=self.say)
-        self.model_path = str(resume[0] / checkpoint.LEARNER_DIR / "policy") if resume else base_model
+        self.model_path = resume.model_path(base_model) if resume else base_model
         self.driver = build_driver(cfg, self.model_path, self.metrics, self.say)
-        host = components.node_ip()
-        self.samples = FrameReceiver(decode_samples, host=host)  # each run its own: no sample of another
-        t0 = time.monotonic()
-        tiny = None if resume else components.tiny_spec(cfg)
-        if warm is not None:
-            self._take_over(warm, base_model, tiny)
-        else:
-            self.say(f"starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend}) and "
-                     f"{cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
-            # each rank binds on its own node, and builds the built-in model there if it has to
-            self.learner = LearnerGroup(cfg, self.model_path, tiny=tiny)
-            self.pool = ActorPool(cfg, base_model, self.samples.endpoint)
-            self.weight_sync = WeightSync(cfg.sync, self.learner, self.pool, fake_engines=cfg.rollout.engine == "fake",
-                                          tensor_parallel_size=cfg.rollout.tensor_parallel_size)
-            self.pool.start(cfg.rollout.num_actors)  # the engines start while the ranks load the model
+        self.samples = FrameReceiver(decode_samples, host=components.node_ip())  # each run its own
+        t0, tiny = time.monotonic(), None if resume else components.tiny_spec(cfg)
+        begin = lifecycle.start_processes if warm is None else functools.partial(lifecycle.take_over, warm)
+        procs = begin(cfg, self.model_path, base_model, self.samples.endpoint, tiny, self.say)
+        self.learner, self.pool, self.weight_sync = procs.learner, procs.pool, procs.weight_sync
         # the storage contract (checkpoint.py), before the learner reads or writes the run directory
         checkpoint.check_shared(self.run_dir, self.learner.answer_storage_probe)
         if resume:
-            self.version = self.learner.load_checkpoint(str(resume[0] / checkpoint.LEARNER_DIR)).result()
+            self.version = self.learner.load_checkpoint(str(resume.learner_dir)).result()
         if warm is None:
-            self._form_weight_sync_group()
+            lifecycle.form_weight_sync_group(cfg, self.weight_sync)
         if self.version > 0 or warm is not None:  # the actors hold the base model, or the last run's
             self.weight_sync.push(self.version, step=None)
-        parity = self._check_parity(warm.probe_ids) if warm is not None else None
+        parity = lifecycle.check_parity(cfg, self.weight_sync, warm.probe_ids, self.version) if warm else None
         self.say(f"components ready in {time.monotonic() - t0:.1f}s; run directory {self.run_dir}")
         self.driver.restart_clock()  # the first row's rates count from here, not from start-up
         if resume:
-            self.load_state_dict(resume[1])
-            self.say(f"resumed from {resume[0]} at step {self.step} (version {self.version}); "
+            self.load_state_dict(resume.state)
+            self.say(f"resumed from {resume.path} at step {self.step} (version {self.version}); "
                      f"{self.driver.requeued()} groups in flight then are regenerated")
         # where a learner restart goes back to before this run writes a checkpoint
-        self._start_point = (resume[0] if resume else None, checkpoint.snapshot(self.state_dict()))
+        self._start_point = StartPoint(resume.path if resume else None, checkpoint.snapshot(self.state_dict()))
         self.requests = RunRequests(self.run_dir, self.metrics, self.say)
         self.metrics.event(self.step, "resume" if resume else "start", model=self.model_path,
-                           actors=cfg.rollout.num_actors, **({"checkpoint": str(resume[0])} if resume else {}),
+                           actors=cfg.rollout.num_actors, **({"checkpoint": str(resume.path)} if resume else {}),
                            **({"warm": True, "parity_max_abs_diff": parity} if warm is not None else {}))
         self._last_step_t = self._last_health_t = time.monotonic()
         self.driver.start_eval(self.version, self.pool)
         self.collector.start()  # the garbage collector runs from the loop from now on (collector.py)
-
-    def _form_weight_sync_group(self) -> None:
-        """The first group, with the start's timeout (components may still be building); one that
-        cannot form stops the run with a line saying which timeout to raise, not a traceback."""
-        timeout_s = max(self.cfg.sync.start_timeout_s, self.cfg.sync.timeout_s)
-        try:
-            self.weight_sync.rebuild_group(timeout_s)
-        except PushFailed as e:
-            raise RunFailed(f"{e} within sync.start_timeout_s={timeout_s:g}s of starting. A component may still "
-                            "be busy with a one-time build (DeepSpeed's first optimizer op build, on a loaded "
-                            "machine); raise sync.start_timeout_s and start again") from None
-
-    def _take_over(self, warm: Warm, base_model: str, tiny: Any) -> None:
-        """The learner ranks and actors of the run before start this one in place (warm.py)."""
-        if wrong := warm.fits(self.cfg):
-            raise ValueError(f"these processes do not fit this run's config ({', '.join(wrong)} differ)")
-        self.say(f"taking over {self.cfg.learner.num_ranks} learner rank(s) and {len(warm.pool.ids)} "
-                 "rollout actor(s) from the run before")
-        self.learner, self.pool, self.weight_sync = warm.learner, warm.pool, warm.weight_sync
-        reset = self.learner.reset(self.cfg, self.model_path, tiny=tiny)
-        self.pool.reset(self.cfg, self.samples.endpoint, base_model)
-        reset.result()
-        self.weight_sync.load_state_dict({"pushes": 0})
-
-    def _check_parity(self, probe_ids: list[int] | None) -> float | None:
-        """The engines compute with the learner's weights after a push that replaced newer ones
-        (taken over from the run before, or rewound by a learner restart): the logprob-parity
-        probe on a sample's ids (a push that silently did not apply would go on from the newer
-        weights). With engines of another dtype than the learner, rounding alone gives gaps of
-        ~1e-3, so the tolerance is wider there."""
-        if not probe_ids or self.cfg.rollout.engine == "fake":
-            return None
-        same = self.cfg.engine_dtype == self.cfg.model.dtype
-        return self.weight_sync.check_parity(probe_ids, self.cfg.sync.probe_tolerance if same else 0.05,
-                                             self.version)
 
     def release(self) -> Warm | None:
         """End the run but keep its learner ranks and actors for the next one (warm.py); the rest
@@ -325,26 +269,20 @@ class Orchestrator:
         died_at, self._train_ref = self.step + 1, None
         self.checkpoints.abandon()  # the dead learner may have been writing it
         self.learner.kill()
-        found = self.checkpoints.newest_resumable()
-        path, state = found if found else self._start_point
+        start = self.checkpoints.newest_resumable() or self._start_point
         self.say(f"step {self.step}: the learner died during step {died_at} ({type(error).__name__}); "
                  f"restart {self.restarts} of {self.cfg.fault.max_restarts} (fault.max_restarts) from "
-                 f"{path or 'the base model'}")
-        learner_dir = path / checkpoint.LEARNER_DIR if path else None
-        self.model_path = str(learner_dir / "policy") if learner_dir else self.pool.model_path
-        self.learner = LearnerGroup(self.cfg, self.model_path,
-                                    tiny=None if learner_dir else components.tiny_spec(self.cfg))
-        self.weight_sync.rebind(self.learner)
-        checkpoint.check_shared(self.run_dir, self.learner.answer_storage_probe)
-        self.version = self.learner.load_checkpoint(str(learner_dir)).result() if learner_dir else 0
-        self._form_weight_sync_group()
+                 f"{start.path or 'the base model'}")
+        self.model_path = start.model_path(self.pool.model_path)
+        self.learner, self.version = lifecycle.replace_learner(self.cfg, self.weight_sync, self.run_dir, start,
+                                                               self.model_path)
         self.weight_sync.push(self.version, step=None, on_lost=self._actors_lost, rewind=True)
-        parity = self._check_parity(self.probe_ids)
-        self._restore(state, renew_requeued=True)
+        parity = lifecycle.check_parity(self.cfg, self.weight_sync, self.probe_ids, self.version)
+        self._restore(start.state, renew_requeued=True)
         self.metrics.rewind(self.step)
         self._last_step_t = time.monotonic()  # the stall watch counts from the restart
         self.metrics.event(self.step, "learner_restarted", restart=self.restarts, died_at_step=died_at,
-                           checkpoint=str(path) if path else None, reason=str(error).splitlines()[0][:300],
+                           checkpoint=str(start.path) if start.path else None, reason=str(error).splitlines()[0][:300],
                            **({"parity_max_abs_diff": parity} if parity is not None else {}))
 
     def _end(self, status: str, reason: str | None = None) -> None:  # the last line of events.jsonl
