@@ -3,7 +3,7 @@ real driver (orchestrator/driver.py) deciding everything, turned as orchestrator
 
     SimActor/SimEngine ─frame (real codec)─► inbox ─► [Driver.turn, as the orchestrator's: ingest, verifiers
         (TwinRewardPool); every BOOKKEEPING_S: admit, next batch (split and encoded per rank), step done]
-    grants ─► actors        batch ─► simulated learner (LearnerCost) ─► push (PushCost; the
+    grants ─► actors        batch ─► SimLearner (twin/learner.py: LearnerCost) ─► push (PushCost; the
     engines drain or abort first, by sync mode) ─► the next version
 
 The driver is one thread: a turn starts when the previous one ended and no push is running (the
@@ -30,15 +30,16 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.orchestrator.driver import StepState
+from asyncrl.orchestrator.driver import RECV_WAIT_S, StepState
 from asyncrl.twin.actor import SimActor
 from asyncrl.twin.capacity import gen_tokens_per_s, train_tokens_per_s
 from asyncrl.twin.engine import SimEngine
 from asyncrl.twin.events import EventQueue
+from asyncrl.twin.learner import SimLearner
 from asyncrl.twin.rewards import TwinRewardPool
 from asyncrl.twin.scenario import Scenario
 
@@ -87,51 +88,32 @@ class _Row:
     driver_cpu_s: float
 
 
-@dataclass
-class _Busy:
-    """Busy time per timeline bin."""
-
-    bin_s: float
-    by_bin: dict[int, float] = field(default_factory=dict)
-
-    def add(self, t0: float, t1: float) -> None:
-        b = int(t0 // self.bin_s)
-        while t0 < t1:
-            end = min(t1, (b + 1) * self.bin_s)
-            self.by_bin[b] = self.by_bin.get(b, 0.0) + end - t0
-            t0, b = end, b + 1
-
-
 class Twin:
     def __init__(self, sc: Scenario, mode: str, charge_driver: bool = True):
         from asyncrl.config import load_config
         from asyncrl.observe.metrics import MetricsWriter
-        from asyncrl.orchestrator.driver import RECV_WAIT_S, build_driver
+        from asyncrl.orchestrator.driver import build_driver
         from asyncrl.tiny.tokenizer import save_tokenizer
 
         sc = sc.for_mode(mode)
         self.sc, self.mode, self.charge = sc, mode, charge_driver
-        self.lengths, self.rewards = sc.lengths(), sc.pass_rates()
-        self.mean_len, self.mean_sq_len = self.lengths.expected(), self.lengths.expected_square()
+        self.lengths, pass_rates = sc.lengths(), sc.pass_rates()
         self._tmp = Path(tempfile.mkdtemp(prefix="asyncrl-twin-"))
         save_tokenizer(self._tmp)  # the driver's prompts are the built-in task's; the twin sets lengths
-        self.cfg = load_config(None, driver_overrides(sc, mode, self.mean_len, self._tmp))
+        self.cfg = load_config(None, driver_overrides(sc, mode, self.lengths.expected(), self._tmp))
         self.events = EventQueue()
         # the driver's verifiers on this clock (reward.placement driver), or the actors' (actor):
         # then the driver's pool only scores evaluations, and there are none
-        pool = TwinRewardPool(self.events, sc.run.reward_workers, sc.workload.verify_s, self.rewards, self._on_wake)
+        pool = TwinRewardPool(self.events, sc.run.reward_workers, sc.workload.verify_s, pass_rates, self._on_wake)
         self.driver = build_driver(self.cfg, str(self._tmp), MetricsWriter(self._tmp / "twin", tensorboard=False),
                                    say=lambda *_: None, rewards=pool, virtual_clock=True)
-        self.recv_wait_s = RECV_WAIT_S
-        self.engine_cost, self.kv_tokens = sc.engine_cost(), sc.kv_tokens()
-        self.learner_cost, self.push_cost = sc.learner_cost(), sc.push_cost()
-        self.ranks = sc.learner.ranks or sc.split.train_gpus
-        self.bin_s = sc.run.timeline_bin_s or max(self.learner_cost.step_s(sc.run.token_budget) / 4, 1e-3)
-        self.engines = [SimEngine(self.engine_cost, sc.engine.max_num_seqs, self.kv_tokens, self.events,
-                                  on_finished=lambda *_: None, bin_s=self.bin_s, on_busy=self._engine_busy)
+        engine_cost, kv_tokens = sc.engine_cost(), sc.kv_tokens()
+        self.bin_s = sc.run.timeline_bin_s or max(sc.learner_cost().step_s(sc.run.token_budget) / 4, 1e-3)
+        self.engines = [SimEngine(engine_cost, sc.engine.max_num_seqs, kv_tokens, self.events,
+                                  on_finished=lambda *_: None, bin_s=self.bin_s,
+                                  on_busy=lambda busy, t: self.learner.engine_busy(busy, t))
                         for _ in range(sc.split.engines)]
-        self._engines_busy = 0
-        self.actors = [SimActor(i, e, self.cfg.sync.mode, sc.workload.prompt_tokens, self.lengths, self.rewards,
+        self.actors = [SimActor(i, e, self.cfg.sync.mode, sc.workload.prompt_tokens, self.lengths, pass_rates,
                                 self._deliver, scored=sc.run.reward_placement == "actor")
                        for i, e in enumerate(self.engines)]
         self.actor_ids = list(range(len(self.actors)))
@@ -143,14 +125,10 @@ class Twin:
         self._turn_token = 0
         # the learner and pushes
         self.step = self.version = 0
-        self.learner_state = "idle"  # training | done (waiting for the driver to see it) | pushing
-        self.learner_busy = _Busy(self.bin_s)
-        self._work_s, self._work_t, self._step_token = 0.0, 0.0, 0  # the running step's work left, since when
-        self._step_t0 = 0.0
-        self._ready_left, self._ready_at, self._push_t0 = 0, 0.0, 0.0
+        self.learner = SimLearner(sc, self.events, self.bin_s, self.engines, self.actors,
+                                  on_done=self._on_wake, on_pushed=self._pushed)
         self.rows: list[_Row] = []
         self._batch_tokens = (0, 0)  # loss tokens, useful ones
-        self.push_s: list[float] = []
         self.frames = self.samples_in = 0
 
     # -- the driver's thread ------------------------------------------------------------------
@@ -164,7 +142,7 @@ class Twin:
     def _request_turn(self, t: float) -> None:
         """A turn at t, or as soon after as the driver is free (unless one comes sooner)."""
         t = max(t, self.driver_free)
-        if self.learner_state != "pushing" and (self._turn_at is None or t < self._turn_at):
+        if self.learner.state != "pushing" and (self._turn_at is None or t < self._turn_at):
             self._turn_at, self._turn_token = t, self._turn_token + 1
             self.events.at(t, lambda now, token=self._turn_token: self._turn(now, token))
 
@@ -172,13 +150,13 @@ class Twin:
         """Something the driver sees only when it looks (the learner's step ended): with no sample
         arriving, its loop looks every RECV_WAIT_S from when it last went idle."""
         waited = max(t - self.driver_free, 0.0)
-        self._request_turn(max(t, self.driver_free + math.ceil(waited / self.recv_wait_s - 1e-9) * self.recv_wait_s))
+        self._request_turn(max(t, self.driver_free + math.ceil(waited / RECV_WAIT_S - 1e-9) * RECV_WAIT_S))
 
     # the driver's view of this twin's learner (orchestrator/driver.py LearnerView)
     stopping = False
 
     def step_state(self) -> StepState:
-        return StepState(self.learner_state)
+        return StepState(self.learner.state)
 
     def _turn(self, t: float, token: int) -> None:
         from asyncrl.buffer.packing import rank_batches
@@ -187,7 +165,7 @@ class Twin:
         if token != self._turn_token:
             return  # superseded by an earlier turn
         self._turn_at = None
-        if self.learner_state == "pushing":  # the push ends with a turn
+        if self.learner.state == "pushing":  # the push ends with a turn
             return
         d, cpu0 = self.driver, time.thread_time()
         frames, self.inbox = self.inbox, []
@@ -197,7 +175,7 @@ class Twin:
         acts = d.turn(t, [s for f in frames for s in decode_samples(f)], self)
         if acts.batch is not None:  # streamed to the ranks as learner_group.py does
             b = acts.batch
-            for part in rank_batches(self.step + 1, b.chunks, self.ranks, b.token_budget, b.role,
+            for part in rank_batches(self.step + 1, b.chunks, self.learner.ranks, b.token_budget, b.role,
                                      b.opened if b.role == "open" else None):
                 encode_batch(part)
         if acts.step_done:
@@ -224,72 +202,18 @@ class Twin:
         if batch is not None:
             self._start_step(batch, t)
         if finished:
-            self._start_push(t)
+            self.learner.push(self.version, t)
 
     # -- the learner --------------------------------------------------------------------------
 
     def _start_step(self, batch: Any, t: float) -> None:
         prompt = self.sc.workload.prompt_tokens
-        tokens = sum(prompt + len(c.response_ids) for c in batch.chunks)
         self._batch_tokens = (sum(len(c.old_logprobs) for c in batch.chunks),
                               sum(len(c.old_logprobs) for c in batch.chunks if c.advantage != 0))
-        self.learner_state, self._step_t0 = "training", t
-        self._contend(t)
-        self._work_s, self._work_t = self.learner_cost.step_s(tokens), t
-        self._schedule_step_end(t)
+        self.learner.start(sum(prompt + len(c.response_ids) for c in batch.chunks), t)
 
-    def _learner_slowdown(self) -> float:
-        return self.sc.learner.slowdown_while_generating if self._engines_busy else 1.0
-
-    def _schedule_step_end(self, t: float) -> None:
-        self._step_token += 1
-        self.events.at(t + self._work_s * self._learner_slowdown(),
-                       lambda now, token=self._step_token: self._step_done(now, token))
-
-    def _engine_busy(self, busy: bool, t: float) -> None:
-        """An engine started or stopped computing: a learner that shares its cores (on a machine
-        like the CPU demo) goes slower or faster from now on."""
-        before = self._learner_slowdown()
-        self._engines_busy += 1 if busy else -1
-        if self.learner_state == "training" and self._learner_slowdown() != before:
-            self._work_s -= (t - self._work_t) / before
-            self._work_t = t
-            self._schedule_step_end(t)
-
-    def _contend(self, t: float) -> None:
-        """Engines that share cores with the learner are slower while it trains."""
-        factor = self.sc.engine.slowdown_while_training if self.learner_state == "training" else 1.0
-        if factor != 1.0 or self.sc.engine.slowdown_while_training != 1.0:
-            for e in self.engines:
-                e.set_slowdown(factor, t)
-
-    def _step_done(self, t: float, token: int) -> None:
-        if token != self._step_token:
-            return  # rescheduled: the engines' load changed during the step
-        self.learner_busy.add(self._step_t0, t)
-        self.learner_state = "done"
-        self._contend(t)
-        self._on_wake(t)
-
-    def _start_push(self, t: float) -> None:
-        """Every actor gets idle (drain or abort), then the broadcast and the loads; the driver
-        waits in it, as the orchestrator's loop waits in WeightSync.push."""
-        self.learner_state, self._push_t0 = "pushing", t
-        self._ready_left, self._ready_at = len(self.actors), t
-        for a in self.actors:
-            a.begin_update(t, self._actor_ready)
-
-    def _actor_ready(self, t: float) -> None:
-        self._ready_left -= 1
-        self._ready_at = max(self._ready_at, t)
-        if self._ready_left == 0:
-            self.events.at(self._ready_at + self.push_cost.push_s(), self._push_done)
-
-    def _push_done(self, t: float) -> None:
-        self.push_s.append(t - self._push_t0)
-        for a in self.actors:
-            a.end_update(self.version, t)
-        self.learner_state = "idle"
+    def _pushed(self, t: float) -> None:
+        """The actors hold the new version: the step's row, as the orchestrator writes it then."""
         cpu0 = time.thread_time()
         row, _ = self.driver.end_step(self.step, {}, 0)
         self.driver_free = self._charge(t, cpu0) + self.sc.learner.loop_overhead_s
@@ -328,10 +252,11 @@ class Twin:
             keep = 1 - a.groups_zero_variance / max(a.groups_complete, 1)
         else:  # trained with zero advantages: their share of the tokens trained
             keep = useful / max(loss_tokens, 1)
-        gen_cap = gen_tokens_per_s(self.engine_cost, len(self.engines), sc.engine.max_num_seqs, self.kv_tokens,
-                                   sc.workload.prompt_tokens, self.mean_len, self.mean_sq_len)
-        train_cap = train_tokens_per_s(self.learner_cost, self.push_cost, sc.run.token_budget,
-                                       sc.workload.prompt_tokens, self.mean_len)
+        mean_len, kv_tokens = self.lengths.expected(), sc.kv_tokens()
+        gen_cap = gen_tokens_per_s(sc.engine_cost(), len(self.engines), sc.engine.max_num_seqs, kv_tokens,
+                                   sc.workload.prompt_tokens, mean_len, self.lengths.expected_square())
+        train_cap = train_tokens_per_s(self.learner.cost, self.learner.push_cost, sc.run.token_budget,
+                                       sc.workload.prompt_tokens, mean_len)
         # in useful tokens: zero-variance groups take generation time, and training time too
         # when they are not dropped; split: both sides run at once; colocated: they take turns
         gen_useful = gen_cap * keep
@@ -340,7 +265,7 @@ class Twin:
         b0, b1 = math.ceil(t0 / self.bin_s), math.floor(last.t / self.bin_s)
         span = max(b1 - b0, 1) * self.bin_s
         gen_busy = sum(e.stats.busy_by_bin.get(b, 0.0) for e in self.engines for b in range(b0, b1))
-        train_busy = sum(self.learner_busy.by_bin.get(b, 0.0) for b in range(b0, b1))
+        train_busy = sum(self.learner.busy.by_bin.get(b, 0.0) for b in range(b0, b1))
         tokens = sum(r.loss_tokens * r.staleness_mean for r in measured)
         stats = self.driver.buffer_stats()
         rate = useful / window
@@ -355,10 +280,10 @@ class Twin:
             "staleness_max": max(r.staleness_max for r in measured),
             "length_bias": stats.length_bias,
             "stale_dropped_frac": stats.tokens_dropped_stale / max(stats.tokens_in, 1),
-            "push_s_mean": sum(self.push_s) / len(self.push_s),
+            "push_s_mean": sum(self.learner.push_s) / len(self.learner.push_s),
             "driver_core_frac": (last.driver_cpu_s - (first.driver_cpu_s if first else 0.0)) / window,
             "driver_charged": self.charge,
-            "engines": len(self.engines), "kv_tokens": self.kv_tokens, "samples": self.samples_in,
+            "engines": len(self.engines), "kv_tokens": kv_tokens, "samples": self.samples_in,
             "frames": self.frames, "preemptions": sum(e.stats.preemptions for e in self.engines),
             "resumed_requests": sum(a.resumed for a in self.actors),
             "timeline": self.timeline(b0, b1),
@@ -369,5 +294,5 @@ class Twin:
         n = len(self.engines)
         return {"t": [b * self.bin_s for b in range(b1)],
                 "gen": [sum(e.stats.busy_by_bin.get(b, 0.0) for e in self.engines) / (n * self.bin_s) for b in range(b1)],
-                "train": [self.learner_busy.by_bin.get(b, 0.0) / self.bin_s for b in range(b1)],
+                "train": [self.learner.busy.by_bin.get(b, 0.0) / self.bin_s for b in range(b1)],
                 "window": [b0 * self.bin_s, b1 * self.bin_s]}

@@ -77,10 +77,10 @@ def test_a_learner_sharing_cores_with_the_engines_runs_slower_while_they_compute
         engine = twin.engines[0]  # c0 10 ms a step: 40 steps from 0.1 s
         engine.on_finished = lambda requests, t: None  # a request of no actor's
         twin.events.at(0.1, lambda t: engine.submit([Request(context=PROMPT, remaining=40)], t))
-        while twin.learner_state == "training":
+        while twin.learner.state == "training":
             assert twin.events.run_next()
         assert twin.events.now == pytest.approx(0.7)
-        assert twin.learner_busy.by_bin and sum(twin.learner_busy.by_bin.values()) == pytest.approx(0.7)
+        assert twin.learner.busy.by_bin and sum(twin.learner.busy.by_bin.values()) == pytest.approx(0.7)
     finally:
         twin.close()
 

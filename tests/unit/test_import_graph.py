@@ -110,6 +110,14 @@ def test_the_learner_rank_is_a_process_shell():
     assert "step" in attrs and not attrs & {"algo", "reference", "proximal", "entropy"}
 
 
+def test_the_twin_keeps_its_learner_and_its_driver_apart():
+    """The simulated learner (its step, its push, the cores it shares) is its own object
+    (twin/learner.py); the twin wires it to the engines, the actors and the driver's turn."""
+    attrs = instance_attributes(PACKAGE / "twin" / "cluster.py", "Twin")
+    assert len(attrs) <= 25, sorted(attrs)
+    assert "learner" in attrs and not any("push" in a or "work" in a for a in attrs)
+
+
 # records a component keeps its own counts in: writing their fields is the owner's bookkeeping
 OWN_RECORDS = {"stats", "counts"}
 
