@@ -10,9 +10,11 @@ can encode them as msgpack, and every pure component can be tested with hand-bui
 from __future__ import annotations
 
 import math
+import traceback
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import Enum
 from typing import Any, TypeVar
 
 IntSeq = Sequence[int]
@@ -67,6 +69,61 @@ class PromptItem:
     """answer / ground truth, data_source, anything a verifier needs; travels with every sample."""
 
 
+class EpisodeStatus(str, Enum):
+    DONE = "done"  # the environment (or the agent) ended it
+    TRUNCATED = "truncated"  # env.max_turns or rollout.max_tokens used up first
+    FAILED = "failed"  # a step raised, timed out or broke the protocol (or the agent did): scored env_error
+
+
+TRACEBACK_CHARS = 4000
+
+
+@dataclass
+class EpisodeRecord:
+    """What a multi-turn episode did (rollout/episode.py, rollout/agent_episode.py), beside the
+    sample it made: the reward its steps gave, counters, and where each turn's tokens are."""
+
+    env: str
+    """The environment (env.type) or the agent (agent:<module>:<function>)."""
+    status: EpisodeStatus = EpisodeStatus.TRUNCATED
+    turns: int = 0
+    """Model turns (an agent's: stitched calls)."""
+    tool_calls: int = 0
+    tool_errors: int = 0
+    env_s: float = 0.0
+    """Seconds in the environment's steps (an agent's: its own time, the engine's left out)."""
+    observation_tokens: int = 0
+    reward: float | None = None
+    """The steps' rewards summed (an agent's: what it returned); None: none gave one."""
+    spans: list[list[Any]] = field(default_factory=list)
+    """[start, end, origin] over the response: origin "model" (sampled) or "env" (an observation)."""
+    calls: int = 0
+    """An agent's calls served, and of them those not in the sample (it edited or forked history)."""
+    unstitched_calls: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    """An agent's reward info, made JSON-safe."""
+    error: str | None = None
+    """A failed episode's error: its last line, and the traceback's end."""
+    traceback: str | None = None
+
+    def fail(self, error: BaseException) -> None:
+        lines = traceback.format_exception(error)
+        self.status, self.error = EpisodeStatus.FAILED, lines[-1].strip()
+        self.traceback = "".join(lines)[-TRACEBACK_CHARS:]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, as msgpack and JSON carry them (and as a verifier sees them)."""
+        return {**asdict(self), "status": self.status.value}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EpisodeRecord:
+        """ValueError (or TypeError) for a map that is not a record."""
+        known = {f.name for f in fields(cls)}
+        if not isinstance(d, dict) or not isinstance(d.get("env"), str) or set(d) - known:
+            raise ValueError(f"not an episode record: {sorted(set(d) - known) if isinstance(d, dict) else d!r}")
+        return cls(**{**d, "status": EpisodeStatus(d.get("status", "truncated"))})
+
+
 @dataclass
 class Sample:
     """One finished response, emitted by a rollout actor the moment it finishes."""
@@ -95,6 +152,8 @@ class Sample:
     (asyncrl/env); empty, as every single-turn response has it: all are the model's. An
     observation token carries logprob 0.0 and the version of the model turn before it, so the
     versions never decrease along a response and an observation is never staler than that turn."""
+    episode: EpisodeRecord | None = None
+    """A multi-turn episode's record (env.type set); None for a single-turn response."""
 
     @property
     def num_loss_tokens(self) -> int:

@@ -27,9 +27,10 @@ from asyncrl.data.build import BUILTIN_TASKS, load_records
 from asyncrl.data.prompt_source import PromptSource
 from asyncrl.data.stages import ResolvedStage, resolve_stages
 from asyncrl.observe.metrics import EventLog, Say
+from asyncrl.reward.episode_reward import verifier_metadata
 from asyncrl.reward.registry import route
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.types import ActorCallFailed, PromptItem, as_list
+from asyncrl.types import ActorCallFailed, EpisodeRecord, PromptItem, as_list
 
 if TYPE_CHECKING:  # the pool runs Ray; evaluation only asks it for a call
     from asyncrl.orchestrator.actor_pool import ActorPool
@@ -45,6 +46,7 @@ class EvalKey:
     response_len: int
     response: str
     metadata: dict[str, Any]
+    episode: EpisodeRecord | None = None
 
 
 def eval_records(cfg: Config) -> list[dict[str, Any]] | None:
@@ -125,15 +127,15 @@ class Evaluator:
         for s in samples:
             index = int(s.prompt_id.rsplit("-", 1)[1])
             text = tokenizer.decode(as_list(s.response_ids), skip_special_tokens=True)
-            rewards.submit(EvalKey(index, len(s.response_ids), text, s.metadata), text, s.metadata)
+            rewards.submit(EvalKey(index, len(s.response_ids), text, s.metadata, s.episode), text,
+                           verifier_metadata(s.metadata, s.episode))
 
     def on_scored(self, key: EvalKey, reward: float) -> None:
         self._rewards.setdefault(key.prompt_index, []).append(reward)
         self._lengths.append(key.response_len)
-        episode = key.metadata.get("episode")
-        if isinstance(episode, dict):  # (called a tool, solved it with tools that all answered)
-            called = episode.get("tool_calls", 0) > 0
-            self._tools.append((called, called and not episode.get("tool_errors") and reward > 0))
+        if (episode := key.episode) is not None:  # (called a tool, solved it with tools that all answered)
+            called = episode.tool_calls > 0
+            self._tools.append((called, called and not episode.tool_errors and reward > 0))
         if len(self._lengths) == self._expected:
             m = eval_metrics(list(self._rewards.values()), self.cfg.n, self.ks)
             self._ready = {"eval/step": self._version, "eval/time_s": time.monotonic() - self._t0,

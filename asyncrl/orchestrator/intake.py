@@ -33,6 +33,7 @@ from asyncrl.orchestrator.evaluation import Evaluator
 from asyncrl.orchestrator.ledger import GroupLedger
 from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.reward.decode import batch_decoder
+from asyncrl.reward.episode_reward import verifier_metadata
 from asyncrl.reward.pool import RewardPool, RewardResult
 from asyncrl.types import Sample, as_list
 
@@ -87,7 +88,7 @@ class SampleIntake:
             self._submit(wanted, texts.result())
 
     def _submit(self, samples: list[Sample], texts: list[str]) -> None:
-        self.rewards.submit_many([(s, text, s.metadata) for s, text in zip(samples, texts)])
+        self.rewards.submit_many([(s, text, verifier_metadata(s.metadata, s.episode)) for s, text in zip(samples, texts)])
 
     def restore_probe(self, probe_ids: list[int] | None) -> None:
         """A checkpoint's probe (the first sample of the run it continues)."""

@@ -55,10 +55,9 @@ class ResultRouter:
 
     def _turns(self, s: Sample) -> list[dict[str, str]] | None:
         """An episode's response turn by turn: what the model wrote, what the environment answered."""
-        episode = s.metadata.get("episode")
-        if not isinstance(episode, dict):
+        if s.episode is None:
             return None
-        return [{"origin": origin, "text": self._text(s.response_ids[a:b])} for a, b, origin in episode["spans"]]
+        return [{"origin": origin, "text": self._text(s.response_ids[a:b])} for a, b, origin in s.episode.spans]
 
     def _text(self, token_ids: IntSeq) -> str:
         return self.tokenizer.decode(as_list(token_ids), skip_special_tokens=True)

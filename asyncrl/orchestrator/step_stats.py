@@ -25,7 +25,7 @@ from collections import Counter
 from typing import Any
 
 from asyncrl.buffer.stale_policy import lag_counts
-from asyncrl.types import Sample, SequenceChunk
+from asyncrl.types import EpisodeRecord, EpisodeStatus, Sample, SequenceChunk
 
 # Info keys the reward router sets or reports elsewhere (outcome fractions, errors, shaping terms).
 ROUTER_INFO = frozenset({"outcome", "verifier", "data_source", "error", "traceback", "shaping"})
@@ -125,9 +125,8 @@ class StepStats:
                 **({"info": extra} if (extra := own_info(info)) else {}),
                 **({"turns": turns} if turns else {})}
             self._examples[slot:slot + 1] = [example]
-        episode = s.metadata.get("episode")
-        if isinstance(episode, dict):
-            self._add_episode(episode, s.num_loss_tokens)
+        if s.episode is not None:
+            self._add_episode(s.episode, s.num_loss_tokens)
         self.rewards.append(reward)
         self.by_source.setdefault(str(s.metadata.get("data_source", "unknown")), []).append(reward)
         self.latencies.append(latency_s)
@@ -159,13 +158,13 @@ class StepStats:
             lag_counts(versions, 0, len(versions), start, into=self.async_lags)
             self.reuse_lags.append(learner_version - start)
 
-    def _add_episode(self, record: dict[str, Any], model_tokens: int) -> None:
+    def _add_episode(self, record: EpisodeRecord, model_tokens: int) -> None:
         e = self.episodes
         e["episodes"] += 1
-        e["errors"] += "error" in record
+        e["errors"] += record.status is EpisodeStatus.FAILED
         e["model_tokens"] += model_tokens
         for key in ("turns", "tool_calls", "tool_errors", "env_s", "observation_tokens"):
-            e[key] += record.get(key, 0)
+            e[key] += getattr(record, key)
 
     def _episode_metrics(self) -> dict[str, float]:
         """Per step: turns, tool calls and errors, environment time, tokens by origin and the share

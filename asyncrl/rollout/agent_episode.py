@@ -30,7 +30,7 @@ The sample is the episode's calls stitched into one token sequence, token in, to
   the ids so far.
 - A call that does not extend the episode (the agent edited or dropped history, or a side call:
   a summary, a judge) is still served, from its own encoding, so the agent keeps working, but it is
-  not in the sample: it counts in `metadata["episode"]["unstitched_calls"]`. A later call that
+  not in the sample: it counts in the episode record's `unstitched_calls`. A later call that
   extends the stitched sequence is stitched again.
 - Every model token keeps the logprob and version `actor.complete` gave it (aborted and resumed
   across in-flight weight updates like any completion).
@@ -54,8 +54,8 @@ a call, or any call on a branch the agent forked, is unstitched.
 
 An agent that raises, times out (`episode_timeout_s`, counted from when it starts) or returns
 something that is not a reward ends its own episode exactly as a failing environment step does
-(rollout/episode.py): the sample keeps its stitched calls, `metadata["episode"]["error"]` holds the
-error's last line. A thread-run agent that times out keeps its thread until it returns (its later
+(rollout/episode.py): the sample keeps its stitched calls, its episode record's status is `failed`
+and its `error` holds the error's last line. A thread-run agent that times out keeps its thread until it returns (its later
 calls get 404). An engine failure is raised from `run`, as the actor's own requests raise it.
 """
 
@@ -69,7 +69,6 @@ import math
 import numbers
 import secrets
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -77,8 +76,8 @@ from typing import Any, Protocol
 
 from asyncrl.rollout.agent_endpoint import MODEL_NAME, AgentEndpoint, Call, CallRefused, Reply
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.rollout.episode import TRACEBACK_CHARS, Completer
-from asyncrl.types import PromptItem, Sample
+from asyncrl.rollout.episode import Completer, episode_sample
+from asyncrl.types import EpisodeRecord, EpisodeStatus, PromptItem, Sample
 
 AGENT_THREADS = 256  # a thread-run agent holds one for its whole episode
 
@@ -235,11 +234,11 @@ class CallStitcher:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
 
-    def episode_record(self) -> dict[str, Any]:
-        """The keys of EpisodeRunner's record, and the calls served and left out of the sample."""
-        return {"turns": sum(1 for s in self.spans if s[2] == "model"), "calls": self.num_calls,
-                "unstitched_calls": self.num_unstitched, "tool_calls": 0, "tool_errors": 0, "env_s": 0.0,
-                "observation_tokens": self.observation_tokens, "reward": None, "spans": self.spans}
+    def episode_record(self, env: str) -> EpisodeRecord:
+        """What EpisodeRunner records, and the calls served and left out of the sample."""
+        return EpisodeRecord(env, turns=sum(1 for s in self.spans if s[2] == "model"), calls=self.num_calls,
+                             unstitched_calls=self.num_unstitched, observation_tokens=self.observation_tokens,
+                             spans=self.spans)
 
 
 class AgentRunner:
@@ -268,7 +267,7 @@ class AgentRunner:
         calls = CallStitcher(actor, self.tokenizer, base, name, abortable, self.max_call_tokens, self.max_model_len)
         episode_id = f"{name}-{secrets.token_hex(4)}"  # a timed-out agent's late calls never reach a new episode
         url = self.endpoint.open(episode_id, calls)
-        failure: dict[str, Any] = {}
+        failure: BaseException | None = None
         reward, info = None, {}
         t0 = time.monotonic()
         try:
@@ -279,25 +278,22 @@ class AgentRunner:
                     raise AgentFailed() from RuntimeError("no call of the agent reached the model "
                                                           "(none made, or all refused)")
         except AgentFailed as e:
-            fail(failure, e.__cause__ or e)
+            failure = e.__cause__ or e
         finally:
             await self.endpoint.end(episode_id)
         if calls.engine_error is not None:
             raise calls.engine_error
-        record = {"env": self.name, **calls.episode_record(), "env_s": time.monotonic() - t0 - calls.engine_s,
-                  **failure}
-        if not failure:
-            record["reward"] = reward
-            record.update({"info": info} if info else {})
-            for key in ("tool_calls", "tool_errors"):
-                record[key] = int(info[key]) if isinstance(info.get(key), numbers.Real) else 0
-        ended = not failure and not calls.out_of_budget and calls.finish_reason == "stop"
-        return Sample(
-            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
-            prompt_ids=calls.prompt_ids or p.prompt_ids, response_ids=calls.tokens, logprobs=calls.logprobs,
-            versions=calls.versions, finish_reason="stop" if ended else "length", actor_id=actor.actor_id,
-            loss_mask=calls.mask if 0 in calls.mask else [], metadata={**p.metadata, "episode": record},
-            temperature=base.temperature)
+        record = calls.episode_record(self.name)
+        record.env_s = time.monotonic() - t0 - calls.engine_s
+        ended = failure is None and not calls.out_of_budget and calls.finish_reason == "stop"
+        if failure is not None:
+            record.fail(failure)
+        else:
+            record.reward, record.info, record.status = reward, info, EpisodeStatus.DONE if ended else EpisodeStatus.TRUNCATED
+            record.tool_calls, record.tool_errors = (int(info[k]) if isinstance(info.get(k), numbers.Real) else 0
+                                                     for k in ("tool_calls", "tool_errors"))
+        return episode_sample(p, index, actor.actor_id, base.temperature, calls.prompt_ids or p.prompt_ids, calls.tokens,
+                              calls.logprobs, calls.versions, calls.mask, "stop" if ended else "length", record)
 
     def _metadata(self, p: PromptItem) -> dict[str, Any]:
         """The agent's own copy of the record (it may change it), with the run's prompt."""
@@ -351,13 +347,6 @@ class AgentRunner:
         except RuntimeError:
             return  # no loop: the server went with the one it ran on
         self._stopping = loop.create_task(self.endpoint.stop())
-
-
-def fail(record: dict[str, Any], error: BaseException) -> None:
-    """An episode's error as EpisodeRunner records it (the reward router reads it as env_error)."""
-    lines = traceback.format_exception(error)
-    record["error"] = lines[-1].strip()
-    record["traceback"] = "".join(lines)[-TRACEBACK_CHARS:]
 
 
 def agent_reward(result: Any) -> tuple[float | None, dict[str, Any]]:

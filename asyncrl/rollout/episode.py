@@ -15,9 +15,11 @@ token carries logprob 0.0 (never read: its loss mask is 0) and the version of th
 before it, so versions never decrease along the response and the staleness bound, applied per
 token, judges observations as their turn.
 
-A step that raises, times out or answers something other than a `Step` ends its own episode: the
-sample keeps what was generated, `metadata["episode"]["error"]` holds the error's last line (and
-`traceback`), and the reward router scores it 0 with outcome `env_error` (reward/registry.py), which
+Each sample carries its episode's record (`Sample.episode`, types.EpisodeRecord): the status, the
+reward the steps gave, counters, and the span of every turn. A step that raises, times out or
+answers something other than a `Step` ends its own episode: the sample keeps what was generated,
+the record's status is `failed` and its `error` holds the error's last line (and `traceback`), and
+the reward router scores it 0 with outcome `env_error` (reward/registry.py), which
 the driver reports and counts against env.max_error_frac. The engine and the other episodes go
 on: steps run on a thread pool of their own (a hung step holds one of its threads, not the actor's
 event loop), or on the loop when `step` is a coroutine function.
@@ -28,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
@@ -37,10 +38,9 @@ from asyncrl.config.env_section import EnvConfig
 from asyncrl.env.base import EnvFactory, Step, Turn
 from asyncrl.env.registry import stop_strings
 from asyncrl.rollout.engine import SamplingSpec
-from asyncrl.types import PromptItem, Sample
+from asyncrl.types import EpisodeRecord, EpisodeStatus, PromptItem, Sample
 
 STEP_THREADS = 64  # hung steps each hold one until they return; the rest keep going
-TRACEBACK_CHARS = 4000
 
 
 class Tokenizer(Protocol):
@@ -74,6 +74,16 @@ class Episodes(Protocol):
     def close(self) -> None: ...
 
 
+def episode_sample(p: PromptItem, index: int, actor_id: int, temperature: float, prompt_ids: list[int],
+                   tokens: list[int], logprobs: list[float], versions: list[int], mask: list[int], reason: str,
+                   record: EpisodeRecord) -> Sample:
+    """An episode's one sample (an environment's or an agent's): its response is every token of the
+    episode, the model's (mask 1) and the observations (mask 0), and it carries the record."""
+    return Sample(prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index, prompt_ids=prompt_ids,
+                  response_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=reason, actor_id=actor_id,
+                  loss_mask=mask if 0 in mask else [], metadata=p.metadata, temperature=temperature, episode=record)
+
+
 class EnvStepFailed(Exception):
     """An environment step that raised, timed out or broke the protocol (ends its episode)."""
 
@@ -90,15 +100,14 @@ class EpisodeRunner:
         logprobs: list[float] = []
         versions: list[int] = []
         mask: list[int] = []
-        record: dict[str, Any] = {"env": cfg.type, "turns": 0, "tool_calls": 0, "tool_errors": 0, "env_s": 0.0,
-                                  "observation_tokens": 0, "reward": None, "spans": []}
+        record = EpisodeRecord(cfg.type)
         reason = "length"
         try:
             env = self.factory(p.metadata, **cfg.options)
             spec = replace(base, stop=stop_strings(cfg, env))
         except Exception as e:  # a factory that fails on this record costs this episode
             env, spec = None, base
-            self._fail(record, e)
+            record.fail(e)
         for turn in range(cfg.max_turns if env is not None else 0):
             left = base.max_tokens - len(tokens)
             if left <= 0:
@@ -108,12 +117,12 @@ class EpisodeRunner:
             text, cut = self._turn_text(ids, turn_spec.stop)
             if cut < len(ids):  # what the engine sampled past the stop string is never used
                 ids, lps, vers, reason = ids[:cut], lps[:cut], vers[:cut], "stop"
-            record["spans"].append([len(tokens), len(tokens) + len(ids), "model"])
+            record.spans.append([len(tokens), len(tokens) + len(ids), "model"])
             tokens += ids
             logprobs += lps
             versions += vers
             mask += [1] * len(ids)
-            record["turns"] += 1
+            record.turns += 1
             if len(tokens) >= base.max_tokens:
                 reason = "length"
                 break
@@ -121,23 +130,20 @@ class EpisodeRunner:
                 step = await self._step(env, Turn(turn, text, list(ids), reason), record)
                 obs = [] if step.done else self._observation(step.observation)[:base.max_tokens - len(tokens)]
             except EnvStepFailed as e:
-                self._fail(record, e.__cause__ or e)
+                record.fail(e.__cause__ or e)
                 break
             if step.done:
-                reason = "stop"
+                reason, record.status = "stop", EpisodeStatus.DONE
                 break
-            record["spans"].append([len(tokens), len(tokens) + len(obs), "env"])
-            record["observation_tokens"] += len(obs)
+            record.spans.append([len(tokens), len(tokens) + len(obs), "env"])
+            record.observation_tokens += len(obs)
             tokens += obs
             logprobs += [0.0] * len(obs)
             versions += [versions[-1] if versions else actor.version] * len(obs)
             mask += [0] * len(obs)
             reason = "length"  # an episode that ends here (turns or tokens used up) is truncated
-        return Sample(
-            prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index, prompt_ids=p.prompt_ids,
-            response_ids=tokens, logprobs=logprobs, versions=versions, finish_reason=reason,
-            actor_id=actor.actor_id, loss_mask=mask if 0 in mask else [],
-            metadata={**p.metadata, "episode": record}, temperature=base.temperature)
+        return episode_sample(p, index, actor.actor_id, base.temperature, p.prompt_ids, tokens, logprobs, versions,
+                              mask, reason, record)
 
     def _turn_text(self, ids: list[int], stop: tuple[str, ...]) -> tuple[str, int]:
         """The turn's text, and how many of its tokens make the turn: all, unless a stop string
@@ -155,7 +161,7 @@ class EpisodeRunner:
                 return head, k
         return text, len(ids)
 
-    async def _step(self, env: Any, turn: Turn, record: dict[str, Any]) -> Step:
+    async def _step(self, env: Any, turn: Turn, record: EpisodeRecord) -> Step:
         """env.step(turn) within env.step_timeout_s; its reward and counters go into `record`."""
         t0 = time.monotonic()
         try:
@@ -170,13 +176,13 @@ class EpisodeRunner:
         except Exception as e:
             raise EnvStepFailed() from e
         finally:
-            record["env_s"] += time.monotonic() - t0
+            record.env_s += time.monotonic() - t0
         if not isinstance(step, Step):
             raise EnvStepFailed() from TypeError(f"env.step returned {type(step).__name__}, not a Step")
         if step.reward is not None:
-            record["reward"] = (record["reward"] or 0.0) + float(step.reward)
-        for key in ("tool_calls", "tool_errors"):
-            record[key] += int(step.info.get(key, 0))
+            record.reward = (record.reward or 0.0) + float(step.reward)
+        record.tool_calls += int(step.info.get("tool_calls", 0))
+        record.tool_errors += int(step.info.get("tool_errors", 0))
         return step
 
     def _observation(self, obs: str | list[int]) -> list[int]:
@@ -187,12 +193,6 @@ class EpisodeRunner:
             raise EnvStepFailed() from TypeError(f"an observation must be text or a list of token ids "
                                                  f"below {vocab}, got {str(obs)[:100]}")
         return obs
-
-    @staticmethod
-    def _fail(record: dict[str, Any], error: BaseException) -> None:
-        lines = traceback.format_exception(error)
-        record["error"] = lines[-1].strip()
-        record["traceback"] = "".join(lines)[-TRACEBACK_CHARS:]
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

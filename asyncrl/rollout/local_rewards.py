@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.reward.decode import batch_decoder
+from asyncrl.reward.episode_reward import verifier_metadata
 from asyncrl.reward.pool import RewardPool
 from asyncrl.types import Sample
 
@@ -53,7 +54,8 @@ class LocalRewards:
 
     def submit(self, sample: Sample) -> None:
         """A finished sample, to be scored and then sent."""
-        self.pool.submit(sample, self.decode([sample.response_ids])[0], sample.metadata)
+        self.pool.submit(sample, self.decode([sample.response_ids])[0],
+                         verifier_metadata(sample.metadata, sample.episode))
 
     async def deliver(self) -> None:
         """Send each sample as its reward comes back, until cancelled. Raises what stopped the

@@ -27,9 +27,9 @@ from typing import Any
 
 import msgpack
 
-from asyncrl.types import BATCH_ROLES, FINISH_REASONS, Batch, ResponseSpan, Sample, SequenceChunk
+from asyncrl.types import BATCH_ROLES, FINISH_REASONS, Batch, EpisodeRecord, ResponseSpan, Sample, SequenceChunk
 
-FORMAT_VERSION = 4  # 4: loss masks (multi-turn episodes)
+FORMAT_VERSION = 5  # 4: loss masks (multi-turn episodes); 5: episode records
 _SWAP = sys.byteorder != "little"
 INT, FLOAT = "i", "f"  # int32 and float32
 assert array(INT).itemsize == 4 and array(FLOAT).itemsize == 4, "this platform's C int or float is not 32 bits"
@@ -121,17 +121,23 @@ def _count(obj: dict) -> int:
 # `dataclasses.fields(Sample)`, so a new field is one edit (in types.py); an annotation without a
 # column kind here fails at import. A token column ("IntSeq", "FloatSeq") is packed, cut by the
 # prompt's lengths (prompt_ids) or the response's (the rest).
+EPISODE = "episode"  # a list of maps (EpisodeRecord.to_dict), nil for a sample that is no episode
 _KINDS = {"str": str, "int": int, "float": float, "float | None": float, "dict[str, Any]": dict,
-          "IntSeq": INT, "FloatSeq": FLOAT}
+          "IntSeq": INT, "FloatSeq": FLOAT, "EpisodeRecord | None": EPISODE}
 SAMPLE_COLUMNS: list[tuple[str, Any]] = [(f.name, _KINDS[f.type]) for f in fields(Sample)]
 ACTOR_SCORED = ("reward", "reward_info", "reward_latency_s")
 """Columns only a frame of samples scored by their actor carries (reward.placement: actor)."""
 MASKED = ("loss_mask",)
 """Columns only a frame holding an episode with observation tokens carries (with `mask_lengths`):
 a single-turn frame decodes exactly as before masks existed, at the same cost."""
-_FRAME_COLUMNS = {(scored, masked): [(n, k) for n, k in SAMPLE_COLUMNS
-                                     if (scored or n not in ACTOR_SCORED) and (masked or n not in MASKED)]
-                  for scored in (False, True) for masked in (False, True)}
+EPISODIC = ("episode",)
+"""Columns only a frame holding an episode carries."""
+_FRAME_COLUMNS = {(scored, masked, episodic): [
+    (n, k) for n, k in SAMPLE_COLUMNS
+    if (scored or n not in ACTOR_SCORED) and (masked or n not in MASKED) and (episodic or n not in EPISODIC)]
+    for scored in (False, True) for masked in (False, True) for episodic in (False, True)}
+# a frame whose columns are not the first of Sample's fills the ones it left out with their defaults
+_FILLS = {key: [n for n, _ in cols] != [n for n, _ in SAMPLE_COLUMNS[:len(cols)]] for key, cols in _FRAME_COLUMNS.items()}
 _TOKEN_KINDS = (INT, FLOAT)
 
 
@@ -153,16 +159,16 @@ def encode_samples(samples: list[Sample]) -> bytes:
     scored = {s.reward is not None for s in samples}
     if len(scored) > 1:
         raise ValueError("a frame's samples must be all scored by their actor or none")
-    masked = any(s.loss_mask for s in samples)
+    masked, episodic = any(s.loss_mask for s in samples), any(s.episode is not None for s in samples)
     frame: dict[str, Any] = {"v": FORMAT_VERSION, "kind": "samples", "count": len(samples),
                              "prompt_lengths": [len(s.prompt_ids) for s in samples],
                              "response_lengths": [len(s.response_ids) for s in samples]}
     if masked:
         frame["mask_lengths"] = [len(s.loss_mask) for s in samples]
-    for name, kind in _FRAME_COLUMNS[scored == {True}, masked]:
+    for name, kind in _FRAME_COLUMNS[scored == {True}, masked, episodic]:
         values = list(map(attrgetter(name), samples))
-        frame[name] = (_pack(values, kind) if kind in _TOKEN_KINDS
-                       else [float(v) for v in values] if kind is float else values)
+        frame[name] = (_pack(values, kind) if kind in _TOKEN_KINDS else [float(v) for v in values] if kind is float
+                       else [None if e is None else e.to_dict() for e in values] if kind is EPISODE else values)
     return msgpack.packb(frame, use_bin_type=True)
 
 
@@ -170,12 +176,13 @@ def decode_samples(frame: bytes) -> list[Sample]:
     """The samples of one frame, validated as a whole: any bad record rejects the frame."""
     obj = _load_map(frame, "samples")
     k = _count(obj)
-    scored, masked = "reward" in obj, "loss_mask" in obj
+    scored, masked, episodic = "reward" in obj, "loss_mask" in obj, "episode" in obj
     lengths = {"prompt_lengths": _lengths(obj, "prompt_lengths", k), "response_lengths": _lengths(obj, "response_lengths", k)}
     if masked:
         lengths["mask_lengths"] = _lengths(obj, "mask_lengths", k)
     col = {name: _unpack(obj, name, kind, lengths[_LENGTHS.get(name, "response_lengths")]) if kind in _TOKEN_KINDS
-           else _column(obj, name, kind, k) for name, kind in _FRAME_COLUMNS[scored, masked]}
+           else _episodes(obj, k) if kind is EPISODE else _column(obj, name, kind, k)
+           for name, kind in _FRAME_COLUMNS[scored, masked, episodic]}
     if not all(lengths["prompt_lengths"]):
         raise FrameError("a sample has an empty prompt")
     if k and min(col["sample_index"]) < 0:
@@ -189,14 +196,26 @@ def decode_samples(frame: bytes) -> list[Sample]:
         raise FrameError("a sample's temperature is not positive")
     if "reward" in col and not all(map(math.isfinite, col["reward"])):
         raise FrameError("a sample's reward is not finite")
-    if masked and not scored:  # the actor-scored columns sit before the mask: their defaults
-        col = {name: col[name] if name in col else _unscored(name, k) for name, _ in SAMPLE_COLUMNS}
+    if _FILLS[scored, masked, episodic]:  # a column left out sits before one carried: their defaults
+        col = {name: col[name] if name in col else _default(name, k) for name, _ in SAMPLE_COLUMNS}
     return [Sample(*values) for values in zip(*col.values())]
 
 
-def _unscored(name: str, k: int) -> list:
-    """A column a frame of samples not scored by their actor leaves out, as Sample's defaults."""
-    return [{} for _ in range(k)] if name == "reward_info" else [0.0 if name == "reward_latency_s" else None] * k
+def _default(name: str, k: int) -> list:
+    """A column a frame left out (not scored by the actor, no mask, no episode), as Sample's defaults."""
+    if name in ("reward_info", "loss_mask"):
+        return [{} if name == "reward_info" else [] for _ in range(k)]
+    return [0.0 if name == "reward_latency_s" else None] * k
+
+
+def _episodes(obj: dict, k: int) -> list[EpisodeRecord | None]:
+    values = obj.get("episode")
+    if not isinstance(values, list) or len(values) != k:
+        raise FrameError(f"field 'episode' must be a list of {k} values")
+    try:
+        return [None if v is None else EpisodeRecord.from_dict(v) for v in values]
+    except (TypeError, ValueError) as e:
+        raise FrameError(f"field 'episode': {e}") from None
 
 
 # -- batches: orchestrator -> learner rank -----------------------------------------------------

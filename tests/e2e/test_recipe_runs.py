@@ -86,12 +86,16 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
         assert [r["stage/index"] for r in rows] == [0, 1, 2]
     if name == "tiny_tool":  # the episodes called the calculator, whose answers are in, masked
         episodes = [r for r in rows if r.get("episode/tool_calls_mean") is not None]
-        assert episodes and all(r["episode/masked_frac"] > 0.2 and r["episode/error_frac"] == 0 for r in episodes)
+        assert episodes and all(r["episode/error_frac"] == 0 for r in episodes)
         # Over the run's ~200 episodes, not step by step: the warm start calls in ~96% of them, and a
-        # late step of 25 episodes falls under 0.9 one time in eight by chance (binomial) - CI saw it.
-        calls = sum(r["episode/tool_calls_mean"] * r["reward/num_samples"] for r in episodes)
-        assert calls / sum(r["reward/num_samples"] for r in episodes) >= 0.9
-        assert all(r["episode/tool_calls_mean"] >= 0.5 for r in episodes)
+        # late step of 25 episodes falls under 0.9 one time in eight by chance (binomial) - CI saw it;
+        # a step can hold a single episode, with no call and so nothing masked.
+        def total(key):
+            return sum(r[key] * r["reward/num_samples"] for r in episodes)
+
+        assert total("episode/tool_calls_mean") / sum(r["reward/num_samples"] for r in episodes) >= 0.9
+        observed = total("episode/observation_tokens_mean")
+        assert observed / (observed + total("episode/model_tokens_mean")) > 0.3  # ~0.41
     if name == "dapo":
         sealed = [r["buffer/rollout_batches_sealed_total"] for r in rows]
         assert sealed[0] == 1 and sealed[2] == 2

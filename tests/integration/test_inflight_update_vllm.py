@@ -222,7 +222,7 @@ def test_an_episode_across_a_push_reproduces_the_engine_logprobs_of_each_turn_in
     checked = stops = 0
     for s in samples:
         s.validate()
-        spans = s.metadata["episode"]["spans"]
+        spans = s.episode.spans
         model_spans = [(a, b) for a, b, origin in spans if origin == "model"]
         assert [origin for *_, origin in spans][:2] == ["model", "env"]
         for a, b, origin in spans:

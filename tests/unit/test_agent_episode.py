@@ -8,7 +8,7 @@ import threading
 import openai
 import pytest
 
-from asyncrl.reward.episode_reward import env_failure, episode_reward
+from asyncrl.reward.episode_reward import env_failure, episode_reward, verifier_metadata
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.agent_episode import AgentFailed, AgentRunner, agent_reward
 from asyncrl.rollout.engine import SamplingSpec
@@ -120,14 +120,14 @@ def test_three_chat_turns_are_one_sample_of_the_engines_tokens_logprobs_and_vers
     assert first.choices[0].message.content == "calc 2+2" and first.choices[0].finish_reason == "stop"
     assert (first.usage.prompt_tokens, first.usage.completion_tokens) == (len(prompt), len(r1[0]))
     assert first.object == "chat.completion" and first.model == "asyncrl-policy"
-    record = sample.metadata["episode"]
-    assert (record["turns"], record["calls"], record["unstitched_calls"]) == (3, 3, 0)
-    assert record["observation_tokens"] == len(obs1) + len(obs2)
-    assert (record["reward"], record["tool_calls"], record["info"]) == (1.5, 2, {"tool_calls": 2})
+    record = sample.episode
+    assert (record.turns, record.calls, record.unstitched_calls) == (3, 3, 0)
+    assert record.observation_tokens == len(obs1) + len(obs2)
+    assert (record.reward, record.tool_calls, record.info) == (1.5, 2, {"tool_calls": 2})
     n1, n2 = len(r1[0]), len(r1[0]) + len(obs1)
-    assert record["spans"][:3] == [[0, n1, "model"], [n1, n2, "env"], [n2, n2 + len(r2[0]), "model"]]
-    assert "error" not in record and sample.finish_reason == "stop" and sample.actor_id == 7
-    assert episode_reward("", sample.metadata) == (1.5, {"outcome": "episode"})
+    assert record.spans[:3] == [[0, n1, "model"], [n1, n2, "env"], [n2, n2 + len(r2[0]), "model"]]
+    assert record.error is None and sample.finish_reason == "stop" and sample.actor_id == 7
+    assert episode_reward("", verifier_metadata(sample.metadata, sample.episode)) == (1.5, {"outcome": "episode"})
     assert metadata_seen[0]["prompt_ids"] == [5, 6] and metadata_seen[0]["question"] == "2+2, then *3?"
     assert "prompt_ids" not in sample.metadata
     sample.validate()
@@ -159,7 +159,7 @@ def test_completion_calls_stitch_an_ids_prompt_and_a_stop_string_the_agent_left_
     assert sample.response_ids == r1[0] + obs1 + r2[0] + obs2 + r3[0]
     assert actor.requests[2][0] == p.prompt_ids + sample.response_ids[:-len(r3[0])]
     assert actor.requests[0][1].stop == ("</calc>",)
-    assert sample.metadata["episode"]["unstitched_calls"] == 0
+    assert sample.episode.unstitched_calls == 0
 
 
 def test_an_agent_that_edits_history_is_served_but_only_consistent_calls_are_stitched(tok):
@@ -186,9 +186,9 @@ def test_an_agent_that_edits_history_is_served_but_only_consistent_calls_are_sti
     assert actor.requests[3][0] == prompt + sample.response_ids[:-len(r4[0])]
     # The unstitched call's tokens still count against the budget.
     assert actor.requests[3][1].max_tokens == 200 - len(r1[0] + obs1 + r2[0] + obs2) - len(r3[0])
-    record = sample.metadata["episode"]
-    assert (record["turns"], record["calls"], record["unstitched_calls"]) == (3, 4, 1)
-    assert record["reward"] == 0.0 and "error" not in record
+    record = sample.episode
+    assert (record.turns, record.calls, record.unstitched_calls) == (3, 4, 1)
+    assert record.reward == 0.0 and record.error is None
 
 
 def test_a_retried_call_after_an_empty_reply_is_served_from_its_own_prompt_and_what_follows_is_context(tok):
@@ -208,7 +208,7 @@ def test_a_retried_call_after_an_empty_reply_is_served_from_its_own_prompt_and_w
     assert [prompt for prompt, _, _ in actor.requests] == [enc(tok, "Q:"), enc(tok, "Q:"),
                                                            enc(tok, "Q:") + [EOS] + enc(tok, "ab")]
     assert sample.response_ids == [EOS] + enc(tok, "ab") + enc(tok, "c")
-    assert sample.loss_mask == [1, 0, 0, 1] and sample.metadata["episode"]["unstitched_calls"] == 1
+    assert sample.loss_mask == [1, 0, 0, 1] and sample.episode.unstitched_calls == 1
 
 
 def test_an_agent_that_raises_ends_its_own_episode_and_the_runner_goes_on(tok):
@@ -224,14 +224,14 @@ def test_an_agent_that_raises_ends_its_own_episode_and_the_runner_goes_on(tok):
     runner = AgentRunner(agent, tok)
     broken, fine = run_episodes(runner, actor, [PromptItem("p0", [5], {"fail": True}),
                                                 PromptItem("p1", [5], {"fail": False})])
-    record = broken.metadata["episode"]
-    assert record["error"] == "ValueError: the tool broke"
-    assert 'raise ValueError("the tool broke")' in record["traceback"]
-    assert record["reward"] is None and record["turns"] == 1
+    record = broken.episode
+    assert record.error == "ValueError: the tool broke"
+    assert 'raise ValueError("the tool broke")' in record.traceback
+    assert record.reward is None and record.turns == 1
     assert broken.response_ids == reply(tok, "hi", 0)[0] or broken.response_ids == reply(tok, "ok", 0)[0]
-    assert env_failure(broken.metadata)["outcome"] == "env_error"
-    assert "error" not in fine.metadata["episode"] and fine.metadata["episode"]["reward"] == 1.0
-    assert env_failure(fine.metadata) is None
+    assert env_failure(verifier_metadata(broken.metadata, broken.episode))["outcome"] == "env_error"
+    assert fine.episode.error is None and fine.episode.reward == 1.0
+    assert env_failure(verifier_metadata(fine.metadata, fine.episode)) is None
 
 
 def test_an_agent_that_hangs_times_out_and_its_late_calls_get_404(tok):
@@ -266,9 +266,9 @@ def test_an_agent_that_hangs_times_out_and_its_late_calls_get_404(tok):
         return sample, coroutine_sample
 
     sample, coroutine_sample = asyncio.run(main())
-    assert sample.metadata["episode"]["error"] == "TimeoutError: the agent took longer than episode_timeout_s=0.3"
+    assert sample.episode.error == "TimeoutError: the agent took longer than episode_timeout_s=0.3"
     assert sample.response_ids == reply(tok, "hi", 0)[0]
-    assert coroutine_sample.metadata["episode"]["error"].startswith("TimeoutError")
+    assert coroutine_sample.episode.error.startswith("TimeoutError")
     assert len(late) == 1 and "no running episode" in late[0].message
 
 
@@ -294,7 +294,7 @@ def test_a_used_up_token_budget_cuts_then_refuses_calls(tok):
     assert len(actor.requests) == 2
     assert seen[0] == "length" and "token budget (rollout.max_tokens=12" in seen[1]
     assert sample.response_ids == enc(tok, "abcdexyz1234")
-    assert sample.finish_reason == "length" and sample.metadata["episode"]["reward"] == 1.0
+    assert sample.finish_reason == "length" and sample.episode.reward == 1.0
 
 
 def test_the_endpoint_refuses_what_it_does_not_serve_and_unknown_or_busy_episodes(tok):
@@ -331,7 +331,7 @@ def test_the_endpoint_refuses_what_it_does_not_serve_and_unknown_or_busy_episode
     assert outcomes["models"] == ["asyncrl-policy"]
     assert "n=2" in outcomes["n"] and "streaming" in outcomes["stream"] and "tools" in outcomes["tools"]
     assert outcomes["both"] == ["ChatCompletion", "ConflictError"]
-    assert len(actor.requests) == 1 and sample.metadata["episode"]["calls"] == 1
+    assert len(actor.requests) == 1 and sample.episode.calls == 1
 
 
 def test_an_engine_failure_is_raised_from_the_episode_at_once(tok):
@@ -385,7 +385,7 @@ def test_concurrent_episodes_on_one_endpoint_each_get_their_own_calls(tok):
     prompts = [PromptItem(f"p{q}", [5], {"q": q}) for q in "wxyz"]
     samples = run_episodes(AgentRunner(agent, tok), Echo([]), prompts)
     for q, s in zip("wxyz", samples):
-        assert s.metadata["episode"]["reward"] == 1.0
+        assert s.episode.reward == 1.0
         obs = enc(tok, "\nuser: .<|endoftext|>\nassistant: ")
         assert s.response_ids == enc(tok, q) + [EOS] + obs + enc(tok, q * 2) + [EOS]
 
@@ -427,8 +427,8 @@ def test_a_rollout_actor_runs_agent_episodes_across_a_weight_update_and_stops_it
     finally:
         gate.set()
     s.validate()
-    record = s.metadata["episode"]
-    assert record["turns"] == 2 and record["reward"] == 1.0 and "error" not in record
+    record = s.episode
+    assert record.turns == 2 and record.reward == 1.0 and record.error is None
     model = [i for i, m in enumerate(s.loss_mask) if m]
     assert 0 in s.loss_mask and sorted(set(s.versions[i] for i in model)) == [0, 1]
     for i in model:  # each model token's behaviour logprob is that of the weights that sampled it

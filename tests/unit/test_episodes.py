@@ -11,6 +11,7 @@ from asyncrl.config import RewardConfig
 from asyncrl.config.env_section import EnvConfig
 from asyncrl.env.base import Step
 from asyncrl.reward.errors import RewardErrorsExceeded, env_error_monitor, format_report
+from asyncrl.reward.episode_reward import verifier_metadata
 from asyncrl.reward.registry import RewardRouter
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
@@ -90,10 +91,10 @@ def test_an_episode_keeps_model_and_observation_tokens_with_a_mask_of_the_model_
     assert s.response_ids[4:7] == obs and s.response_ids[11:14] == obs
     assert [s.logprobs[i] for i in range(len(s.loss_mask)) if not s.loss_mask[i]] == [0.0] * 6
     assert s.num_loss_tokens == 12 and s.finish_reason == "stop"
-    ep = s.metadata["episode"]
-    assert (ep["turns"], ep["tool_calls"], ep["reward"], ep["observation_tokens"]) == (3, 3, 3.0, 6)
-    assert ep["spans"] == [[0, 4, "model"], [4, 7, "env"], [7, 11, "model"], [11, 14, "env"], [14, 18, "model"]]
-    assert "error" not in ep and s.metadata["answer"] == "7"
+    ep = s.episode
+    assert (ep.turns, ep.tool_calls, ep.reward, ep.observation_tokens) == (3, 3, 3.0, 6)
+    assert ep.spans == [[0, 4, "model"], [4, 7, "env"], [7, 11, "model"], [11, 14, "env"], [14, 18, "model"]]
+    assert ep.error is None and s.metadata["answer"] == "7"
     # the environment saw each turn's own sampled ids and their text, never a re-tokenization
     turns = envs[0].seen
     assert [t.token_ids for t in turns] == [s.response_ids[0:4], s.response_ids[7:11], s.response_ids[14:18]]
@@ -155,13 +156,13 @@ def test_a_hanging_environment_times_out_alone_and_the_actor_keeps_generating():
         return {s.group_id: s for s in out}
 
     samples = run(main())
-    hung = samples["hang"].metadata["episode"]
-    assert hung["error"] == "TimeoutError: env.step took longer than env.step_timeout_s=0.3"
-    assert 0.3 <= hung["env_s"] < 2 and hung["turns"] == 1
+    hung = samples["hang"].episode
+    assert hung.error == "TimeoutError: env.step took longer than env.step_timeout_s=0.3"
+    assert 0.3 <= hung.env_s < 2 and hung.turns == 1
     assert samples["hang"].loss_mask == [] and len(samples["hang"].response_ids) == 4
     for name in ("ok0", "ok1", "ok2", "ok3", "after"):
-        assert "error" not in samples[name].metadata["episode"]
-        assert samples[name].metadata["episode"]["turns"] == 2
+        assert samples[name].episode.error is None
+        assert samples[name].episode.turns == 2
 
 
 def test_a_raising_environment_costs_its_episode_reported_with_its_last_traceback_line():
@@ -178,17 +179,18 @@ def test_a_raising_environment_costs_its_episode_reported_with_its_last_tracebac
         return {s.group_id: s for s in out}
 
     samples = run(main())
-    ep = samples["p0"].metadata["episode"]
-    assert ep["error"] == "ZeroDivisionError: division by zero"
-    assert "1 / 0" in ep["traceback"] and ep["turns"] == 1
+    ep = samples["p0"].episode
+    assert ep.error == "ZeroDivisionError: division by zero"
+    assert "1 / 0" in ep.traceback and ep.turns == 1
     # the router scores it 0 as an environment error, whatever the verifier would say
     router = RewardRouter(RewardConfig(type="episode"))
-    reward, info = router("text", samples["p0"].metadata)
+    view = {k: verifier_metadata(s.metadata, s.episode) for k, s in samples.items()}  # what a verifier is given
+    reward, info = router("text", view["p0"])
     assert (reward, info["outcome"], info["error"], info["verifier"]) == (
         0.0, "env_error", "ZeroDivisionError: division by zero", "calculator")
-    assert router("text", samples["p1"].metadata)[0] == 3.0  # the episode verifier: the steps' rewards
+    assert router("text", view["p1"])[0] == 3.0  # the episode verifier: the steps' rewards
     monitor = env_error_monitor(0.05)
-    report = monitor.observe(info, "text", samples["p0"].metadata)
+    report = monitor.observe(info, "text", view["p0"])
     assert format_report(report).startswith("environment error in calculator")
     assert "ZeroDivisionError: division by zero" in format_report(report)
 
@@ -223,10 +225,10 @@ def test_a_factory_that_fails_and_a_step_that_answers_garbage_are_episode_errors
         return {s.group_id: s for s in out}
 
     samples = run(main())
-    assert samples["factory"].metadata["episode"]["error"] == "KeyError: 'secret'"
+    assert samples["factory"].episode.error == "KeyError: 'secret'"
     assert samples["factory"].response_ids == []
-    assert samples["garbage"].metadata["episode"]["error"].startswith("TypeError: an observation must be")
-    assert samples["str"].metadata["episode"]["error"].startswith("AttributeError")
+    assert samples["garbage"].episode.error.startswith("TypeError: an observation must be")
+    assert samples["str"].episode.error.startswith("AttributeError")
 
 
 def run(coro):

@@ -141,3 +141,29 @@ def test_no_component_writes_another_components_fields():
                             and inner.value.id == "self" and inner.attr not in OWN_RECORDS):
                         found.append(f"{path.relative_to(PACKAGE.parent)}:{e.lineno}: {ast.unparse(e)}")
     assert not found, found
+
+
+def metadata_episode_reads(tree: ast.AST) -> list[ast.AST]:
+    """`<...metadata...>["episode"]` and `<...metadata...>.get("episode")`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            owner, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+            owner, key = node.func.value, node.args[0]
+        else:
+            continue
+        if isinstance(key, ast.Constant) and key.value == "episode" and "metadata" in ast.unparse(owner):
+            found.append(node)
+    return found
+
+
+def test_the_episode_record_travels_typed():
+    """An episode's record is `Sample.episode` (types.EpisodeRecord), carried by the codec; only the
+    verifiers' view (reward/episode_reward.py) holds it as `metadata["episode"]`, for user verifiers."""
+    assert len(metadata_episode_reads(ast.parse("s.metadata.get('episode'); key.metadata['episode']['spans']"))) == 2
+    view = PACKAGE / "reward" / "episode_reward.py"
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}"
+             for path in sorted(PACKAGE.rglob("*.py")) if path != view
+             for node in metadata_episode_reads(ast.parse(path.read_text()))]
+    assert not found, found

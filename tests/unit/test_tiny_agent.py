@@ -9,7 +9,7 @@ from asyncrl.orchestrator.evaluation import EvalKey, Evaluator, eval_records, ev
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.tiny import tool_measure, tool_task
 from asyncrl.tiny.tokenizer import build_tokenizer
-from asyncrl.types import PromptItem, Sample
+from asyncrl.types import EpisodeRecord, EpisodeStatus, PromptItem, Sample
 
 
 def test_the_splits_are_disjoint_two_digit_problems_and_the_trace_reads_the_calculator():
@@ -60,12 +60,10 @@ def test_the_warm_start_sampler_feeds_the_calculator_answer_in_and_scores_the_ep
 
 def episode_sample(turns, calls, errors, obs, model_tokens, error=None):
     mask = [1] * model_tokens + [0] * obs
-    record = {"turns": turns, "tool_calls": calls, "tool_errors": errors, "env_s": 0.5, "observation_tokens": obs,
-              "reward": None, "spans": []}
-    if error:
-        record["error"] = error
+    record = EpisodeRecord("calculator", EpisodeStatus.FAILED if error else EpisodeStatus.DONE, turns=turns,
+                           tool_calls=calls, tool_errors=errors, env_s=0.5, observation_tokens=obs, error=error)
     return Sample("p", "g", 0, [1], [2] * len(mask), [0.0] * len(mask), [0] * len(mask), "stop", 0,
-                  metadata={"episode": record}, loss_mask=mask)
+                  loss_mask=mask, episode=record)
 
 
 def test_a_steps_row_holds_the_episode_metrics():
@@ -91,11 +89,12 @@ def test_heldout_tool_rates_and_the_summary():
     ev = Evaluator(cfg, [PromptItem("a", [1], {}), PromptItem("b", [2], {})], Events())
     ev._version, ev._expected = 0, 4
 
-    def meta(calls, errors):
-        return {"episode": {"tool_calls": calls, "tool_errors": errors}}
+    def episode(calls, errors):
+        return EpisodeRecord("calculator", tool_calls=calls, tool_errors=errors)
 
-    for index, reward, m in [(0, 1.0, meta(1, 0)), (0, 1.0, meta(0, 0)), (1, 0.0, meta(1, 0)), (1, 1.0, meta(2, 1))]:
-        ev.on_scored(EvalKey(index, 3, "r", m), reward)
+    for index, reward, e in [(0, 1.0, episode(1, 0)), (0, 1.0, episode(0, 0)), (1, 0.0, episode(1, 0)),
+                             (1, 1.0, episode(2, 1))]:
+        ev.on_scored(EvalKey(index, 3, "r", {}, e), reward)
     m = ev.take_metrics(step=1)
     assert m["eval/tool_call_rate"] == 0.75  # 3 of 4 episodes called the calculator
     assert m["eval/tool_success_rate"] == 0.25  # and one solved it with calls that all answered

@@ -6,7 +6,7 @@ import pytest
 
 from asyncrl.transport.codec import FrameError, decode_batch, decode_samples, encode_batch, encode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver, FrameSender, RecordBatcher
-from asyncrl.types import Batch, ResponseSpan, Sample, SequenceChunk, with_lists
+from asyncrl.types import Batch, EpisodeRecord, EpisodeStatus, ResponseSpan, Sample, SequenceChunk, with_lists
 
 
 def sample(i=0):
@@ -52,12 +52,44 @@ def test_the_sample_wire_format_is_the_dataclass_fields():
     new field needs no edit in the codec (an annotation it has no column kind for fails at import)."""
     from dataclasses import fields
 
-    from asyncrl.transport.codec import ACTOR_SCORED, MASKED, SAMPLE_COLUMNS
+    from asyncrl.transport.codec import ACTOR_SCORED, EPISODIC, MASKED, SAMPLE_COLUMNS
 
     assert [name for name, _ in SAMPLE_COLUMNS] == [f.name for f in fields(Sample)]
     frame = msgpack.unpackb(encode_samples([sample()]))
     assert set(frame) == ({"v", "kind", "count", "prompt_lengths", "response_lengths"}
-                          | {f.name for f in fields(Sample)} - set(ACTOR_SCORED) - set(MASKED))
+                          | {f.name for f in fields(Sample)} - set(ACTOR_SCORED) - set(MASKED) - set(EPISODIC))
+
+
+def episode(status=EpisodeStatus.DONE, **kw):
+    return EpisodeRecord("calculator", status, turns=2, tool_calls=1, env_s=0.25, observation_tokens=1, reward=1.0,
+                         spans=[[0, 1, "model"], [1, 2, "env"], [2, 3, "model"]], **kw)
+
+
+@pytest.mark.parametrize("scored", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_an_episode_record_travels_typed_beside_its_sample_in_every_kind_of_frame(scored, masked):
+    """A frame with an episode carries its records; one of single-turn samples has no such column."""
+    s = replace(sample(), episode=episode(info={"k": [1, "a"]}), loss_mask=[1, 0, 1] if masked else [],
+                **({"reward": 1.0, "reward_info": {"outcome": "episode"}} if scored else {}))
+    failed = replace(sample(1), episode=EpisodeRecord("calculator"), loss_mask=s.loss_mask, reward=s.reward,
+                     reward_info=s.reward_info)
+    failed.episode.fail(ZeroDivisionError("division by zero"))
+    plain = replace(sample(2), loss_mask=s.loss_mask, reward=s.reward, reward_info=s.reward_info)
+    got = decoded(encode_samples([s, failed, plain]))
+    assert got == [s, failed, plain]
+    assert got[0].episode.status is EpisodeStatus.DONE and got[1].episode.status is EpisodeStatus.FAILED
+    assert got[1].episode.error == "ZeroDivisionError: division by zero" and got[2].episode is None
+    assert "episode" not in msgpack.unpackb(encode_samples([plain]))
+
+
+@pytest.mark.parametrize("value, match", [
+    (["nope"], "not an episode record"), ([{"env": "x", "what": 1}], "not an episode record"),
+    ([{"env": "x", "status": "lost"}], "'lost' is not a valid EpisodeStatus"), ([None, None], "list of 1")])
+def test_a_frame_with_a_bad_episode_record_is_rejected(value, match):
+    frame = msgpack.unpackb(encode_samples([replace(sample(), episode=episode())]))
+    frame["episode"] = value
+    with pytest.raises(FrameError, match=match):
+        decode_samples(msgpack.packb(frame, use_bin_type=True))
 
 
 def test_a_frame_of_several_samples_round_trips_in_order_with_their_own_lengths():

@@ -31,10 +31,11 @@ from asyncrl.data.build import load_records
 from asyncrl.data.prompt_source import PromptSource
 from asyncrl.data.records import data_source_of
 from asyncrl.preflight import model_context, resolve
+from asyncrl.reward.episode_reward import verifier_metadata
 from asyncrl.reward.registry import route
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.episode_runners import EngineTurns, build_episodes
-from asyncrl.types import PromptItem
+from asyncrl.types import EpisodeRecord, PromptItem
 
 
 @dataclass
@@ -54,6 +55,8 @@ class EvalSample:
     token_ids: list[int] = field(default_factory=list, repr=False)
     logprobs: list[float] = field(default_factory=list, repr=False)
     """Behaviour logprob of each response token, at the sampling temperature (as in rollouts)."""
+    episode: EpisodeRecord | None = None
+    """The episode's record, for an environment's task."""
 
     @property
     def data_source(self) -> str:
@@ -194,16 +197,16 @@ async def generate(cfg: Config, records: list[dict[str, Any]], items: list[Promp
         seeded = replace(spec, seed=base_seed + request)
         if episodes is not None:  # an environment's task: one episode, as in training
             s = await episodes.run(EngineTurns(engine), item, request, seeded, f"eval-{request}")
-            token_ids, logprobs, reason, metadata = list(s.response_ids), list(s.logprobs), s.finish_reason, s.metadata
+            token_ids, logprobs, reason, episode = list(s.response_ids), list(s.logprobs), s.finish_reason, s.episode
         else:
             out = await engine.generate(item.prompt_ids, seeded, f"eval-{request}")
-            token_ids, logprobs, reason, metadata = out.token_ids, out.logprobs, out.finish_reason, item.metadata
+            token_ids, logprobs, reason, episode = out.token_ids, out.logprobs, out.finish_reason, None
         progress.add()
         index = int(item.prompt_id)
         rec = records[index]
-        return EvalSample(index, rec.get("prompt", rec.get("messages")), metadata,
+        return EvalSample(index, rec.get("prompt", rec.get("messages")), item.metadata,
                           tokenizer.decode(token_ids, skip_special_tokens=True), len(token_ids),
-                          reason, prompt_ids=item.prompt_ids, token_ids=token_ids, logprobs=logprobs)
+                          reason, prompt_ids=item.prompt_ids, token_ids=token_ids, logprobs=logprobs, episode=episode)
 
     try:
         requests = itertools.chain.from_iterable(itertools.repeat(item, n) for item in items)
@@ -218,7 +221,7 @@ async def generate(cfg: Config, records: list[dict[str, Any]], items: list[Promp
 
 def _score(pool: Any, samples: list[EvalSample], say: Callable[[str], None]) -> None:
     for i, s in enumerate(samples):
-        pool.submit(i, s.response, s.metadata)
+        pool.submit(i, s.response, verifier_metadata(s.metadata, s.episode))
     progress = Progress("scored", len(samples), say)
     while progress.done < len(samples):
         results = pool.poll(1.0)
@@ -242,8 +245,7 @@ def summarize(samples: list[EvalSample], n: int, ks: list[int]) -> dict[str, Any
            "by_source": {src: eval_metrics(r, n, ks) for src, r in sorted(by_source.items())},
            "mean_response_tokens": sum(s.num_tokens for s in samples) / len(samples),
            "outcomes": dict(Counter(str(s.outcome) for s in samples).most_common())}
-    tools = [(e.get("tool_calls", 0) > 0, not e.get("tool_errors") and s.reward > 0)
-             for s in samples if isinstance(e := s.metadata.get("episode"), dict)]
+    tools = [(e.tool_calls > 0, not e.tool_errors and s.reward > 0) for s in samples if (e := s.episode) is not None]
     if tools:  # as the in-training evaluation reports them (orchestrator/evaluation.py)
         out["tool_call_rate"] = sum(c for c, _ in tools) / len(tools)
         out["tool_success_rate"] = sum(c and ok for c, ok in tools) / len(tools)
