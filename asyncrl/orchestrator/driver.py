@@ -115,7 +115,7 @@ class Actions:
     grants: list[Grant] = field(default_factory=list)
     batch: StepBatch | None = None  # start this step (step + 1)
     step_done: bool = False  # the running step ended: take its result, push, then `end_step`
-    bookkeeping: bool = False  # the turn looked at admission and the step: the caller's own periodic work rides on it
+    bookkeeping: bool = False  # the turn looked at admission and the step (the caller's periodic work rides on it)
     recheck: bool = False
     """The bookkeeping moved tokens out of the buffer (a batch, or stale tokens dropped by a cut):
     the next one may admit more though nothing arrives (the twin, which turns on events, asks for it)."""
@@ -240,7 +240,8 @@ class Driver:
             self.stats.add_batch(batch.chunks, version, batch.start_version)
         return batch
 
-    def end_step(self, step: int, learner_metrics: dict[str, Any], frames_dropped: int) -> tuple[dict[str, Any], StageChange | None]:
+    def end_step(self, step: int, learner_metrics: dict[str, Any],
+                 frames_dropped: int) -> tuple[dict[str, Any], StageChange | None]:
         """After optimizer step `step` and its push: the pipeline's part of its row (what the
         statistics accumulated since the last row, the stage, the reward pool, the intake, the
         ledger, reward errors and evaluation), and the new stage if the step ended one (its Phi

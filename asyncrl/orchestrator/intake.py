@@ -88,7 +88,8 @@ class SampleIntake:
             self._submit(wanted, texts.result())
 
     def _submit(self, samples: list[Sample], texts: list[str]) -> None:
-        self.rewards.submit_many([(s, text, verifier_metadata(s.metadata, s.episode)) for s, text in zip(samples, texts)])
+        self.rewards.submit_many([(s, text, verifier_metadata(s.metadata, s.episode))
+                                  for s, text in zip(samples, texts)])
 
     def restore_probe(self, probe_ids: list[int] | None) -> None:
         """A checkpoint's probe (the first sample of the run it continues)."""

@@ -55,8 +55,9 @@ a call, or any call on a branch the agent forked, is unstitched.
 An agent that raises, times out (`episode_timeout_s`, counted from when it starts) or returns
 something that is not a reward ends its own episode exactly as a failing environment step does
 (rollout/episode.py): the sample keeps its stitched calls, its episode record's status is `failed`
-and its `error` holds the error's last line. A thread-run agent that times out keeps its thread until it returns (its later
-calls get 404). An engine failure is raised from `run`, as the actor's own requests raise it.
+and its `error` holds the error's last line. A thread-run agent that times out keeps its thread
+until it returns (its later calls get 404). An engine failure is raised from `run`, as the actor's
+own requests raise it.
 """
 
 from __future__ import annotations
@@ -289,11 +290,13 @@ class AgentRunner:
         if failure is not None:
             record.fail(failure)
         else:
-            record.reward, record.info, record.status = reward, info, EpisodeStatus.DONE if ended else EpisodeStatus.TRUNCATED
+            record.reward, record.info = reward, info
+            record.status = EpisodeStatus.DONE if ended else EpisodeStatus.TRUNCATED
             record.tool_calls, record.tool_errors = (int(info[k]) if isinstance(info.get(k), numbers.Real) else 0
                                                      for k in ("tool_calls", "tool_errors"))
-        return episode_sample(p, index, actor.actor_id, base.temperature, calls.prompt_ids or p.prompt_ids, calls.tokens,
-                              calls.logprobs, calls.versions, calls.mask, "stop" if ended else "length", record)
+        return episode_sample(p, index, actor.actor_id, base.temperature, calls.prompt_ids or p.prompt_ids,
+                              calls.tokens, calls.logprobs, calls.versions, calls.mask, "stop" if ended else "length",
+                              record)
 
     def _metadata(self, p: PromptItem) -> dict[str, Any]:
         """The agent's own copy of the record (it may change it), with the run's prompt."""

@@ -137,7 +137,8 @@ _FRAME_COLUMNS = {(scored, masked, episodic): [
     if (scored or n not in ACTOR_SCORED) and (masked or n not in MASKED) and (episodic or n not in EPISODIC)]
     for scored in (False, True) for masked in (False, True) for episodic in (False, True)}
 # a frame whose columns are not the first of Sample's fills the ones it left out with their defaults
-_FILLS = {key: [n for n, _ in cols] != [n for n, _ in SAMPLE_COLUMNS[:len(cols)]] for key, cols in _FRAME_COLUMNS.items()}
+_FILLS = {key: [n for n, _ in cols] != [n for n, _ in SAMPLE_COLUMNS[:len(cols)]]
+          for key, cols in _FRAME_COLUMNS.items()}
 _TOKEN_KINDS = (INT, FLOAT)
 
 

@@ -189,7 +189,8 @@ def test_a_turn_ingests_every_time_and_looks_at_admission_and_the_step_every_boo
     # within the period: the arrivals are ingested and scored, nothing else is looked at
     arrived = [s for g in first.grants for s in respond(g, g.actor)]
     between = driver.turn(100.0 + BOOKKEEPING_S / 2, arrived, learner)
-    assert between == Actions() and learner.asked == 1 and driver.in_flight() == sum(len(g.prompts) for g in first.grants)
+    assert between == Actions() and learner.asked == 1
+    assert driver.in_flight() == sum(len(g.prompts) for g in first.grants)
     scored_all(driver, step=0, expect=len(arrived))
     # the period over: the buffer holds Phi, so the idle learner gets its batch
     cut = driver.turn(100.0 + BOOKKEEPING_S, [], learner)

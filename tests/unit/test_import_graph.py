@@ -149,7 +149,8 @@ def metadata_episode_reads(tree: ast.AST) -> list[ast.AST]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Subscript):
             owner, key = node.value, node.slice
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args):
             owner, key = node.func.value, node.args[0]
         else:
             continue
