@@ -19,9 +19,9 @@ and what unblocks it: docs/design/loop.md.
 Versions: the orchestrator owns the policy version; it advances with every optimizer step (the
 learner's StepResult must agree). An actor's version advances when it has applied a push.
 
-Start, take-over of the run before's processes and a learner's replacement: lifecycle.py. At step
-boundaries: checkpoints (checkpointer.py), lost actors replaced (actor_pool.py) around a rebuilt
-weight-sync group, requests from the run directory and the stall watch (requests.py).
+Start, take-over of the run before's processes and a learner's replacement: lifecycle.py. Actors
+joining and lost, and the pushes around them: membership.py. At step boundaries: checkpoints
+(checkpointer.py), requests from the run directory and the stall watch (requests.py).
 `request_stop` (SIGTERM / SIGINT) stops admission, lets the step finish, checkpoints and ends. A
 learner rank that dies is restarted in place from the newest checkpoint, up to
 `fault.max_restarts` times; after that the run ends and says how to resume.
@@ -50,6 +50,7 @@ from asyncrl.orchestrator.collector import ScheduledCollector
 from asyncrl.orchestrator.driver import RECV_WAIT_S, Actions, Driver, StepState, build_driver
 from asyncrl.orchestrator.evaluation import eval_summary, format_eval_summary
 from asyncrl.orchestrator.learner_group import GroupCall, LearnerGroup
+from asyncrl.orchestrator.membership import ActorMembership
 from asyncrl.orchestrator.requests import RunRequests, StallFacts
 from asyncrl.orchestrator.run_lock import RunLock, claim_run_dir
 from asyncrl.orchestrator.warm import Warm, process_key
@@ -82,7 +83,7 @@ class Orchestrator:
         self.stop_reason: str | None = None
         # what the end summary tells beyond the metric rows: time before a resume, lost actors
         self._t_start, self._elapsed_before, self._resumed_at = time.monotonic(), 0.0, None
-        self.actors_lost: list[dict[str, Any]] = []
+        self.members: ActorMembership | None = None  # the actors as they join and are lost
         self._stop_deadline = 0.0
         self._train_ref: GroupCall | None = None
         self._wait_for_data_s = self._step_started = self._last_step_t = self._last_health_t = 0.0
@@ -127,6 +128,7 @@ class Orchestrator:
         begin = lifecycle.start_processes if warm is None else functools.partial(lifecycle.take_over, warm)
         procs = begin(cfg, self.model_path, base_model, self.samples.endpoint, tiny, self.say)
         self.learner, self.pool, self.weight_sync = procs.learner, procs.pool, procs.weight_sync
+        self.members = ActorMembership(self.pool, self.weight_sync, self.driver.requeue_actor, self.metrics, self.say)
         # the storage contract (checkpoint.py), before the learner reads or writes the run directory
         checkpoint.check_shared(self.run_dir, self.learner.answer_storage_probe)
         if resume:
@@ -197,7 +199,7 @@ class Orchestrator:
         summary = summarize(self.history, self._elapsed_before + part_s)
         if self._resumed_at is not None:
             summary.update(resumed_at_step=self._resumed_at, wall_s_since_resume=round(part_s, 1))
-        summary["actors_lost"] = self.actors_lost
+        summary["actors_lost"] = self.members.lost
         if self.cfg.save_final:
             summary["final_policy"] = self.learner.save(str(self.run_dir / "final")).result()
         summary.update(eval_summary(self.history))
@@ -242,7 +244,7 @@ class Orchestrator:
         if not acts.bookkeeping:
             return
         if self._train_ref is None:
-            self._join_started_actors()
+            self.members.join_started(self.version, self.step, self.probe_ids)
         if acts.batch is not None:
             self._start_step(acts.batch)
         if acts.step_done:
@@ -276,7 +278,7 @@ class Orchestrator:
         self.model_path = start.model_path(self.pool.model_path)
         self.learner, self.version = lifecycle.replace_learner(self.cfg, self.weight_sync, self.run_dir, start,
                                                                self.model_path)
-        self.weight_sync.push(self.version, step=None, on_lost=self._actors_lost, rewind=True)
+        self.weight_sync.push(self.version, step=None, on_lost=self.members.on_lost_at(self.step), rewind=True)
         parity = lifecycle.check_parity(self.cfg, self.weight_sync, self.probe_ids, self.version)
         self._restore(start.state, renew_requeued=True)
         self.metrics.rewind(self.step)
@@ -315,10 +317,9 @@ class Orchestrator:
             raise RuntimeError(f"learner reports version {result.version} after step {self.step}, "
                                f"expected {self.version}")
         train_s = time.monotonic() - self._step_started
-        joined = self.pool.admit_started()
-        sync = self._push() if joined or self.step % self.cfg.sync.every_steps == 0 else {}
+        sync = self.members.after_step(self.version, self.step, self.probe_ids,
+                                       due=self.step % self.cfg.sync.every_steps == 0)
         pushed = time.monotonic()
-        self._announce(joined)
         if sync:  # the actors now hold this version: its evaluation, if due
             self.driver.eval_after_push(self.version, self.pool, last=self.step >= self.cfg.total_steps,
                                         poll=self._poll_rewards)
@@ -344,47 +345,16 @@ class Orchestrator:
         self._loop_s = time.monotonic() - pushed  # the next row's, with the next step's start
         return row
 
-    def _join_started_actors(self) -> None:
-        """Actors whose engines came up while no step runs join now, not at the next step
-        boundary: with every actor lost there would be no next step. The push gives them the
-        current weights (and rebuilds the group) before they get prompts."""
-        if self.pool.starting and (joined := self.pool.admit_started()):
-            self._push()
-            self._announce(joined)
-
-    def _announce(self, joined: list[int]) -> None:
-        """Actors that started after the run did (scaled up, or replacing a lost one), once they
-        hold the current weights: a line and an `actor_joined` event each."""
-        for actor in joined:
-            self.metrics.event(self.step, "actor_joined", actor=actor, actors=len(self.pool.ids), version=self.version)
-            self.say(f"step {self.step}: rollout actor {actor} joined ({len(self.pool.ids)} generating, "
-                     f"weights of version {self.version})")
-
-    def _push(self) -> dict[str, float]:
-        """Drain push (and parity probe); lost actors are replaced, the push retried around the rest."""
-        return self.weight_sync.push_and_probe(
-            self.version, self.step, self.probe_ids, self._actors_lost,
-            lambda error: self.metrics.event(self.step, "parity_failure", version=self.version, error=error))
-
     def _check_health(self, every_s: float = 0.5) -> None:
         if time.monotonic() - self._last_health_t >= every_s:
             self._last_health_t = time.monotonic()
-            for actor, why in self.pool.find_dead().items():
-                self._actors_lost([actor], why)
+            self.members.check(self.step)
             self.requests.check_stall(self._last_health_t, self._last_step_t, self.cfg.observe.stall_timeout_s,
                                       self._stall_facts)
 
     def _stall_facts(self) -> StallFacts:
         return StallFacts(self.driver.progress(), self.samples.num_received, len(self.pool.ids),
                           self.cfg.data.answer_field)
-
-    def _actors_lost(self, dead: list[int], why: str) -> None:
-        for actor in dead:  # its groups are regenerated elsewhere; a fresh actor starts meanwhile
-            requeued = self.driver.requeue_actor(actor)
-            self.pool.replace(actor)
-            self.metrics.event(self.step, "actor_lost", actor=actor, groups_requeued=requeued, reason=why)
-            self.actors_lost.append({"step": self.step, "actor": actor, "reason": why})
-            self.say(f"step {self.step}: rollout actor {actor} lost ({why}); {requeued} groups requeued")
 
     def request_stop(self, reason: str, drain_s: float = 20.0) -> None:
         """Stop admitting; the running step finishes, a checkpoint is written, the run ends. Groups
@@ -398,13 +368,13 @@ class Orchestrator:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "version": self.version, "history": self.history,
-                **self.weight_sync.state_dict(), "actors_lost": self.actors_lost,
+                **self.weight_sync.state_dict(), "actors_lost": self.members.lost,
                 "elapsed_s": self._elapsed_before + time.monotonic() - self._t_start, **self.driver.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the learner loaded its part (the versions must agree)."""
         self._restore(state)
-        self.actors_lost = state.get("actors_lost", [])  # checkpoints written before they were kept: none
+        self.members.restore(state.get("actors_lost", []))  # checkpoints written before they were kept: none
         self._elapsed_before, self._resumed_at = state.get("elapsed_s", 0.0), state["step"]
 
     def _restore(self, state: dict[str, Any], renew_requeued: bool = False) -> None:
