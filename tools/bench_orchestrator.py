@@ -41,7 +41,7 @@ from asyncrl.reward.registry import build_reward_pool
 from asyncrl.transport.codec import decode_samples, encode_batch, encode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
 from asyncrl.types import Sample
-from simulated_actors import VERIFIER, SimulatedActors, Workload, group_samples, metadata  # beside this file
+from simulated_actors import VERIFIER, SimulatedActors, Workload, group_samples  # beside this file
 
 
 def producer(endpoint: str, frames: list[bytes]) -> None:
