@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import traceback
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import Any, TypeVar
@@ -24,6 +24,11 @@ array against 36 in a list of ints, and a frame decodes without a Python object 
 FloatSeq = Sequence[float]
 """Logprobs: a list, or an `array("f")` decoded from a frame (float32, as the engine computes them)."""
 R = TypeVar("R")
+Locate = Callable[[str], str]
+"""Where a model's files are in this process's filesystem, given the driver's path to them: the
+path itself where it exists; the built-in model, built on this node where it does not (an engine or
+a learner rank on another node has its own cache, not the driver's). The orchestrator makes one
+(components.locator) and sends it with what builds an engine, a tokenizer or a rank."""
 
 
 def as_list(seq: Sequence) -> list:
@@ -291,15 +296,34 @@ class Batch:
         return sum(c.num_loss_tokens for c in self.chunks)
 
 
+@dataclass(frozen=True)
+class ReferenceReset:
+    """After this step the KL reference is the current policy (ProRL's reset): why (`every_k`,
+    `kl_threshold`, `requested`) and the step's mean KL before it."""
+
+    reason: str
+    kl: float
+    event = "reference_reset"  # its name in events.jsonl (a class attribute, not a field)
+
+    def fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"{self.event} ({self.reason}); KL was {self.kl:.4g}"
+
+
+StepEvent = ReferenceReset
+"""What a learner step can report beyond its metrics, each a line in events.jsonl (one kind so far)."""
+
+
 @dataclass
 class StepResult:
     """What a learner returns for one optimizer step: the policy version it now holds (the
-    orchestrator checks it against its own count), the step's metrics, and events worth a line
-    in events.jsonl (e.g. a reference reset and why)."""
+    orchestrator checks it against its own count), the step's metrics, and its events."""
 
     version: int
     metrics: dict[str, float]
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[StepEvent] = field(default_factory=list)
 
 
 class RunFailed(RuntimeError):

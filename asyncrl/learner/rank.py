@@ -51,7 +51,7 @@ from asyncrl.sync.protocol import WeightSyncError
 from asyncrl.sync.wire import free_port, own_address
 from asyncrl.transport.codec import decode_batch
 from asyncrl.transport.zmq_stream import FrameReceiver
-from asyncrl.types import StepResult
+from asyncrl.types import Locate, ReferenceReset, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class LearnerRank:
     def __init__(self, model_path: str, learner: LearnerConfig, algo: AlgoConfig, dtype: str = "float32",
                  engine_dtype: str | None = None,
                  seed: int = 0, host: str | None = None, batch_timeout_s: float = 600.0, rank: int = 0,
-                 world_size: int = 1, group_address: str | None = None, tiny: Any = None,
+                 world_size: int = 1, group_address: str | None = None, locate: Locate | None = None,
                  max_response_tokens: int = 0):
         redirect_output()  # to the run's logs/ when the orchestrator asked
         hide_broken_torch_extras()
@@ -78,11 +78,11 @@ class LearnerRank:
         self.batches = FrameReceiver(lambda frame: [decode_batch(frame)], host=host)
         self.batch_timeout_s = batch_timeout_s
         self.sender = None
-        self.reset(model_path, learner, algo, dtype, engine_dtype, seed, tiny, max_response_tokens)
+        self.reset(model_path, learner, algo, dtype, engine_dtype, seed, locate, max_response_tokens)
 
     def reset(self, model_path: str, learner: LearnerConfig, algo: AlgoConfig, dtype: str = "float32",
-              engine_dtype: str | None = None, seed: int = 0, tiny: Any = None, max_response_tokens: int = 0,
-              log_file: str | None = None) -> None:
+              engine_dtype: str | None = None, seed: int = 0, locate: Locate | None = None,
+              max_response_tokens: int = 0, log_file: str | None = None) -> None:
         """A fresh run's learner in this process: the model loaded from `model_path`, a new optimizer,
         reference, entropy schedule and version 0. The process group, the batch socket and the
         weight-sync group stay (a study's runs share them: asyncrl/orchestrator/warm.py); the
@@ -92,10 +92,8 @@ class LearnerRank:
         if log_file:
             redirect_output(log_file)
         torch.manual_seed(seed)
-        if tiny is not None:  # the built-in model: this node's own build (see local_model_path)
-            from asyncrl.tiny.build import local_model_path
-
-            model_path = local_model_path(model_path, tiny)
+        if locate is not None:  # the built-in model: this node's own build (types.Locate)
+            model_path = locate(model_path)
         self.cfg = learner
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine_dtype = DTYPES[engine_dtype or dtype]  # the engines' (rollout.dtype, else model.dtype)
@@ -135,7 +133,7 @@ class LearnerRank:
             "learner/optimizer_steps": self.backend.optimizer_steps(),
             "timing/learner_compute_s": time.monotonic() - t0 - metrics["timing/learner_wait_batch_s"],
         })
-        events = []
+        events: list[ReferenceReset] = []
         reference = self.step.reference
         if reference is not None:
             kl = self.step.algo.kl
@@ -143,7 +141,7 @@ class LearnerRank:
                                                requested=reset_reference)
             if fire:
                 self.step.reset_reference()
-                events.append({"event": "reference_reset", "reason": why, "kl": metrics["kl/mean"]})
+                events.append(ReferenceReset(why, metrics["kl/mean"]))
             metrics["kl/resets_total"] = reference.num_resets
         return StepResult(self.version, metrics, events)
 

@@ -22,7 +22,7 @@ from asyncrl.learner.policy_step import forward_backward
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
-from asyncrl.types import Batch, SequenceChunk
+from asyncrl.types import Batch, ReferenceReset, SequenceChunk
 
 VOCAB = 40
 
@@ -171,7 +171,7 @@ def run_steps(learner, vocab, steps, requests=()):
             sender.send(encode_batch(Batch(step, 0, chunks, n, len(chunks), token_budget=64)))
             result = learner.train_step(step, reset_reference=step in requests)
             assert result.version == step
-            resets = [e["reason"] for e in result.events if e["event"] == "reference_reset"]
+            resets = [e.reason for e in result.events if isinstance(e, ReferenceReset)]
             rows.append({**result.metrics, "reset": resets[0] if resets else None})
     finally:
         sender.close()
