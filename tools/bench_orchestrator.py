@@ -99,11 +99,7 @@ class Ingest:
             self.actors.grant(groups)
 
     def arrivals(self) -> list[Sample]:
-        """What the stream holds; with nothing there, what arrives within 10 ms (as the orchestrator waits)."""
-        got = self.receiver.drain()
-        if not got and (sample := self.receiver.recv(timeout_s=0.01)) is not None:
-            got = [sample]
-        return got
+        return self.receiver.take(0.01)  # as the orchestrator waits (driver.RECV_WAIT_S)
 
     def count(self, group_ids) -> None:
         """Groups whose n samples have all completed the stage are granted again."""

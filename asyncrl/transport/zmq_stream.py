@@ -58,6 +58,14 @@ class FrameReceiver(Generic[T]):
                 return None
         return self._ready.popleft()
 
+    def take(self, wait_s: float) -> list[T]:
+        """Every record waiting; with none, the first to arrive within `wait_s` (a loop that
+        turns on arrivals waits a little instead of spinning)."""
+        out = self.drain()
+        if not out and (record := self.recv(timeout_s=wait_s)) is not None:
+            out = [record]
+        return out
+
     def drain(self, max_frames: int = 100_000) -> list[T]:
         """Every valid record already waiting, without blocking."""
         out, self._ready = list(self._ready), deque()

@@ -226,6 +226,25 @@ def test_zmq_stream_delivers_valid_frames_and_counts_malformed_ones():
         rx.close()
 
 
+def test_take_hands_out_what_waits_and_with_nothing_waits_for_the_first_record():
+    rx = FrameReceiver(decode_samples)
+    tx = FrameSender(rx.endpoint)
+    try:
+        t0 = time.monotonic()
+        assert rx.take(wait_s=0.2) == [] and time.monotonic() - t0 >= 0.19  # it waited, then nothing
+        tx.send(encode_samples([sample(0), sample(1)]))
+        first = rx.take(wait_s=5)  # nothing was decoded yet: the first record of the frame that came
+        assert [s.sample_index for s in first] == [0]
+        tx.send(encode_samples([sample(2)]))
+        deadline, got = time.monotonic() + 5, []
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += rx.take(wait_s=0.05)  # the rest of the first frame, then the second
+        assert [s.sample_index for s in got] == [1, 2]
+    finally:
+        tx.close()
+        rx.close()
+
+
 def test_records_emitted_in_one_event_loop_turn_leave_in_one_frame_and_later_ones_in_their_own():
     import asyncio
 
