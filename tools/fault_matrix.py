@@ -75,7 +75,7 @@ def kill_learner_twice(orch, state):
     """A rank killed, the run restarts its learner in place; then killed again after that."""
     for restarts, rows in ((0, 5), (1, 8)):
         deadline = time.monotonic() + 300
-        while orch.restarts < restarts and time.monotonic() < deadline:
+        while orch.restarts.count < restarts and time.monotonic() < deadline:
             time.sleep(0.05)
         _wait_rows(orch, rows)
         os.kill(_pid(orch.learner.ranks[-1]), signal.SIGKILL)

@@ -49,10 +49,10 @@ class StartPoint:
 
 class Checkpointer:
     def __init__(self, cfg: Config, run_dir: Path, say: Say = print,
-                 on_commit: Callable[..., None] | None = None, on_failure: Callable[..., None] | None = None):
+                 event: Callable[..., None] | None = None):
         self.cfg, self.run_dir, self.say = cfg, run_dir, say
-        self.on_commit = on_commit  # on_commit(step, path=..., learner_save_s=...): the run's event
-        self.on_failure = on_failure  # on_failure(step, error=...): the run's event
+        # event(step, "checkpoint", path=..., learner_save_s=...) or (step, "checkpoint_failed", error=...)
+        self.event = event
         self.failures = 0
         self._pending: tuple[Path, int, GroupCall] | None = None
 
@@ -108,8 +108,8 @@ class Checkpointer:
             self._pending = None
             self._failed(step, tmp, e)
             return None
-        if self.on_commit is not None:
-            self.on_commit(step, path=str(path), learner_save_s=saved["save_s"])
+        if self.event is not None:
+            self.event(step, "checkpoint", path=str(path), learner_save_s=saved["save_s"])
         return path
 
     def _failed(self, step: int, tmp: Path, error: OSError) -> None:
@@ -119,8 +119,8 @@ class Checkpointer:
         why = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         self.say(f"warning: the checkpoint of step {step} could not be written ({why}); "
                  f"{f'the newest is still {newest}' if newest else 'there is none yet'}; the run goes on")
-        if self.on_failure is not None:
-            self.on_failure(step, error=why)
+        if self.event is not None:
+            self.event(step, "checkpoint_failed", error=why)
 
     def abandon(self) -> None:
         """Forget the pending checkpoint (its learner died writing it): its temporary directory goes."""

@@ -22,6 +22,7 @@ from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.episode_runners import episodes_in_actor
 from asyncrl.rollout.local_rewards import LocalRewards
+from asyncrl.types import Locate
 
 
 def resolve_model_path(cfg: Config, log: Callable[[str], None] = print) -> str:
@@ -54,6 +55,17 @@ def process_env(cfg: Config, log_name: str, environ: dict[str, str] | None = Non
     return {**forwarded, **child_env(), **log_env(cfg.run_dir, log_name, cfg.observe.worker_logs)}
 
 
+def locator(cfg: Config) -> Locate | None:
+    """Where the run's model is on each node (types.Locate): for the built-in model, each node's
+    own build of it; None for a model given by path (the path is the same everywhere)."""
+    spec = tiny_spec(cfg)
+    if spec is None:
+        return None
+    from asyncrl.tiny.build import local_model_path
+
+    return functools.partial(local_model_path, spec=spec)
+
+
 def tiny_spec(cfg: Config) -> Any:
     """The built-in model's spec when the run trains it (each node builds its own copy from it:
     tiny/build.py local_model_path), else None."""
@@ -84,7 +96,7 @@ def episodes_factory(cfg: Config, model_path: str) -> Callable[[], Any] | None:
     environment's, or an agent's with its OpenAI-compatible endpoint."""
     if cfg.env.type is None:
         return None
-    return functools.partial(episodes_in_actor, cfg.env, model_path, tiny=tiny_spec(cfg),
+    return functools.partial(episodes_in_actor, cfg.env, model_path, locate=locator(cfg),
                              max_model_len=cfg.model.max_model_len)
 
 
@@ -94,13 +106,13 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
     spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.kv_cache_gib),
            "VLLM_LOGGING_LEVEL": cfg.observe.engine_log_level.upper(), **process_env(cfg, f"actor-{actor_id}")}
-    scorer = (functools.partial(LocalRewards.build, cfg.reward, model_path, tiny=tiny_spec(cfg))
+    scorer = (functools.partial(LocalRewards.build, cfg.reward, model_path, locate=locator(cfg))
               if cfg.reward.placement == "actor" else None)
     episodes = episodes_factory(cfg, model_path)
     return ray.remote(RolloutActor).options(
         num_cpus=cfg.rollout.num_cpus_per_actor, num_gpus=cfg.rollout.num_gpus_per_actor,
         resources=cfg.rollout.resources, scheduling_strategy="SPREAD" if cfg.rollout.spread else None,
         runtime_env={"env_vars": env}).remote(
-        actor_id, engine_factory(cfg, model_path, actor_id, cfg.rollout.num_gpus_per_actor, tiny_spec(cfg)), spec,
+        actor_id, engine_factory(cfg, model_path, actor_id, cfg.rollout.num_gpus_per_actor, locator(cfg)), spec,
         cfg.rollout.group_size, sample_endpoint,
         seed=cfg.seed, sync_mode=cfg.sync.mode, scorer=scorer, episodes=episodes)

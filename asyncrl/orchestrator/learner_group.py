@@ -32,12 +32,12 @@ from asyncrl.orchestrator.placement import check_placeable, rank_resources
 from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
-from asyncrl.types import RunFailed
+from asyncrl.types import Locate, RunFailed
 
 
-def _run_args(cfg: Config, tiny: Any) -> dict[str, Any]:
+def _run_args(cfg: Config, locate: Locate | None) -> dict[str, Any]:
     """What a rank takes from the run's config besides its sections, at start and at a reset."""
-    return {"dtype": cfg.model.dtype, "engine_dtype": cfg.engine_dtype, "seed": cfg.seed, "tiny": tiny,
+    return {"dtype": cfg.model.dtype, "engine_dtype": cfg.engine_dtype, "seed": cfg.seed, "locate": locate,
             "max_response_tokens": cfg.longest_response}
 
 
@@ -69,7 +69,7 @@ class GroupCall:
 
 
 class LearnerGroup:
-    def __init__(self, cfg: Config, model_path: str, ready_timeout_s: float = 120.0, tiny: Any = None):
+    def __init__(self, cfg: Config, model_path: str, ready_timeout_s: float = 120.0, locate: Locate | None = None):
         lc = cfg.learner
         bundle = rank_resources(lc)
         check_placeable(bundle, "a learner rank", "learner.num_cpus, learner.num_gpus or learner.resources")
@@ -86,17 +86,17 @@ class LearnerGroup:
                 num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources, scheduling_strategy=self._bundle(r),
                 runtime_env={"env_vars": process_env(cfg, _log_name(r))}
             ).remote(model_path, lc, cfg.algo, rank=r, world_size=lc.num_ranks, group_address=address,
-                     **_run_args(cfg, tiny))
+                     **_run_args(cfg, locate))
             for r in range(lc.num_ranks)]
         self._senders: list[FrameSender] | None = None  # created at the first step: ranks are still starting
         self._pass_over_opened = needs_rollout_batch_pass(cfg.algo)
 
-    def reset(self, cfg: Config, model_path: str, tiny: Any = None) -> GroupCall:
+    def reset(self, cfg: Config, model_path: str, locate: Locate | None = None) -> GroupCall:
         """Every rank starts the run of `cfg` afresh in its process (LearnerRank.reset): the next run
         of a study on the same ranks (orchestrator/warm.py)."""
         self._pass_over_opened = needs_rollout_batch_pass(cfg.algo)
         return GroupCall([rank.reset.remote(model_path, cfg.learner, cfg.algo, log_file=log_env(
-            cfg.run_dir, _log_name(r), cfg.observe.worker_logs).get(LOG_ENV), **_run_args(cfg, tiny))
+            cfg.run_dir, _log_name(r), cfg.observe.worker_logs).get(LOG_ENV), **_run_args(cfg, locate))
             for r, rank in enumerate(self.ranks)])
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:

@@ -13,6 +13,7 @@ from asyncrl.config.env_section import EnvConfig
 from asyncrl.env.registry import env_factory
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.episode import EpisodeRunner, Episodes
+from asyncrl.types import Locate
 
 
 class EngineTurns:
@@ -48,14 +49,12 @@ def build_episodes(cfg: EnvConfig, tokenizer: Any, max_model_len: int | None = N
     return EpisodeRunner(cfg, env_factory(cfg), tokenizer)
 
 
-def episodes_in_actor(cfg: EnvConfig, tokenizer_path: str, tiny: Any = None,
+def episodes_in_actor(cfg: EnvConfig, tokenizer_path: str, locate: Locate | None = None,
                       max_model_len: int | None = None) -> Episodes:
-    """`build_episodes` in a rollout actor's process, with the model's tokenizer (`tiny`: the
-    built-in model's spec, built on this node if the driver's cache is not here)."""
+    """`build_episodes` in a rollout actor's process, with the model's tokenizer (`locate`: where
+    the model's files are on this node, engine.Locate)."""
     from transformers import AutoTokenizer
 
-    if tiny is not None:
-        from asyncrl.tiny.build import local_model_path
-
-        tokenizer_path = local_model_path(tokenizer_path, tiny)
+    if locate is not None:
+        tokenizer_path = locate(tokenizer_path)
     return build_episodes(cfg, AutoTokenizer.from_pretrained(tokenizer_path), max_model_len)

@@ -26,7 +26,7 @@ from typing import Any
 from asyncrl.reward.decode import batch_decoder
 from asyncrl.reward.episode_reward import verifier_metadata
 from asyncrl.reward.pool import RewardPool
-from asyncrl.types import Sample
+from asyncrl.types import Locate, Sample
 
 POLL_S = 0.1  # the longest one wait for results blocks its thread (bounds shutdown's wait too)
 
@@ -37,16 +37,15 @@ class LocalRewards:
         self.decode = batch_decoder(tokenizer)
 
     @classmethod
-    def build(cls, cfg, tokenizer_path: str, emit: Callable[[Sample], None], tiny: Any = None) -> LocalRewards:
+    def build(cls, cfg, tokenizer_path: str, emit: Callable[[Sample], None],
+              locate: Locate | None = None) -> LocalRewards:
         """In the actor's process: the run's verifiers in a pool of reward.num_workers, and the
-        model's tokenizer for the response texts (`tiny`: the built-in model's spec, built on this
-        node if the driver's cache is not here)."""
+        model's tokenizer for the response texts (`locate`: where the model's files are on this
+        node, engine.Locate)."""
         from transformers import AutoTokenizer
 
-        if tiny is not None:
-            from asyncrl.tiny.build import local_model_path
-
-            tokenizer_path = local_model_path(tokenizer_path, tiny)
+        if locate is not None:
+            tokenizer_path = locate(tokenizer_path)
 
         from asyncrl.reward.registry import reward_pool
 

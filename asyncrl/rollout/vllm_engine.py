@@ -21,6 +21,7 @@ from typing import Any
 from asyncrl.compat import hide_broken_torch_extras
 from asyncrl.rollout import owner
 from asyncrl.rollout.engine import Completion, SamplingSpec
+from asyncrl.types import Locate
 
 # Tokens one CPU scheduler step may compute (vLLM's own default for AsyncLLM on CPU).
 CPU_STEP_TOKENS = 2048
@@ -80,11 +81,11 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 128,
                  max_num_seqs: int = 256, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5,
                  sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0,
-                 enforce_eager: bool | None = None, num_gpus: float | None = None, tiny: Any = None,
+                 enforce_eager: bool | None = None, num_gpus: float | None = None, locate: Locate | None = None,
                  tensor_parallel_size: int = 1):
         # enforce_eager None: on for CPU engines, off on GPU (rollout.enforce_eager); num_gpus: what
         # the actor asked Ray for, checked against what it sees at start (None: not checked)
-        self.model_path, self.tiny = model_path, tiny  # tiny: the built-in model's spec (resolved at start)
+        self.model_path, self.locate = model_path, locate  # resolved at start, on the engine's node
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -115,10 +116,8 @@ class VLLMEngine:
 
             check_gpu_visibility("rollout engine", "rollout.num_gpus_per_actor", self.num_gpus)
         one_engine_process_on_cpu()
-        if self.tiny is not None:  # on this node: the driver's cache path may not exist here
-            from asyncrl.tiny.build import local_model_path
-
-            self.model_path = local_model_path(self.model_path, self.tiny)
+        if self.locate is not None:  # on this node: the driver's cache path may not exist here
+            self.model_path = self.locate(self.model_path)
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -31,9 +31,9 @@ def finished_run(tmp_path_factory, tiny_model_path):
         summary = orch.run()
         after = {
             "learner_fp": orch.learner.param_fingerprint().result(),
-            "probe_gap": orch.weight_sync.check_parity(orch.probe_ids, orch.cfg.sync.probe_tolerance, orch.version),
-            "probe": [ray.get(orch.pool.actors[a].prompt_logprobs.remote(orch.probe_ids)) for a in orch.pool.ids],
-            "learner_probe": orch.learner.prompt_logprobs(orch.probe_ids).result(),
+            "probe_gap": orch.weight_sync.check_parity(orch.driver.probe_ids, orch.cfg.sync.probe_tolerance, orch.version),
+            "probe": [ray.get(orch.pool.actors[a].prompt_logprobs.remote(orch.driver.probe_ids)) for a in orch.pool.ids],
+            "learner_probe": orch.learner.prompt_logprobs(orch.driver.probe_ids).result(),
             "actor_stats": orch.pool.stats(),
         }
         yield orch, summary, after
@@ -95,7 +95,7 @@ def test_parameters_changed(finished_run, tiny_model_path):
 def test_after_push_every_actor_matches_the_learner_on_the_probe(finished_run, tiny_model_path):
     orch, _, after = finished_run
     want = after["learner_probe"]
-    assert len(want) == len(orch.probe_ids) - 1
+    assert len(want) == len(orch.driver.probe_ids) - 1
     for got in after["probe"]:
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
     # the in-run probe ran after every push too

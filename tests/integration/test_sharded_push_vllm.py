@@ -27,8 +27,8 @@ def test_pushes_from_two_zero3_ranks_pass_the_parity_probe(tmp_path):
         orch = Orchestrator(cfg)
         try:
             orch.run()
-            learner_probe = orch.learner.prompt_logprobs(orch.probe_ids).result()
-            actor_probe = ray.get(orch.pool.actors[0].prompt_logprobs.remote(orch.probe_ids))
+            learner_probe = orch.learner.prompt_logprobs(orch.driver.probe_ids).result()
+            actor_probe = ray.get(orch.pool.actors[0].prompt_logprobs.remote(orch.driver.probe_ids))
         finally:
             orch.shutdown()
     finally:

@@ -48,11 +48,11 @@ def runs(tmp_path_factory, tiny_model_path):
     warm = second = None
     try:
         first.run()
-        ended = first.learner.prompt_logprobs(first.probe_ids).result()  # the first run's final policy
+        ended = first.learner.prompt_logprobs(first.driver.probe_ids).result()  # the first run's final policy
         warm = first.release()
         second = Orchestrator(second_cfg)
         second.run(warm)
-        yield first, second, (first_cfg, second_cfg), (ended, base_logprobs(tiny_model_path, first.probe_ids)), warm
+        yield first, second, (first_cfg, second_cfg), (ended, base_logprobs(tiny_model_path, first.driver.probe_ids)), warm
     finally:
         if second is not None:
             warm = second.release()

@@ -130,3 +130,13 @@ def test_the_pipeline_never_imports_the_lab():
                 queue.append(nxt)
     assert not leaks, "the pipeline imports the lab:\n" + "\n".join(leaks)
 
+
+
+def test_rollout_and_learner_know_nothing_of_the_demo_model():
+    """The built-in tiny model is the demo's: an engine, an actor or a learner rank is given where
+    the model is on its node (types.Locate, made by the orchestrator), never the tiny package."""
+    graph = import_graph()
+    wings = [m for m in graph if m.startswith(("asyncrl.rollout", "asyncrl.learner"))]
+    assert "asyncrl.rollout.vllm_engine" in wings and "asyncrl.learner.rank" in wings  # the walk sees them
+    reach = {m: sorted(t for t in graph[m] if t == "asyncrl.tiny" or t.startswith("asyncrl.tiny.")) for m in wings}
+    assert not {m: t for m, t in reach.items() if t}, reach

@@ -118,8 +118,21 @@ def test_the_twin_keeps_its_learner_and_its_driver_apart():
     assert "learner" in attrs and not any("push" in a or "work" in a for a in attrs)
 
 
+def test_the_orchestrator_keeps_the_loop_and_the_steps_finish():
+    """Start, take-over, a learner's replacement and shutdown are lifecycle.py's; the run's times
+    are clock.py's: the orchestrator stays a loop a reader takes in at once."""
+    source = PACKAGE / "orchestrator" / "orchestrator.py"
+    assert len(source.read_text().splitlines()) <= 300
+    attrs = instance_attributes(source, "Orchestrator")
+    assert not attrs & {"_t_start", "_elapsed_before", "_overlap_tokens", "_loop_s", "_start_point", "model_path"}
+    calls = {n.func.attr for n in ast.walk(ast.parse(source.read_text()))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    # what lifecycle.py does for it: building the driver, the socket, the ranks and the group
+    assert not calls & {"form_weight_sync_group", "replace_learner", "rebind", "load_checkpoint"}, calls
+
+
 # records a component keeps its own counts in: writing their fields is the owner's bookkeeping
-OWN_RECORDS = {"stats", "counts"}
+OWN_RECORDS = {"stats", "counts", "log"}  # log: CallStitcher's CallLog
 
 
 def test_no_component_writes_another_components_fields():
