@@ -72,7 +72,7 @@ import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from asyncrl.rollout.agent_endpoint import MODEL_NAME, AgentEndpoint, Call, CallRefused, Reply
@@ -97,7 +97,7 @@ class AgentFailed(Exception):
     """An agent that raised, timed out or returned something that is not a reward."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class LastCall:
     """What the last stitched call's successor must start with."""
 
@@ -108,50 +108,117 @@ class LastCall:
     """The sampled tokens' text past the reply's (end-of-turn token, stop string); None: unknown."""
 
 
+@dataclass(frozen=True)
+class Stitched:
+    """An episode's sample so far: the calls that extend it, stitched into its token columns
+    (model tokens with their logprobs and versions; observation tokens masked out). `extend` and
+    `stitch` are pure: they read a record and return a new one."""
+
+    prompt_ids: list[int] | None = None  # the first call's; None before it
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    spans: list[list[Any]] = field(default_factory=list)  # [start, end, "model" | "env"]
+    last: LastCall | None = None
+    finish_reason: str = "length"  # the last stitched call's
+
+    @property
+    def turns(self) -> int:
+        return sum(1 for span in self.spans if span[2] == "model")
+
+    @property
+    def observation_tokens(self) -> int:
+        return sum(end - start for start, end, kind in self.spans if kind == "env")
+
+
+def extend(sofar: Stitched, text: str | None, given: list[int] | None,
+           encode: Callable[[str], list[int]]) -> tuple[list[int], list[int] | None]:
+    """A call's prompt (its rendered `text`, or the ids it was `given`) against the episode so far:
+    the ids the engine is given, and the observation ids when the call extends the episode ([] for
+    its first call; None: it does not). The rule is the module docstring's."""
+    if sofar.prompt_ids is None:
+        return given if given is not None else encode(text or ""), []
+    context, last = sofar.prompt_ids + sofar.tokens, sofar.last
+    if text is not None and last is not None and last.text is not None \
+            and text.startswith(head := last.text + last.reply):
+        rest, tail = text[len(head):], last.tail or ""
+        if rest.startswith(tail):  # already in the sample, as the model sampled it
+            obs = encode(rest[len(tail):])
+            return context + obs, obs
+        if rest:  # the agent's history leaves the tail out (an empty reply's too): it stays in the sample
+            obs = encode(rest)
+            return context + obs, obs
+        # Else nothing follows the reply, as in a retry of the call: the ids test below decides.
+    full = given if given is not None else encode(text or "")
+    return full, full[len(context):] if full[:len(context)] == context else None
+
+
+def stitch(sofar: Stitched, ids: list[int], obs: list[int], out: list[int], lps: list[float], vers: list[int],
+           last: LastCall, finish_reason: str, version: int) -> Stitched:
+    """`sofar` with a call that extends it: `ids` its prompt (the first call's becomes the sample's
+    prompt), `obs` the observation before it (each token at the version of the model token before
+    it, or `version` for none), `out` the sampled tokens with their logprobs and versions."""
+    if sofar.prompt_ids is None:
+        sofar, obs = replace(sofar, prompt_ids=list(ids)), []
+    start, spans = len(sofar.tokens), list(sofar.spans)
+    if obs:
+        spans.append([start, start + len(obs), "env"])
+    spans.append([start + len(obs), start + len(obs) + len(out), "model"])
+    obs_version = sofar.versions[-1] if sofar.versions else version
+    return replace(sofar, tokens=sofar.tokens + obs + list(out), logprobs=sofar.logprobs + [0.0] * len(obs) + list(lps),
+                   versions=sofar.versions + [obs_version] * len(obs) + list(vers),
+                   mask=sofar.mask + [0] * len(obs) + [1] * len(out), spans=spans, last=last,
+                   finish_reason=finish_reason)
+
+
+@dataclass
+class CallLog:
+    """What an episode's calls did besides the sample: served, left out of it, the engine's time
+    and failure. `failed` is set by an engine failure: the episode ends at once."""
+
+    calls: int = 0
+    unstitched: int = 0
+    unstitched_tokens: int = 0
+    out_of_budget: bool = False
+    engine_s: float = 0.0
+    engine_error: BaseException | None = None
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class CallStitcher:
-    """One episode's calls: serves each through `actor.complete` and stitches those that extend
-    the episode into its token columns (see the module docstring)."""
+    """One episode's calls: serves each through `actor.complete`, stitches those that extend the
+    episode (`extend`, `stitch`) and logs them all (`CallLog`)."""
 
     def __init__(self, actor: Completer, tokenizer: ChatTokenizer, base: SamplingSpec, name: str,
                  abortable: bool, max_call_tokens: int | None = None, max_model_len: int | None = None):
         self.actor, self.tokenizer, self.base, self.name, self.abortable = actor, tokenizer, base, name, abortable
         self.max_call_tokens, self.max_model_len = max_call_tokens, max_model_len
-        self.prompt_ids: list[int] | None = None
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.mask: list[int] = []
-        self.spans: list[list[Any]] = []
-        self.last: LastCall | None = None
-        self.finish_reason = "length"
-        self.num_calls = self.num_unstitched = self.unstitched_tokens = self.observation_tokens = 0
-        self.out_of_budget = False
-        self.engine_s = 0.0
-        self.engine_error: BaseException | None = None
-        self.failed = asyncio.Event()  # set by an engine failure: the episode ends at once
+        self.sample, self.log = Stitched(), CallLog()
 
     async def serve(self, call: Call) -> Reply:
-        text, ids, obs = self._prompt(call)
+        text, given = self._render(call)
+        ids, obs = extend(self.sample, text, given, self._encode)
         max_tokens = self._max_tokens(call, len(ids), len(obs or ()))
         spec = replace(self.base, max_tokens=max_tokens, stop=call.stop)
-        self.num_calls += 1  # before the call: an engine request id is never reused
+        log = self.log
+        log.calls += 1  # before the call: an engine request id is never reused
         t0 = time.monotonic()
         try:
-            out, lps, vers, reason = await self.actor.complete(ids, spec, f"{self.name}-c{self.num_calls}",
-                                                               self.abortable)
+            out, lps, vers, reason = await self.actor.complete(ids, spec, f"{self.name}-c{log.calls}", self.abortable)
         except Exception as e:  # the engine failed: the actor must learn it, not the agent alone
-            self.engine_error = e
-            self.failed.set()
+            log.engine_error = e
+            log.failed.set()
             raise CallRefused(500, f"the engine failed: {e!r:.300}") from e
         finally:
-            self.engine_s += time.monotonic() - t0
+            log.engine_s += time.monotonic() - t0
         reply, tail = self._reply(out, reason, call.stop)
         if obs is None:
-            self.num_unstitched += 1
-            self.unstitched_tokens += len(out)
+            log.unstitched += 1
+            log.unstitched_tokens += len(out)
         else:
-            self._stitch(ids, obs, out, lps, vers)
-            self.last, self.finish_reason = LastCall(text, reply, tail), reason
+            self.sample = stitch(self.sample, ids, obs, out, lps, vers, LastCall(text, reply, tail), reason,
+                                 self.actor.version)
         return Reply(reply, reason, len(ids), len(out))
 
     def _render(self, call: Call) -> tuple[str | None, list[int] | None]:
@@ -169,33 +236,12 @@ class CallStitcher:
             raise CallRefused(400, f"prompt token ids must be below the vocabulary size {vocab}")
         return None, list(call.prompt)
 
-    def _prompt(self, call: Call) -> tuple[str | None, list[int], list[int] | None]:
-        """The call's prompt text, the ids the engine is given, and the observation ids when the
-        call extends the episode ([] for its first call; None: it does not)."""
-        text, given = self._render(call)
-        if self.prompt_ids is None:
-            return text, given if given is not None else self._encode(text or ""), []
-        context = self.prompt_ids + self.tokens
-        last = self.last
-        if text is not None and last is not None and last.text is not None \
-                and text.startswith(head := last.text + last.reply):
-            rest, tail = text[len(head):], last.tail or ""
-            if rest.startswith(tail):  # already in the sample, as the model sampled it
-                obs = self._encode(rest[len(tail):])
-                return text, context + obs, obs
-            if rest:  # the agent's history leaves the tail out (an empty reply's too): it stays in the sample
-                obs = self._encode(rest)
-                return text, context + obs, obs
-            # Else nothing follows the reply, as in a retry of the call: the ids test below decides.
-        full = given if given is not None else self._encode(text or "")
-        return text, full, full[len(context):] if full[:len(context)] == context else None
-
     def _max_tokens(self, call: Call, prompt_len: int, obs_len: int) -> int:
         if prompt_len == 0:  # the engine would fail on it, and with it the actor
             raise CallRefused(400, "the prompt is empty")
-        left = self.base.max_tokens - len(self.tokens) - obs_len - self.unstitched_tokens
+        left = self.base.max_tokens - len(self.sample.tokens) - obs_len - self.log.unstitched_tokens
         if left <= 0:
-            self.out_of_budget = True
+            self.log.out_of_budget = True
             raise CallRefused(400, f"this episode's token budget (rollout.max_tokens={self.base.max_tokens}, "
                                    f"model and observation tokens) is used up: end the episode")
         if self.max_model_len is not None:
@@ -205,23 +251,6 @@ class CallStitcher:
                                        f"context ({self.max_model_len} tokens)")
             left = min(left, room)
         return min(left, call.max_tokens or left, self.max_call_tokens or left)
-
-    def _stitch(self, ids: list[int], obs: list[int], out: list[int], lps: list[float], vers: list[int]) -> None:
-        if self.prompt_ids is None:
-            self.prompt_ids = ids
-        elif obs:
-            version = self.versions[-1] if self.versions else self.actor.version
-            self.spans.append([len(self.tokens), len(self.tokens) + len(obs), "env"])
-            self.observation_tokens += len(obs)
-            self._append(obs, [0.0] * len(obs), [version] * len(obs), 0)
-        self.spans.append([len(self.tokens), len(self.tokens) + len(out), "model"])
-        self._append(out, lps, vers, 1)
-
-    def _append(self, ids: list[int], lps: list[float], vers: list[int], mask: int) -> None:
-        self.tokens += ids
-        self.logprobs += lps
-        self.versions += vers
-        self.mask += [mask] * len(ids)
 
     def _reply(self, out: list[int], reason: str, stop: tuple[str, ...]) -> tuple[str, str | None]:
         """The reply's text (special tokens and a stop string left out, as OpenAI's API does) and
@@ -237,9 +266,8 @@ class CallStitcher:
 
     def episode_record(self, env: str) -> EpisodeRecord:
         """What EpisodeRunner records, and the calls served and left out of the sample."""
-        return EpisodeRecord(env, turns=sum(1 for s in self.spans if s[2] == "model"), calls=self.num_calls,
-                             unstitched_calls=self.num_unstitched, observation_tokens=self.observation_tokens,
-                             spans=self.spans)
+        return EpisodeRecord(env, turns=self.sample.turns, calls=self.log.calls, unstitched_calls=self.log.unstitched,
+                             observation_tokens=self.sample.observation_tokens, spans=self.sample.spans)
 
 
 class AgentRunner:
@@ -272,21 +300,21 @@ class AgentRunner:
         reward, info = None, {}
         t0 = time.monotonic()
         try:
-            result = await self._agent(url, self._metadata(p), calls.failed)
-            if calls.engine_error is None:
+            result = await self._agent(url, self._metadata(p), calls.log.failed)
+            if calls.log.engine_error is None:
                 reward, info = agent_reward(result)
-                if calls.num_calls == 0:
+                if calls.log.calls == 0:
                     raise AgentFailed() from RuntimeError("no call of the agent reached the model "
                                                           "(none made, or all refused)")
         except AgentFailed as e:
             failure = e.__cause__ or e
         finally:
             await self.endpoint.end(episode_id)
-        if calls.engine_error is not None:
-            raise calls.engine_error
-        record = calls.episode_record(self.name)
-        record.env_s = time.monotonic() - t0 - calls.engine_s
-        ended = failure is None and not calls.out_of_budget and calls.finish_reason == "stop"
+        if calls.log.engine_error is not None:
+            raise calls.log.engine_error
+        record, sample = calls.episode_record(self.name), calls.sample
+        record.env_s = time.monotonic() - t0 - calls.log.engine_s
+        ended = failure is None and not calls.log.out_of_budget and sample.finish_reason == "stop"
         if failure is not None:
             record.fail(failure)
         else:
@@ -294,9 +322,9 @@ class AgentRunner:
             record.status = EpisodeStatus.DONE if ended else EpisodeStatus.TRUNCATED
             record.tool_calls, record.tool_errors = (int(info[k]) if isinstance(info.get(k), numbers.Real) else 0
                                                      for k in ("tool_calls", "tool_errors"))
-        return episode_sample(p, index, actor.actor_id, base.temperature, calls.prompt_ids or p.prompt_ids,
-                              calls.tokens, calls.logprobs, calls.versions, calls.mask, "stop" if ended else "length",
-                              record)
+        return episode_sample(p, index, actor.actor_id, base.temperature, sample.prompt_ids or p.prompt_ids,
+                              sample.tokens, sample.logprobs, sample.versions, sample.mask,
+                              "stop" if ended else "length", record)
 
     def _metadata(self, p: PromptItem) -> dict[str, Any]:
         """The agent's own copy of the record (it may change it), with the run's prompt."""

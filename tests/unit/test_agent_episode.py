@@ -10,7 +10,7 @@ import pytest
 
 from asyncrl.reward.episode_reward import env_failure, episode_reward, verifier_metadata
 from asyncrl.rollout.actor import RolloutActor
-from asyncrl.rollout.agent_episode import AgentFailed, AgentRunner, agent_reward
+from asyncrl.rollout.agent_episode import AgentFailed, AgentRunner, LastCall, Stitched, agent_reward, extend, stitch
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.fake_engine import FakeEngine
 from asyncrl.tiny.tokenizer import build_tokenizer
@@ -443,3 +443,27 @@ def test_an_agents_return_value_is_read_as_a_reward():
     for bad in ("1.0", float("nan"), (1.0, "info"), [1.0]):
         with pytest.raises(AgentFailed):
             agent_reward(bad)
+
+
+def test_extend_and_stitch_are_pure_and_build_the_columns_by_hand():
+    """Two calls stitched by hand, without a server or an actor: the second call's prompt text is the
+    first's + its reply + the end-of-turn tail + observation text; the observation is masked, at the
+    version of the model token before it; the record it was stitched into is unchanged."""
+    encode = lambda text: [ord(c) for c in text]  # noqa: E731  (one id a character)
+    empty = Stitched()
+    ids, obs = extend(empty, "Q:", None, encode)
+    assert ids == [81, 58] and obs == []
+    one = stitch(empty, ids, obs, [65, 1], [-0.5, -0.25], [3, 3], LastCall("Q:", "A", "<eos>"), "stop", version=9)
+    assert empty == Stitched()  # pure: the record it was given is as it was
+    assert (one.prompt_ids, one.tokens, one.mask, one.spans) == ([81, 58], [65, 1], [1, 1], [[0, 2, "model"]])
+    ids, obs = extend(one, "Q:A<eos>ok", None, encode)  # the tail is already in the sample
+    assert obs == [111, 107] and ids == [81, 58, 65, 1, 111, 107]
+    two = stitch(one, ids, obs, [66], [-0.125], [4], LastCall("Q:A<eos>ok", "B", None), "length", version=9)
+    assert two.tokens == [65, 1, 111, 107, 66] and two.mask == [1, 1, 0, 0, 1]
+    assert two.logprobs == [-0.5, -0.25, 0.0, 0.0, -0.125] and two.versions == [3, 3, 3, 3, 4]
+    assert two.spans == [[0, 2, "model"], [2, 4, "env"], [4, 5, "model"]]
+    assert (two.turns, two.observation_tokens, two.finish_reason) == (2, 2, "length")
+    assert one.tokens == [65, 1] and one.spans == [[0, 2, "model"]]
+    # a call that rewrote the history does not extend the episode; one given ids that continue it does
+    assert extend(two, "Q:X", None, encode)[1] is None
+    assert extend(two, None, [81, 58, 65, 1, 111, 107, 66, 5], encode) == ([81, 58, 65, 1, 111, 107, 66, 5], [5])
