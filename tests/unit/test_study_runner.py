@@ -2,11 +2,13 @@
 check that a finished run was made with the fields the study sets."""
 
 import json
+import signal
 
 import pytest
 import yaml
 
 from asyncrl.lab.analysis.runs import read_run, status_of
+from asyncrl.lab.study.plan import StopSignals
 from asyncrl.lab.study.runner import decide, mismatches
 
 START = {"step": 0, "event": "start"}
@@ -67,3 +69,11 @@ def test_series_skips_missing_and_non_finite_values_and_keeps_the_last_row_of_a_
             {"step": 5, "m": 2}, {"step": 5, "m": 3}]
     s = series_of(rows, "m")
     assert s.steps == (1.0, 5.0) and s.values == (1.0, 3.0)
+
+
+def test_a_studys_first_signal_says_how_it_stops_and_a_second_only_counts():
+    signals = StopSignals()
+    assert (signals.count, signals.first) == (0, None)
+    assert signals.received(signal.SIGTERM) is True  # the running runs stop after their step
+    assert signals.received(signal.SIGINT) is False  # the caller stops at once
+    assert (signals.count, signals.first) == (2, signal.SIGTERM)  # the exit code is 128 + the first

@@ -99,9 +99,9 @@ def conduct(req: StudyRequest, log: Callable[[str], None] = print) -> int:
         if bad:
             notes.append("not finished: " + ", ".join(f"{o.run} ({o.status or 'not started'})" for o in bad))
             code = 1
-        if runner.stop_signal is not None:
-            code = 128 + runner.stop_signal
-    if req.evaluate and runner.stop_signal is None:
+        if runner.signals.first is not None:
+            code = 128 + runner.signals.first
+    if req.evaluate and runner.signals.first is None:
         if evaluate_finals(whole, log=log) != 0:
             notes.append("the evaluation of final policies failed: see logs/evaluate.log")
             code = code or 1

@@ -123,3 +123,19 @@ def plan_study(study: StudyConfig, study_path: Path, quick: bool, cli_overrides:
                 raise ConfigError(f"arm {arm.name!r}: {e}") from None
             runs.append(ArmRun(arm.name, seed, study_dir / f"{arm.name}-s{seed}", fields))
     return StudyPlan(study, quick, base, study_dir, runs, settings)
+
+
+@dataclass
+class StopSignals:
+    """The SIGINT / SIGTERM / SIGHUP a study received: the first says how it stops (its runs stop
+    after their step and the exit code is 128 + it); a second stops at once."""
+
+    count: int = 0
+    first: int | None = None
+
+    def received(self, signum: int) -> bool:
+        """Count `signum`; True when it is the first."""
+        self.count += 1
+        if self.first is None:
+            self.first = signum
+        return self.count == 1

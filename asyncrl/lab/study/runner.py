@@ -36,7 +36,7 @@ from typing import Any, Callable
 import asyncrl
 from asyncrl.config.load import ConfigError, load_config
 from asyncrl.lab.analysis.runs import RunStatus, config_value, read_run
-from asyncrl.lab.study.plan import Action, ArmRun, Outcome, StudyPlan, move_aside
+from asyncrl.lab.study.plan import Action, ArmRun, Outcome, StopSignals, StudyPlan, move_aside
 
 
 
@@ -69,8 +69,7 @@ class StudyRunner:
         runs are made one after another in this process, on shared processes (warm_runs.py)."""
         self.plan, self.parallel, self.log, self.cold = plan, parallel, log, cold
         self.logs_dir = plan.study_dir / "logs"
-        self._stop_signals = 0
-        self.stop_signal: int | None = None  # the first SIGINT / SIGTERM / SIGHUP received, if any
+        self.signals = StopSignals()
         self._running: dict[str, subprocess.Popen] = {}
 
     def actions(self) -> list[tuple[ArmRun, Action]]:
@@ -95,7 +94,7 @@ class StudyRunner:
         if self.parallel == 1 and not self.cold:
             from asyncrl.lab.study.warm_runs import run_warm
 
-            return run_warm(self, todo)
+            return run_warm(self.plan, todo, self.logs_dir, self.signals, self.log)
         address = self._start_cluster() if self.parallel > 1 else None
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         outcomes: list[Outcome] = []
@@ -103,7 +102,7 @@ class StudyRunner:
             pending = list(enumerate(todo, 1))
             started: dict[str, tuple[Outcome, float]] = {}
             while pending or self._running:
-                while pending and len(self._running) < self.parallel and not self._stop_signals:
+                while pending and len(self._running) < self.parallel and not self.signals.count:
                     i, (run, action) = pending.pop(0)
                     outcome = Outcome(run.name, action)
                     outcomes.append(outcome)
@@ -114,7 +113,7 @@ class StudyRunner:
                     self.log(f"[{i}/{len(todo)}] {run.name}: {action}")
                     self._launch(run, action, address)
                     started[run.name] = (outcome, time.monotonic())
-                if self._stop_signals and not self._running:
+                if self.signals.count and not self._running:
                     break
                 self._reap(started)
                 time.sleep(0.2)
@@ -153,9 +152,7 @@ class StudyRunner:
                      + ("" if code == 0 else f"; log: {self.logs_dir / (name + '.log')}"))
 
     def _on_signal(self, signum, frame) -> None:
-        self._stop_signals += 1
-        if self._stop_signals == 1:
-            self.stop_signal = signum
+        if self.signals.received(signum):
             self.log(f"\n{signal.Signals(signum).name}: stopping the running runs after their step "
                      "(they write a checkpoint; run the same command again to resume); again to stop at once")
         for proc in self._running.values():

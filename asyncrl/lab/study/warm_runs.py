@@ -21,32 +21,31 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config.load import ConfigError, format_override, load_config
 from asyncrl.lab.analysis.runs import read_run
 
-from asyncrl.lab.study.plan import Action, ArmRun, Outcome, move_aside
+from asyncrl.lab.study.plan import Action, ArmRun, Outcome, StopSignals, StudyPlan, move_aside
 
 if TYPE_CHECKING:
     from asyncrl.orchestrator.warm import Warm
 
 
-def run_warm(runner: Any, todo: list[tuple[ArmRun, Action]]) -> list[Outcome]:
-    """Make the runs of `todo` in order in this process; their outcomes. `runner`: the
-    StudyRunner (its plan, log, logs_dir and stop-signal state)."""
+def run_warm(plan: StudyPlan, todo: list[tuple[ArmRun, Action]], logs_dir: Path, signals: StopSignals,
+             log: Callable[[str], None]) -> list[Outcome]:
+    """Make the runs of `todo` in order in this process; their outcomes. Each run's output goes to
+    `logs_dir`/<run>.log; a signal stops the running run after its step (`signals` counts them)."""
     from asyncrl.compat import hide_broken_torch_extras
     from asyncrl.launch import connect_ray
 
-    plan, log = runner.plan, runner.log
     outcomes: list[Outcome] = []
     current: list[Any] = [None]  # the running Orchestrator, for the signal handler
 
     def on_signal(signum, frame):
-        runner._stop_signals += 1
-        if runner._stop_signals > 1:
+        if not signals.received(signum):
             os._exit(128 + signum)
-        runner.stop_signal = signum
         log(f"\n{signal.Signals(signum).name}: stopping the running run after its step (it writes a checkpoint; "
             "run the same command again to resume); again to stop at once")
         if current[0] is not None:
@@ -66,7 +65,7 @@ def run_warm(runner: Any, todo: list[tuple[ArmRun, Action]]) -> list[Outcome]:
             if action == "skip":
                 outcomes.append(_skipped(outcome, i, len(todo), log))
                 continue
-            if runner._stop_signals:
+            if signals.count:
                 break
             outcomes.append(outcome)
             log(f"[{i}/{len(todo)}] {run.name}: {action}")
@@ -75,7 +74,7 @@ def run_warm(runner: Any, todo: list[tuple[ArmRun, Action]]) -> list[Outcome]:
             overrides = [format_override(k, v) for k, v in run.fields.items()]
             overrides += ["resume=auto"] if action == "resume" else []
             t0 = time.monotonic()
-            with open(runner.logs_dir / f"{run.name}.log", "a") as out:
+            with open(logs_dir / f"{run.name}.log", "a") as out:
                 out.write(f"\n$ asyncrl run --config {plan.base} {' '.join(overrides)}   (in the study's process)\n")
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                     code, warm, reused = _one_run(plan.base, overrides, warm, current, out)
@@ -83,7 +82,7 @@ def run_warm(runner: Any, todo: list[tuple[ArmRun, Action]]) -> list[Outcome]:
             outcome.status = read_run(run.run_dir).status
             log(f"    {run.name}: {outcome.status} (exit {code}) after {outcome.seconds:.0f} s"
                 + (" on the last run's processes" if reused else "")
-                + ("" if code == 0 else f"; log: {runner.logs_dir / (run.name + '.log')}"))
+                + ("" if code == 0 else f"; log: {logs_dir / (run.name + '.log')}"))
     finally:
         for s, h in old.items():
             signal.signal(s, h)
