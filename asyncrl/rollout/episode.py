@@ -21,8 +21,9 @@ answers something other than a `Step` ends its own episode: the sample keeps wha
 the record's status is `failed` and its `error` holds the error's last line (and `traceback`), and
 the reward router scores it 0 with outcome `env_error` (reward/registry.py), which
 the driver reports and counts against env.max_error_frac. The engine and the other episodes go
-on: steps run on a thread pool of their own (a hung step holds one of its threads, not the actor's
-event loop), or on the loop when `step` is a coroutine function.
+on: steps run on worker threads of their own (step_threads.py: a step that hangs past its timeout
+is written off with its thread, and fresh threads take the other steps, however many hang), or on
+the loop when `step` is a coroutine function.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -38,10 +38,8 @@ from asyncrl.config.env_section import EnvConfig
 from asyncrl.env.base import EnvFactory, Step, Turn
 from asyncrl.env.registry import stop_strings
 from asyncrl.rollout.engine import SamplingSpec
+from asyncrl.rollout.step_threads import StepThreads
 from asyncrl.types import EpisodeRecord, EpisodeStatus, PromptItem, Sample
-
-STEP_THREADS = 64  # hung steps each hold one until they return; the rest keep going
-
 
 class Tokenizer(Protocol):
     def __len__(self) -> int: ...
@@ -91,7 +89,7 @@ class EnvStepFailed(Exception):
 class EpisodeRunner:
     def __init__(self, cfg: EnvConfig, factory: EnvFactory, tokenizer: Tokenizer):
         self.cfg, self.factory, self.tokenizer = cfg, factory, tokenizer
-        self._threads = ThreadPoolExecutor(STEP_THREADS, thread_name_prefix="env-step")
+        self.threads = StepThreads()
 
     async def run(self, actor: Completer, p: PromptItem, index: int, base: SamplingSpec, name: str,
                   abortable: bool = True) -> Sample:
@@ -166,10 +164,9 @@ class EpisodeRunner:
         t0 = time.monotonic()
         try:
             if inspect.iscoroutinefunction(env.step):
-                call = env.step(turn)
+                step = await asyncio.wait_for(env.step(turn), self.cfg.step_timeout_s)
             else:
-                call = asyncio.get_running_loop().run_in_executor(self._threads, env.step, turn)
-            step = await asyncio.wait_for(call, self.cfg.step_timeout_s)
+                step = await self.threads.run(env.step, turn, self.cfg.step_timeout_s)
         except asyncio.TimeoutError:
             raise EnvStepFailed() from TimeoutError(f"env.step took longer than env.step_timeout_s="
                                                     f"{self.cfg.step_timeout_s:g}")
@@ -195,4 +192,4 @@ class EpisodeRunner:
         return obs
 
     def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        self.threads.close()
