@@ -44,8 +44,10 @@ class EnvConfig(_Section):
     other episodes and the engine go on). Above the python tool's sandbox wall time (10 s by
     default), so a program that runs out its time is a tool error the model reads, not an env error."""
     max_error_frac: float = Field(0.05, ge=0, le=1)
-    """The run stops when more than this fraction of episodes ended with an env error (a step that
-    raised, timed out or answered something that is not a Step), checked from 50 episodes on."""
+    """The run stops when more than this fraction of episodes end with an env error (a step that
+    raised, timed out or answered something that is not a Step), judged with confidence: from 10
+    errors on, when the error rate's 3-sigma lower bound is above it (a tool failing 2% of calls
+    goes on against 0.05; an environment that always fails stops at its 10th episode)."""
 
     @field_validator("type")
     @classmethod

@@ -78,9 +78,10 @@ class RewardConfig(_Section):
     not say, loading it fills in its directory and the working directory, so the reward workers, the
     actors and the offline tools (which load the run's config.yaml) import the module the run did."""
     max_error_frac: float = Field(0.01, ge=0, le=1)
-    """Stop the run (exit 1) when more than this fraction of the scored samples made the verifier
-    raise or return something that is not a reward; checked once 50 samples have been scored.
-    1 never stops. Each distinct error's first traceback is printed and logged either way."""
+    """Stop the run (exit 1) when more than this fraction of the scored samples make the verifier
+    raise or return something that is not a reward, judged with confidence: from 10 errors on,
+    when the error rate's 3-sigma lower bound is above it. 1 never stops. Each distinct error's
+    first traceback is printed and logged either way."""
 
     @field_validator("type")
     @classmethod

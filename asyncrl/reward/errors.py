@@ -5,13 +5,19 @@ could run for hours unseen.
 `RewardErrorMonitor.observe` is called with every scored sample. The first error of each kind
 (verifier and exception type) comes back as a report, the traceback and the input that caused
 it, for the console and events.jsonl; further errors of that kind are reported at most once a
-minute with their count. When more than `max_error_frac` of the samples scored so far erred
-(checked from `min_samples` on) it raises `RewardErrorsExceeded`, naming the function and an
-input that made it fail. Pure bookkeeping: no Ray, no I/O.
+minute with their count. It raises `RewardErrorsExceeded`, naming the function and an input that
+made it fail, once the errors show with confidence that more than `max_error_frac` of the samples
+err: at least `min_errors` errors, and the lower end of the error rate's Wilson score interval
+(`error_rate_floor`, CONFIDENCE_Z standard deviations, one-sided) above the limit. A fraction
+alone, judged early, stopped a run whose tool failed on 2% of calls at 4 errors in 50 (8% then);
+with the bound, a 2% rate goes on for good against a 5% limit, and a rate far above the limit still
+stops early: an environment that always fails stops at its 10th episode. Pure bookkeeping: no Ray,
+no I/O.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,6 +28,18 @@ from asyncrl.types import RunFailed
 ERROR_OUTCOMES = ("verifier_error", "bad_reward")
 ENV_OUTCOMES = ("env_error",)
 SHOWN_CHARS = 300
+CONFIDENCE_Z = 3.0  # one-sided: a rate this far above the limit is chance once in ~700 checks
+MIN_ERRORS = 10
+
+
+def error_rate_floor(errors: int, n: int, z: float = CONFIDENCE_Z) -> float:
+    """The lower end of the Wilson score interval of a rate of `errors` in `n` (0 for n = 0)."""
+    if n == 0:
+        return 0.0
+    p, zz = errors / n, z * z
+    centre = p + zz / (2 * n)
+    margin = z * math.sqrt(p * (1 - p) / n + zz / (4 * n * n))
+    return max(0.0, (centre - margin) / (1 + zz / n))  # 0 errors: 0, not a rounding below it
 
 
 class RewardErrorsExceeded(RunFailed):
@@ -37,10 +55,10 @@ class RewardErrorMonitor:
     """`outcomes`: what counts as an error; `limit`: the config field of max_frac, named when the
     run stops (the environment's errors have a monitor of their own, `env_error_monitor`)."""
 
-    def __init__(self, max_frac: float, min_samples: int = 50, repeat_every_s: float = 60.0,
+    def __init__(self, max_frac: float, min_errors: int = MIN_ERRORS, repeat_every_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic, outcomes: tuple[str, ...] = ERROR_OUTCOMES,
                  limit: str = "reward.max_error_frac", subject: str = "the reward function"):
-        self.max_frac, self.min_samples, self.repeat_every_s = max_frac, min_samples, repeat_every_s
+        self.max_frac, self.min_errors, self.repeat_every_s = max_frac, min_errors, repeat_every_s
         self.clock, self.outcomes, self.limit, self.subject = clock, outcomes, limit, subject
         self.scored = 0
         self.errors: Counter = Counter()  # (verifier, error type) -> count
@@ -81,13 +99,14 @@ class RewardErrorMonitor:
         return report
 
     def _check(self) -> None:
-        if self.scored < self.min_samples or self.num_errors <= self.max_frac * self.scored:
+        if self.num_errors < self.min_errors or error_rate_floor(self.num_errors, self.scored) <= self.max_frac:
             return
         kind, count = self.errors.most_common(1)[0]
         ex = self.examples[kind]
         raise RewardErrorsExceeded(
             f"{self.subject} {kind[0]} failed on {self.num_errors} of {self.scored} scored samples "
-            f"({self.num_errors / self.scored:.0%}, above {self.limit}={self.max_frac}); "
+            f"({self.num_errors / self.scored:.0%}; at least {error_rate_floor(self.num_errors, self.scored):.1%} "
+            f"with {CONFIDENCE_Z:g}-sigma confidence, above {self.limit}={self.max_frac}); "
             f"most often ({count}x): {ex['error']}, e.g. on response {ex['response']!r} with metadata "
             f"{ex['metadata']}. The first traceback is in events.jsonl (event {self.event}).")
 

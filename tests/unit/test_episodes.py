@@ -198,12 +198,14 @@ def test_a_raising_environment_costs_its_episode_reported_with_its_last_tracebac
 def test_environment_errors_stop_the_run_only_past_their_fraction():
     monitor = env_error_monitor(0.05)
     error = {"outcome": "env_error", "error": "ZeroDivisionError: division by zero", "verifier": "calculator"}
-    for i in range(100):
-        monitor.observe(error if i % 25 == 24 else {"outcome": "episode"}, "", {})
-    assert monitor.num_errors == 4  # 4% of 100: the run goes on
+    for i in range(1000):
+        monitor.observe(error if i % 50 == 49 else {"outcome": "episode"}, "", {})
+    assert monitor.num_errors == 20  # a tool failing 2% of the time: the run goes on
+    broken = env_error_monitor(0.05)
+    for _ in range(9):
+        broken.observe(error, "", {})
     with pytest.raises(RewardErrorsExceeded, match=r"env.max_error_frac=0.05.*ZeroDivisionError"):
-        for _ in range(3):
-            monitor.observe(error, "", {})
+        broken.observe(error, "", {})  # an environment that always fails stops at its 10th episode
 
 
 def test_a_factory_that_fails_and_a_step_that_answers_garbage_are_episode_errors():

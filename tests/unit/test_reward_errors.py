@@ -1,9 +1,11 @@
 """Reward errors are reported once per kind with their traceback, repeated at most once a minute,
 and stop the run past reward.max_error_frac."""
 
+import math
+
 import pytest
 
-from asyncrl.reward.errors import RewardErrorMonitor, RewardErrorsExceeded, format_report
+from asyncrl.reward.errors import RewardErrorMonitor, RewardErrorsExceeded, error_rate_floor, format_report
 from asyncrl.reward.registry import RewardRouter
 from asyncrl.config import RewardConfig
 
@@ -38,24 +40,34 @@ def test_first_error_of_each_kind_is_reported_with_traceback_then_rate_limited()
     assert mon.num_errors == 4 and mon.metrics() == {"reward/errors_total": 4}
 
 
-def test_stops_past_the_fraction_once_enough_samples_are_scored():
-    mon = RewardErrorMonitor(max_frac=0.1, min_samples=20)
-    for _ in range(17):
-        mon.observe(OK, "", {})
-    for _ in range(2):
-        mon.observe(_err(), "bad response", {"answer": "4"})  # 2 of 19: below min_samples
+def test_the_error_rate_floor_is_the_wilson_interval_lower_end():
+    # by hand, in float64: p = 4/50, z = 3: ((p + 9/100) - 3 sqrt(p(1-p)/50 + 9/10000)) / (1 + 9/50)
+    p = 4 / 50
+    want = ((p + 9 / 100) - 3 * math.sqrt(p * (1 - p) / 50 + 9 / 10000)) / (1 + 9 / 50)
+    assert error_rate_floor(4, 50) == pytest.approx(want, rel=1e-12) and want == pytest.approx(0.020247, abs=1e-6)
+    assert error_rate_floor(10, 10) == pytest.approx(10 / 19, rel=1e-12)  # all errors: n / (n + z^2)
+    assert error_rate_floor(0, 1000) == 0.0 and error_rate_floor(0, 0) == 0.0
+
+
+def test_stops_once_the_errors_show_the_rate_above_the_limit_with_confidence():
+    mon = RewardErrorMonitor(max_frac=0.1)
+    for _ in range(9):
+        mon.observe(_err(), "bad response", {"answer": "4"})  # 9 of 9: fewer than MIN_ERRORS
     with pytest.raises(RewardErrorsExceeded) as e:
-        mon.observe(_err(), "x", {})  # 3 of 20 = 15% > 10%
+        mon.observe(_err(), "x", {})  # 10 of 10: the rate is at least 10/19 = 53%
     msg = str(e.value)
-    assert "import:mine:score failed on 3 of 20 scored samples (15%" in msg
+    assert "import:mine:score failed on 10 of 10 scored samples (100%; at least 52.6%" in msg
     assert "KeyError('answer')" in msg and "'bad response'" in msg and "reward.max_error_frac=0.1" in msg
 
 
-def test_at_the_fraction_exactly_it_goes_on():
-    mon = RewardErrorMonitor(max_frac=0.1, min_samples=10)
-    for i in range(10):
-        mon.observe(_err() if i == 0 else OK, "", {})  # 1 of 10 = 10%, not above
-    assert mon.scored == 10 and mon.num_errors == 1
+def test_a_rate_near_or_below_the_limit_goes_on_however_early_the_errors_come():
+    mon = RewardErrorMonitor(max_frac=0.05)
+    for i in range(50):
+        mon.observe(_err() if i < 4 else OK, "", {})  # 4 of 50 = 8%, at least 2.0%: not above 5%
+    for i in range(2000):
+        mon.observe(_err() if i % 50 == 0 else OK, "", {})  # then 2%, for long
+    assert mon.scored == 2050 and mon.num_errors == 44
+    assert error_rate_floor(44, 2050) < 0.05
 
 
 def test_router_attaches_the_traceback_of_a_raising_function(tmp_path, monkeypatch):
