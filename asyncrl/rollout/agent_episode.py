@@ -52,7 +52,9 @@ chat messages drop, an end-of-sequence token a completion agent never saw) stays
 sampled, so the model's context there is its own tokens, not the agent's text exactly; a retry of
 a call, or any call on a branch the agent forked, is unstitched.
 
-An agent that raises, times out (`episode_timeout_s`, counted from when it starts) or returns
+An agent that runs out of the episode's budget ends its episode as `truncated` (as an environment
+that reaches rollout.max_tokens does), whether it returns or raises on the 400 it gets. An agent
+that otherwise raises, times out (`episode_timeout_s`, counted from when it starts) or returns
 something that is not a reward ends its own episode exactly as a failing environment step does
 (rollout/episode.py): the sample keeps its stitched calls, its episode record's status is `failed`
 and its `error` holds the error's last line. A thread-run agent that times out keeps its thread
@@ -315,9 +317,9 @@ class AgentRunner:
         record, sample = calls.episode_record(self.name), calls.sample
         record.env_s = time.monotonic() - t0 - calls.log.engine_s
         ended = failure is None and not calls.log.out_of_budget and sample.finish_reason == "stop"
-        if failure is not None:
+        if failure is not None and not calls.log.out_of_budget:
             record.fail(failure)
-        else:
+        else:  # it returned, or stopped because its budget ran out (its 400): truncated, not an error
             record.reward, record.info = reward, info
             record.status = EpisodeStatus.DONE if ended else EpisodeStatus.TRUNCATED
             record.tool_calls, record.tool_errors = (int(info[k]) if isinstance(info.get(k), numbers.Real) else 0

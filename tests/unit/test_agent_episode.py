@@ -14,7 +14,7 @@ from asyncrl.rollout.agent_episode import AgentFailed, AgentRunner, LastCall, St
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.fake_engine import FakeEngine
 from asyncrl.tiny.tokenizer import build_tokenizer
-from asyncrl.types import PromptItem
+from asyncrl.types import EpisodeStatus, PromptItem
 
 # Role markers and an end-of-turn token with a newline after it, as real templates have (Qwen's
 # "<|im_end|>\n"): the newline is template text the model never sampled, so it must be observed.
@@ -295,6 +295,22 @@ def test_a_used_up_token_budget_cuts_then_refuses_calls(tok):
     assert seen[0] == "length" and "token budget (rollout.max_tokens=12" in seen[1]
     assert sample.response_ids == enc(tok, "abcdexyz1234")
     assert sample.finish_reason == "length" and sample.episode.reward == 1.0
+
+
+def test_an_agent_that_raises_on_its_used_up_budget_is_truncated_not_an_error(tok):
+    actor = ScriptedActor([reply(tok, "abcdefgh", 0, eos=False)])
+
+    def agent(base_url, metadata):
+        client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        a = client.completions.create(model="m", prompt="Q:")
+        client.completions.create(model="m", prompt="Q:" + a.choices[0].text + "?")  # 400: raises
+        return 1.0
+
+    [sample] = run_episodes(AgentRunner(agent, tok), actor, [PromptItem("p0", [5], {})], max_tokens=8)
+    assert sample.episode.status == EpisodeStatus.TRUNCATED and sample.episode.error is None
+    assert sample.finish_reason == "length" and sample.episode.reward is None
+    assert sample.response_ids == enc(tok, "abcdefgh")
+    assert episode_reward("", verifier_metadata(sample.metadata, sample.episode))[1]["outcome"] != "env_error"
 
 
 def test_the_endpoint_refuses_what_it_does_not_serve_and_unknown_or_busy_episodes(tok):
