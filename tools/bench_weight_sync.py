@@ -35,7 +35,7 @@ import torch
 
 from asyncrl.sync.buckets import is_direct, plan_buckets, specs_of
 from asyncrl.sync.gloo_receiver import GlooWeightReceiver
-from asyncrl.sync import gloo_sender
+from asyncrl.sync import wire
 from asyncrl.sync.gloo_sender import GlooWeightSender
 from asyncrl.sync.wire import broadcast, free_port, open_gloo_group
 
@@ -78,7 +78,7 @@ def plain_receiver(ports: tuple[int, int], total_bytes: int, plan: list[dict], r
     """Rank 1 of both groups: per repetition one raw broadcast, then one push applied into
     preallocated parameters. Reports the time its last byte landed on `done`, and at the end
     whether the parameters hold exactly what was sent."""
-    gloo_sender.GLOO_CONNECTIONS = connections
+    wire.GLOO_CONNECTIONS = connections
     raw_group, _raw_store = open_gloo_group(HOST, ports[0], 1, 2, timeout_s=120)
     receiver = GlooWeightReceiver(HOST, ports[1], 1, 2, timeout_s=120)
     receiver.connect()
@@ -102,7 +102,7 @@ def bench_plain(named, shapes, bucket_bytes: int, reps: int,
     done = ctx.Queue()
     proc = ctx.Process(target=plain_receiver, args=(ports, total, plan, reps, done, shapes, connections))
     proc.start()
-    default, gloo_sender.GLOO_CONNECTIONS = gloo_sender.GLOO_CONNECTIONS, connections
+    default, wire.GLOO_CONNECTIONS = wire.GLOO_CONNECTIONS, connections
     raw_group, _raw_store = open_gloo_group(HOST, ports[0], 0, 2, timeout_s=120)
     sender = GlooWeightSender(HOST, ports[1], 2, timeout_s=120, bucket_bytes=bucket_bytes)
     sender.connect()
@@ -120,7 +120,7 @@ def bench_plain(named, shapes, bucket_bytes: int, reps: int,
         raise RuntimeError("the receiver's parameters differ from what was pushed")
     proc.join(timeout=60)
     sender.close()
-    gloo_sender.GLOO_CONNECTIONS = default
+    wire.GLOO_CONNECTIONS = default
     return raw_s, ours_s
 
 
@@ -198,7 +198,7 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="bucket bound (MB)")
     parser.add_argument("--reps", type=int, default=4, help="repetitions per measurement")
     parser.add_argument("--vllm", action="store_true", help="also push into a real vLLM-CPU engine")
-    parser.add_argument("--connections", type=int, default=gloo_sender.GLOO_CONNECTIONS,
+    parser.add_argument("--connections", type=int, default=wire.GLOO_CONNECTIONS,
                         help="TCP connections of the raw and plain groups (the vLLM one keeps the default)")
     args = parser.parse_args()
     config, shapes = qwen2_shapes(args.size_mb)
