@@ -41,7 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--smooth", type=int, default=SMOOTH_HALF_WIDTH,
                    help=f"points either side of the centred mean drawn over each curve (default {SMOOTH_HALF_WIDTH}; "
                         "0: none)")
-    p.add_argument("--x", default="step", help="x axis: step or a running-total column (rollout/samples_total)")
+    p.add_argument("--x", default="step", help="x axis: step, elapsed (seconds since each run's start; `time` "
+                                                "means the same) or a running-total column (rollout/samples_total)")
     p.add_argument("--window", type=int, default=10, help="steps of the final / peak / collapse windows")
     p.add_argument("--collapse-fraction", type=float, default=0.5, help="collapse threshold, a fraction of initial")
     return p.parse_intermixed_args(argv)
@@ -55,6 +56,8 @@ def main(argv: list[str]) -> int:
     from asyncrl.lab.analysis.analyse import plot_runs
     from asyncrl.lab.study.config import DEFAULT_FIGURES, AnalysisSpec
 
+    if args.x == "time":  # a row's time is Unix time: runs started apart would land far apart
+        args.x = "elapsed"
     if args.smooth < 0:
         print("error: --smooth must be 0 or more", file=sys.stderr)
         return 2

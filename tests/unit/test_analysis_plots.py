@@ -66,6 +66,25 @@ def test_a_figure_against_samples_generated(tmp_path, runs):
     assert sidecar["panels"][0]["lines"][0]["y"] == pytest.approx([1.0, 0.55, 0.3, 0.15], abs=1e-12)
 
 
+def test_a_figure_against_seconds_since_each_runs_start(tmp_path):
+    """Two runs started a day apart (Unix times) share one elapsed axis: seconds since each start."""
+    dirs = []
+    for seed, t0 in ((0, 1_700_000_000.0), (1, 1_700_086_400.0)):
+        d = make_run(tmp_path, f"a-s{seed}", [1.0, 0.8, 0.6], [0.1, 0.2, 0.3], 0)
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        for i, r in enumerate(rows):
+            r["time"] = t0 + 10.0 * (i + 1) + seed  # the first row 10 s (11 s) after the start event
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "events.jsonl").write_text(json.dumps({"step": 0, "time": t0, "event": "start"}) + "\n")
+        dirs.append(d)
+    assert read_run(dirs[1]).series("elapsed").values == (11.0, 21.0, 31.0)
+    arms = arms_from_dirs(dirs, group_seeds=True)
+    analyse(arms, tmp_path / "out", AnalysisSpec(figures=["entropy/learner"], x_axis="elapsed"), "t")
+    sidecar = json.loads((tmp_path / "out" / "figures" / "entropy_learner.json").read_text())
+    xs = sorted({x for line in sidecar["panels"][0]["lines"] for x in line["x"]})
+    assert sidecar["x_axis"] == "elapsed" and max(xs) <= 31.0 and min(xs) >= 10.0, xs
+
+
 def test_sweep_figure_and_report(tmp_path, runs):
     study = StudyConfig.model_validate({
         "name": "s", "total_steps": 4, "grid": {"buffer.max_staleness": [0, 4]}, "grid_names": {"buffer.max_staleness": "eta"},

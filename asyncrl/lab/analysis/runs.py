@@ -48,6 +48,11 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+ELAPSED = "elapsed"
+"""An x axis of its own: seconds since the run started (its first `start` event, else its first
+row), per step. A row's `time` is Unix time, so runs started apart would be drawn apart."""
+
+
 def series_of(rows: list[dict], metric: str) -> Series:
     """The metric per step; rows without it (or with null / non-finite values) are skipped, and a
     step logged twice keeps its last row.
@@ -98,6 +103,12 @@ class RunRecord:
         return status_of(self.events)
 
     def series(self, metric: str) -> Series:
+        if metric == ELAPSED:
+            starts = [e["time"] for e in self.events if e.get("event") == "start" and _number(e.get("time"))]
+            times = [r["time"] for r in self.rows if _number(r.get("time"))]
+            t0 = min(starts) if starts else min(times, default=0.0)
+            return series_of([{"step": r.get("step"), ELAPSED: r["time"] - t0} for r in self.rows
+                              if _number(r.get("time"))], ELAPSED)
         return series_of(self.rows, metric)
 
     def has_checkpoint(self) -> bool:
