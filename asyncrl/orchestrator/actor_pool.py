@@ -166,6 +166,19 @@ class ActorPool:
     def stats(self) -> list[dict[str, Any]]:
         return ray.get([self.actors[a].get_stats.remote() for a in self.ids])
 
+    def stuck_episodes(self, timeout_s: float = 5.0) -> tuple[str, ...]:
+        """What holds each actor's episodes up (hung environment steps, long agent episodes), for a
+        stalled run's diagnosis; an actor that does not answer within `timeout_s` is said as such."""
+        out = []
+        for a in self.ids:
+            try:
+                stuck = ray.get(self.actors[a].get_stats.remote(), timeout=timeout_s).get("episodes_stuck")
+            except Exception as e:  # dead or busy: the diagnosis says so rather than waiting on it
+                stuck = f"no answer within {timeout_s:g}s ({type(e).__name__})"
+            if stuck:
+                out.append(f"actor {a}: {stuck}")
+        return tuple(out)
+
     def shutdown(self) -> None:
         """Every actor shuts its engine down at once (each takes seconds), within 30 s in all; then
         their processes end, so their CPUs are free for another run on the same cluster."""

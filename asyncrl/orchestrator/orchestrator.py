@@ -257,8 +257,8 @@ class Orchestrator:
         if time.monotonic() - self._last_health_t >= every_s:
             self._last_health_t = time.monotonic()
             self.members.check(self.step)
-            facts = lambda: StallFacts(self.driver.progress(), self.samples.num_received,  # noqa: E731
-                                       len(self.pool.ids), self.cfg.data.answer_field)
+            facts = lambda: StallFacts(self.driver.progress(), self.samples.num_received, len(self.pool.ids),  # noqa
+                                       self.cfg.data.answer_field, self.pool.stuck_episodes())
             self.requests.check_stall(self._last_health_t, self.clock.last_step,
                                       self.cfg.observe.stall_timeout_s, facts)
 

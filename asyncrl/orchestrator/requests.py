@@ -94,6 +94,7 @@ class StallFacts:
     samples_received: int
     actors: int
     answer_field: str  # data.answer_field, named when the labels are missing
+    stuck: tuple[str, ...] = ()  # per actor, what holds its episodes up (ActorPool.stuck_episodes)
 
 
 def stall_diagnosis(facts: StallFacts) -> str:
@@ -122,4 +123,6 @@ def stall_diagnosis(facts: StallFacts) -> str:
         cause = "no reward has come back: the verifiers are stuck or too slow (reward.timeout_s, reward.num_workers)"
     else:
         cause = "groups are completing; the step may need more time (raise observe.stall_timeout_s)"
+    if facts.stuck:  # episodes held up in the actors explain a run that starves before anything above
+        cause = f"episodes are held up in the actors ({'; '.join(facts.stuck)}); else: {cause}"
     return f"{cause}. {seen}"

@@ -305,7 +305,8 @@ class RolloutActor:
 
     def get_stats(self) -> dict[str, Any]:
         return {**self.stats, "version": self.version, "in_flight_prompts": self.num_in_flight_prompts(),
-                "scoring": self._scorer.num_pending if self._scorer else 0, "pid": os.getpid()}
+                "scoring": self._scorer.num_pending if self._scorer else 0, "pid": os.getpid(),
+                "episodes_stuck": self.episodes.stuck() if self.episodes is not None else None}
 
     async def shutdown(self) -> None:
         for t in [*self._tasks, *([self._deliver] if self._deliver else [])]:

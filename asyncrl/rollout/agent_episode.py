@@ -83,6 +83,7 @@ from asyncrl.rollout.episode import Completer, episode_sample
 from asyncrl.types import EpisodeRecord, EpisodeStatus, PromptItem, Sample
 
 AGENT_THREADS = 256  # a thread-run agent holds one for its whole episode
+LONG_EPISODE_S = 60.0  # an agent episode running longer is named when a run stalls
 
 
 class ChatTokenizer(Protocol):
@@ -285,6 +286,7 @@ class AgentRunner:
         self.endpoint = AgentEndpoint(model_name)
         self._threads = ThreadPoolExecutor(num_threads, thread_name_prefix="agent")
         self._starting = asyncio.Lock()
+        self._running: dict[str, float] = {}  # episode id -> when its agent started
         self._stopping: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -300,7 +302,7 @@ class AgentRunner:
         url = self.endpoint.open(episode_id, calls)
         failure: BaseException | None = None
         reward, info = None, {}
-        t0 = time.monotonic()
+        t0 = self._running[episode_id] = time.monotonic()
         try:
             result = await self._agent(url, self._metadata(p), calls.log.failed)
             if calls.log.engine_error is None:
@@ -311,6 +313,7 @@ class AgentRunner:
         except AgentFailed as e:
             failure = e.__cause__ or e
         finally:
+            del self._running[episode_id]
             await self.endpoint.end(episode_id)
         if calls.log.engine_error is not None:
             raise calls.log.engine_error
@@ -327,6 +330,12 @@ class AgentRunner:
         return episode_sample(p, index, actor.actor_id, base.temperature, sample.prompt_ids or p.prompt_ids,
                               sample.tokens, sample.logprobs, sample.versions, sample.mask,
                               "stop" if ended else "length", record)
+
+    def stuck(self) -> str | None:
+        now = time.monotonic()
+        n = sum(1 for t0 in self._running.values() if now - t0 > LONG_EPISODE_S)
+        return (f"{n} agent episode(s) running for over {LONG_EPISODE_S:g}s (env.episode_timeout_s="
+                f"{self.episode_timeout_s:g}s): the agent may hang or wait on something") if n else None
 
     def _metadata(self, p: PromptItem) -> dict[str, Any]:
         """The agent's own copy of the record (it may change it), with the run's prompt."""

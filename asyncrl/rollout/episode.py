@@ -69,6 +69,10 @@ class Episodes(Protocol):
     async def run(self, actor: Completer, p: PromptItem, index: int, base: SamplingSpec, name: str,
                   abortable: bool = True) -> Sample: ...
 
+    def stuck(self) -> str | None:
+        """What holds episodes up now, in words, for a stalled run's diagnosis (None: nothing)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -190,6 +194,11 @@ class EpisodeRunner:
             raise EnvStepFailed() from TypeError(f"an observation must be text or a list of token ids "
                                                  f"below {vocab}, got {str(obs)[:100]}")
         return obs
+
+    def stuck(self) -> str | None:
+        n = self.threads.hung
+        return (f"{n} environment step(s) still running past env.step_timeout_s={self.cfg.step_timeout_s:g}s "
+                f"(their episodes ended as env errors; the steps hang)") if n else None
 
     def close(self) -> None:
         self.threads.close()

@@ -10,6 +10,7 @@ import pytest
 
 from asyncrl.reward.episode_reward import env_failure, episode_reward, verifier_metadata
 from asyncrl.rollout.actor import RolloutActor
+from asyncrl.rollout import agent_episode
 from asyncrl.rollout.agent_episode import AgentFailed, AgentRunner, LastCall, Stitched, agent_reward, extend, stitch
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.fake_engine import FakeEngine
@@ -270,6 +271,30 @@ def test_an_agent_that_hangs_times_out_and_its_late_calls_get_404(tok):
     assert sample.response_ids == reply(tok, "hi", 0)[0]
     assert coroutine_sample.episode.error.startswith("TimeoutError")
     assert len(late) == 1 and "no running episode" in late[0].message
+
+
+def test_a_long_running_agent_episode_is_named_as_such_for_a_stalled_run(tok, monkeypatch):
+    monkeypatch.setattr(agent_episode, "LONG_EPISODE_S", 0.1)
+    seen = []
+
+    async def slow(base_url, metadata):
+        await asyncio.sleep(0.3)
+        return 1.0
+
+    async def main():
+        runner = AgentRunner(slow, tok, episode_timeout_s=5)
+        episode = asyncio.ensure_future(runner.run(ScriptedActor([]), PromptItem("p0", [5], {}), 0,
+                                                   SamplingSpec(1.0, 1.0, 100), "p0-0"))
+        seen.append(runner.stuck())  # just started
+        await asyncio.sleep(0.2)
+        seen.append(runner.stuck())  # past LONG_EPISODE_S
+        await episode
+        seen.append(runner.stuck())  # ended
+        await runner.aclose()
+
+    asyncio.run(main())
+    assert seen == [None, "1 agent episode(s) running for over 0.1s (env.episode_timeout_s=5s): the agent "
+                          "may hang or wait on something", None]
 
 
 def test_a_used_up_token_budget_cuts_then_refuses_calls(tok):

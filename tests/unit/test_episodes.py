@@ -150,12 +150,16 @@ def test_a_hanging_environment_times_out_alone_and_the_actor_keeps_generating():
         await actor.start()
         await actor.submit([PromptItem("hang", [1], {"hang": True})] + [PromptItem(f"ok{i}", [1], {}) for i in range(4)])
         await wait_for(out, 5)
+        stuck.append(actor.get_stats()["episodes_stuck"])
         release.set()
         await actor.submit([PromptItem("after", [1], {})])  # the actor still works
         await wait_for(out, 6)
         return {s.group_id: s for s in out}
 
+    stuck = []
     samples = run(main())
+    assert stuck == ["1 environment step(s) still running past env.step_timeout_s=0.3s (their episodes ended "
+                     "as env errors; the steps hang)"]
     hung = samples["hang"].episode
     assert hung.error == "TimeoutError: env.step took longer than env.step_timeout_s=0.3"
     assert 0.3 <= hung.env_s < 2 and hung.turns == 1
@@ -163,6 +167,38 @@ def test_a_hanging_environment_times_out_alone_and_the_actor_keeps_generating():
     for name in ("ok0", "ok1", "ok2", "ok3", "after"):
         assert samples[name].episode.error is None
         assert samples[name].episode.turns == 2
+
+
+def test_more_steps_hanging_for_good_than_the_actor_has_threads_cost_only_their_episodes():
+    """80 episodes whose step never returns (more than the 64 threads a fixed pool had) and 10 that
+    work: the 10 finish normally, the 80 end as env errors, and the actor says what is stuck."""
+    release = threading.Event()
+
+    class Hang(Echo):
+        def step(self, turn):
+            if self.turns == 99:
+                release.wait()
+            return super().step(turn)
+
+    def factory(metadata, **options):
+        return Hang(metadata, turns=99 if metadata.get("hang") else 2)
+
+    async def main():
+        out = []
+        actor = make_actor(out, factory, step_timeout_s=0.2, delay_s=0.0)
+        await actor.start()
+        await actor.submit([PromptItem(f"hang{i}", [1], {"hang": True}) for i in range(80)])
+        await actor.submit([PromptItem(f"ok{i}", [1], {}) for i in range(10)])
+        await wait_for(out, 90, timeout=30)
+        return {s.group_id: s for s in out}, actor.get_stats()["episodes_stuck"]
+
+    try:
+        samples, stuck = run(main())
+    finally:
+        release.set()
+    assert all(samples[f"ok{i}"].episode.error is None and samples[f"ok{i}"].episode.turns == 2 for i in range(10))
+    assert all(samples[f"hang{i}"].episode.error.startswith("TimeoutError") for i in range(80))
+    assert stuck.startswith("80 environment step(s) still running")
 
 
 def test_a_raising_environment_costs_its_episode_reported_with_its_last_traceback_line():

@@ -4,7 +4,7 @@ never from a file that is still being written."""
 import pytest
 
 from asyncrl.orchestrator.driver import Progress
-from asyncrl.orchestrator.requests import SCALE_FILE, RunRequests, RunStalled, StallFacts
+from asyncrl.orchestrator.requests import SCALE_FILE, RunRequests, RunStalled, StallFacts, stall_diagnosis
 
 
 class Pool:
@@ -63,7 +63,6 @@ def test_a_stall_with_labels_missing_names_them_before_the_task(tmp_path):
     from asyncrl.config import load_config
     from asyncrl.observe.metrics import MetricsWriter
     from asyncrl.orchestrator.driver import build_driver
-    from asyncrl.orchestrator.requests import stall_diagnosis
     from asyncrl.tiny.tokenizer import save_tokenizer
 
     save_tokenizer(tmp_path)
@@ -106,3 +105,11 @@ def test_a_stall_is_warned_every_minute_and_ends_the_run_at_its_timeout(tmp_path
     assert "0/64 loss tokens buffered, 2 groups in flight on 1 actor(s)" in said[0]
     with pytest.raises(RunStalled, match=r"no optimizer step for 300s \(observe.stall_timeout_s=300\)"):
         req.check_stall(start + 300, start, 300, facts)
+
+
+def test_a_stall_names_what_holds_the_episodes_up_in_the_actors():
+    facts = StallFacts(Progress(0, 0, 0, 64, 2, 0, 0, 0, [], (0, 0)), 0, 1, "answer",
+                       stuck=("actor 0: 64 environment step(s) still running past env.step_timeout_s=30s",))
+    said = stall_diagnosis(facts)
+    assert said.startswith("episodes are held up in the actors (actor 0: 64 environment step(s) still running")
+    assert "else: no sample has arrived" in said
