@@ -160,10 +160,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _merge(base: dict, over: dict) -> dict:
-    """`over` on top of `base`: sections merge field by field, anything else is replaced."""
+    """`over` on top of `base`: sections merge field by field, anything else is replaced; an empty
+    mapping replaces too, so `options: {}` clears what a base set (merged, it would change nothing)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and v and isinstance(out.get(k), dict) else v
     return out
 
 

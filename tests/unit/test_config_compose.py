@@ -87,6 +87,14 @@ def test_base_by_name_from_configs_and_chains(tmp_path):
     assert cfg.algo.kl.coef == grpo.algo.kl.coef and cfg.buffer.max_staleness == grpo.buffer.max_staleness
 
 
+def test_an_empty_mapping_clears_what_the_base_set(tmp_path):
+    _write(tmp_path / "b.yaml", "env:\n  type: calculator\n  options:\n    digits: 3\n")
+    child = _write(tmp_path / "c.yaml", "base: b.yaml\nenv:\n  options: {}\n")
+    assert load_config(tmp_path / "b.yaml").env.options == {"digits": 3}
+    cfg = load_config(child)
+    assert cfg.env.options == {} and cfg.env.type == "calculator"  # the section still merges
+
+
 def test_stages_list_of_a_base_is_replaced_whole(tmp_path):
     _write(tmp_path / "b.yaml", "stages:\n  - steps: 5\n  - max_tokens: 12\n")
     child = _write(tmp_path / "c.yaml", "base: b.yaml\nstages:\n  - max_tokens: 10\n")
