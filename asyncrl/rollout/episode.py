@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import numbers
 import time
 from dataclasses import replace
 from typing import Any, Protocol
@@ -181,6 +183,10 @@ class EpisodeRunner:
         if not isinstance(step, Step):
             raise EnvStepFailed() from TypeError(f"env.step returned {type(step).__name__}, not a Step")
         if step.reward is not None:
+            # the environment's fault, not the verifier's: scored as an env error, not a reward error
+            if not isinstance(step.reward, numbers.Real) or not math.isfinite(step.reward):
+                raise EnvStepFailed() from ValueError(f"env.step returned a reward of {step.reward!r}, not a "
+                                                      f"finite number")
             record.reward = (record.reward or 0.0) + float(step.reward)
         record.tool_calls += int(step.info.get("tool_calls", 0))
         record.tool_errors += int(step.info.get("tool_errors", 0))

@@ -249,20 +249,29 @@ def test_a_factory_that_fails_and_a_step_that_answers_garbage_are_episode_errors
         def step(self, turn):
             return Step(observation=[3, 999])  # 999 is past the vocabulary: the engine would fail
 
+    class NaNReward(Echo):
+        def step(self, turn):
+            return Step(reward=float("nan"), done=True)
+
     def factory(metadata, **options):
         if metadata["kind"] == "factory":
             raise KeyError("secret")
-        return Garbage(metadata) if metadata["kind"] == "garbage" else "not an environment"
+        kinds = {"garbage": Garbage, "nan": NaNReward}
+        return kinds[metadata["kind"]](metadata) if metadata["kind"] in kinds else "not an environment"
 
     async def main():
         out = []
         actor = make_actor(out, factory)
         await actor.start()
-        await actor.submit([PromptItem(k, [1], {"kind": k}) for k in ("factory", "garbage", "str")])
-        await wait_for(out, 3)
+        await actor.submit([PromptItem(k, [1], {"kind": k}) for k in ("factory", "garbage", "str", "nan")])
+        await wait_for(out, 4)
         return {s.group_id: s for s in out}
 
     samples = run(main())
+    # a NaN step reward is the environment's error, scored as such, not the verifier's
+    assert samples["nan"].episode.error == "ValueError: env.step returned a reward of nan, not a finite number"
+    view = verifier_metadata(samples["nan"].metadata, samples["nan"].episode)
+    assert RewardRouter(RewardConfig(type="episode"))("", view)[1]["outcome"] == "env_error"
     assert samples["factory"].episode.error == "KeyError: 'secret'"
     assert samples["factory"].response_ids == []
     assert samples["garbage"].episode.error.startswith("TypeError: an observation must be")
