@@ -28,6 +28,7 @@ from asyncrl.types import RunFailed
 ERROR_OUTCOMES = ("verifier_error", "bad_reward")
 ENV_OUTCOMES = ("env_error",)
 SHOWN_CHARS = 300
+MESSAGES_KEPT = 100  # distinct messages counted per kind of error (more: "100+")
 CONFIDENCE_Z = 3.0  # one-sided: a rate this far above the limit is chance once in ~700 checks
 MIN_ERRORS = 10
 
@@ -64,6 +65,10 @@ class RewardErrorMonitor:
         self.errors: Counter = Counter()  # (verifier, error type) -> count
         self.examples: dict[tuple[str, str], dict[str, Any]] = {}  # the first report of each kind
         self._reported: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (time, count then)
+        # per kind, its messages (up to MESSAGES_KEPT) and the latest: errors of one type may say
+        # different things (another key, another input), and a repeat should not read as the first
+        self._messages: dict[tuple[str, str], set[str]] = {}
+        self._latest: dict[tuple[str, str], str] = {}
 
     @property
     def num_errors(self) -> int:
@@ -77,6 +82,10 @@ class RewardErrorMonitor:
             error = str(info.get("error", info["outcome"]))
             kind = (str(info.get("verifier")), error.split("(", 1)[0].split(":", 1)[0])
             self.errors[kind] += 1
+            seen = self._messages.setdefault(kind, set())
+            if len(seen) < MESSAGES_KEPT:
+                seen.add(error)
+            self._latest[kind] = error
             if kind not in self.examples:
                 self.examples[kind] = {
                     "verifier": kind[0], "outcome": info["outcome"], "error": error,
@@ -94,8 +103,9 @@ class RewardErrorMonitor:
             return None
         self._reported[kind] = (now, count)
         report = dict(self.examples[kind], count=count, scored=self.scored)
-        if last is not None:  # a repeat: the count says it all, the traceback was shown once
+        if last is not None:  # a repeat: the count and the latest message; the traceback was shown once
             report.pop("traceback", None)
+            report.update(error=self._latest[kind], messages=len(self._messages[kind]))
         return report
 
     def _check(self) -> None:
@@ -126,8 +136,10 @@ def env_error_monitor(max_frac: float) -> RewardErrorMonitor:
 
 def format_report(r: dict[str, Any]) -> str:
     """The console text of a report: one line, plus the traceback the first time."""
-    head = (f"{'environment' if r['outcome'] in ENV_OUTCOMES else 'reward'} error in {r['verifier']} (data source {r['data_source']!r}, {r['count']} of "
-            f"{r['scored']} samples so far): {r['error']}")
+    n = r.get("messages", 1)
+    latest = f"{n}{'+' if n >= MESSAGES_KEPT else ''} different messages, the latest: " if n > 1 else ""
+    head = (f"{'environment' if r['outcome'] in ENV_OUTCOMES else 'reward'} error in {r['verifier']} "
+            f"(data source {r['data_source']!r}, {r['count']} of {r['scored']} samples so far): {latest}{r['error']}")
     if not r.get("traceback"):
         return head
     return f"{head}\n  on response {r['response']!r}, metadata {r['metadata']}\n{r['traceback'].rstrip()}"

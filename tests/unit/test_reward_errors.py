@@ -38,6 +38,13 @@ def test_first_error_of_each_kind_is_reported_with_traceback_then_rate_limited()
     again = mon.observe(_err(), "r4", {})
     assert again["count"] == 3 and "traceback" not in again  # a repeat: the count, not the traceback
     assert mon.num_errors == 4 and mon.metrics() == {"reward/errors_total": 4}
+    # one type, other messages: a repeat says how many and shows the latest, not the first again
+    mon.observe(_err("KeyError('label')"), "r5", {})
+    clock.t = 122.0
+    later = mon.observe(_err("KeyError('id')"), "r6", {})
+    assert later["count"] == 5 and later["error"] == "KeyError('id')" and later["messages"] == 3
+    assert format_report(later).endswith("(data source 'd', 5 of 6 samples so far): 3 different messages, "
+                                         "the latest: KeyError('id')")
 
 
 def test_the_error_rate_floor_is_the_wilson_interval_lower_end():
