@@ -26,7 +26,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--etas", type=int, nargs="+", default=[1, 2, 4, 8], help="staleness bounds to try")
     p.add_argument("--splits", type=int, default=3, help="splits run in the twin (the best by closed form)")
     p.add_argument("--max-staleness-mean", type=float, default=None, help="only plans whose mean staleness is within this")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # overrides may follow the options
 
 
 def main(argv: list[str]) -> int:

@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--out", default=None, help="directory of the figure and results.json (default: runs/twin/<name>)")
     p.add_argument("--no-charge", action="store_true", help="do not charge the driver's CPU time to the clock")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # overrides may follow the options
 
 
 def main(argv: list[str]) -> int:

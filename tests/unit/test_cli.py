@@ -83,3 +83,13 @@ def test_every_commands_help_says_what_it_does_in_full_sentences(command, capsys
     doc = COMMANDS[command].__doc__ or ""
     if command != "run":  # run's help is asyncrl/launch.py's docstring
         assert " ".join(doc.split()) in " ".join(description.split())
+
+
+def test_scenario_overrides_may_follow_the_options():
+    """`asyncrl plan-cluster SCENARIO --gpus 16 model.params=...` as a user types it."""
+    from asyncrl.cli import plan_cluster, twin
+
+    args = plan_cluster.parse_args(["s.yaml", "--gpus", "16", "model.params=7e9", "workload.lengths.mean=4000"])
+    assert (args.scenario, args.gpus, args.overrides) == ("s.yaml", 16, ["model.params=7e9", "workload.lengths.mean=4000"])
+    args = twin.parse_args(["s.yaml", "--no-charge", "split.gen_gpus=5"])
+    assert args.no_charge and args.overrides == ["split.gen_gpus=5"]
