@@ -1,6 +1,7 @@
 """Build (or find in the cache) the tiny warm-started model and print its path and accuracies.
 
     python tools/build_tiny_model.py                          # the default spec the demo uses
+    python tools/build_tiny_model.py --config tiny_tool       # a recipe's model (the tiny agent's)
     python tools/build_tiny_model.py --target-accuracy 0.5    # stop the warm start later
     python tools/build_tiny_model.py --target-accuracy none --soften-to 0.3   # the old softened start
     python tools/build_tiny_model.py --target-accuracy none --checkpoints ckpts/   # every check saved
@@ -50,7 +51,15 @@ def parse_spec(argv: list[str] | None = None) -> tuple[TinyModelSpec, argparse.N
     parser.add_argument("--ops", default=task_defaults.ops, help="operators, any of '+-*'")
     parser.add_argument("--cache-dir", default=None, help="default: $ASYNCRL_CACHE or ~/.cache/asyncrl")
     parser.add_argument("--checkpoints", default=None, help="build into this directory, saving every check")
+    parser.add_argument("--config", default=None,
+                        help="the built-in model of this recipe (a path or a shipped name, e.g. tiny_tool) instead "
+                             "of the options above: its path is what model.path takes to train it on other data")
     args = parser.parse_args(argv)
+    if args.config:
+        from asyncrl.config import load_config
+        from asyncrl.tiny.spec import spec_for
+
+        return spec_for(load_config(args.config).model.tiny), args
     spec = dataclasses.replace(
         defaults, seed=args.seed, num_layers=args.layers, hidden_size=args.hidden_size, num_heads=args.heads,
         num_kv_heads=args.kv_heads, intermediate_size=args.intermediate_size, warm_start_steps=args.steps,

@@ -413,7 +413,10 @@ class Config(_Section):
         calc_data, calc_model = self.data.type == "tiny_calc", self.model.tiny.task == "calc_tool"
         if self.model.path == "builtin:tiny" and calc_data != calc_model:
             raise ValueError("data.type tiny_calc and model.tiny.task calc_tool go together: the built-in model "
-                             "is warm-started on the built-in task it will be trained on")
+                             "is warm-started on the built-in task it will be trained on. To train the "
+                             "calculator-trained tiny model on data of your own, give its directory as model.path: "
+                             "`python tools/build_tiny_model.py --config tiny_tool` builds it (or finds it "
+                             "cached) and prints the path")
         if calc_data and self.env.type is None:
             raise ValueError("data.type tiny_calc is solved with the calculator: set env.type calculator")
         return self

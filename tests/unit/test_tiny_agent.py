@@ -112,5 +112,11 @@ def test_the_tool_demo_config_loads_and_its_task_needs_the_calculator_and_the_to
         load_config(None, ["data.type=tiny_calc", "env.type=calculator"])
     with pytest.raises(ConfigError, match="env.type calculator"):
         load_config("configs/tiny_tool.yaml", ["env.type=null"])
+    # a recipe based on tiny_tool with data of one's own: the error says how to take the model along
+    with pytest.raises(ConfigError, match=r"python tools/build_tiny_model.py --config tiny_tool"):
+        load_config("configs/tiny_tool.yaml", ["data.type=jsonl", "data.path=mine.jsonl"])
+    mine = load_config("configs/tiny_tool.yaml", ["data.type=jsonl", "data.path=mine.jsonl",
+                                                  "model.path=/models/tiny-tool"])
+    assert (mine.model.path, mine.env.type) == ("/models/tiny-tool", "calculator")
     with pytest.raises(ConfigError, match="decoupled"):
         load_config("configs/tiny_tool.yaml", ["algo.decoupled=true"])
