@@ -36,8 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default="plots", help="output directory (default: plots)")
     p.add_argument("--group-seeds", action="store_true", help="runs named <arm>-s<seed> form one arm each")
     p.add_argument("--metrics", nargs="+", default=None,
-                   help=f"metrics to draw, one figure each (default: {' '.join(DEFAULT_FIGURES)} and every "
-                        "eval/avg@n and eval/pass@k the runs logged)")
+                   help=f"metrics to draw, one figure each (default: {' '.join(DEFAULT_FIGURES)}, every "
+                        "eval/avg@n and eval/pass@k the runs logged, and for runs with episodes their tool "
+                        "success, tool calls, turns and error fraction)")
     p.add_argument("--smooth", type=int, default=SMOOTH_HALF_WIDTH,
                    help=f"points either side of the centred mean drawn over each curve (default {SMOOTH_HALF_WIDTH}; "
                         "0: none)")

@@ -176,6 +176,22 @@ def add_evals(run_dir, evals):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def test_plot_draws_an_environment_runs_tool_metrics_by_default(tmp_path, runs):
+    from asyncrl.lab.analysis.analyse import plot_runs
+
+    for d in runs["eta0"]:
+        rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for i, r in enumerate(rows):
+            r.update({"episode/tool_calls_mean": 1.0 + 0.1 * i, "episode/turns_mean": 2.0})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot_runs(runs["eta0"], tmp_path / "env", AnalysisSpec(window=2), group_seeds=True)
+    sidecar = json.loads((tmp_path / "env" / "figures" / "episode_tool_calls_mean.json").read_text())
+    assert sidecar["panels"][0]["lines"][0]["y"] == pytest.approx([1.0, 1.1, 1.2, 1.3], abs=1e-12)
+    assert (tmp_path / "env" / "figures" / "episode_turns_mean.png").exists()
+    plot_runs(runs["eta4"], tmp_path / "single", AnalysisSpec(window=2), group_seeds=True)
+    assert not list((tmp_path / "single" / "figures").glob("episode_*"))  # single-turn runs: none
+
+
 def test_plot_draws_the_held_out_eval_curves_by_default_at_the_policys_step(tmp_path, runs):
     from asyncrl.lab.analysis.analyse import plot_runs
     from asyncrl.lab.analysis.runs import series_of

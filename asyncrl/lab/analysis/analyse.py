@@ -187,18 +187,29 @@ def eval_metrics(arms: list[Arm]) -> list[str]:
     return sorted(found, key=order)
 
 
+EPISODE_FIGURES = ("eval/tool_success_rate", "eval/tool_call_rate", "episode/tool_calls_mean", "episode/turns_mean",
+                   "episode/error_frac")
+"""Drawn by default for runs with episodes (environments, agents), those the runs logged."""
+
+
+def episode_metrics(arms: list[Arm]) -> list[str]:
+    found = {m for a in arms for m in a.metrics()}
+    return [m for m in EPISODE_FIGURES if m in found]
+
+
 def plot_runs(runs: list[str | Path], out_dir: Path, analysis: AnalysisSpec, group_seeds: bool = False,
               with_eval: bool = True, smooth: int = SMOOTH_HALF_WIDTH) -> Path:
     """Figures and a report (no verdicts: those need a study file) of any run directories, each
     run one arm, or (group_seeds) each name without its -s<seed> suffix; returns report.md's path.
-    with_eval: also a figure of each eval/avg@n and eval/pass@k the runs logged. The settings
+    with_eval: also a figure of each eval/avg@n and eval/pass@k the runs logged, and for runs with
+    episodes their tool and turn metrics (EPISODE_FIGURES). The settings
     column is what differs between the arms' config.yaml files (config_diff.py)."""
     missing = [str(r) for r in runs if not (Path(r) / "metrics.jsonl").exists()]
     if missing:
         raise ConfigError(f"no metrics.jsonl in {', '.join(missing)}")
     arms = arms_from_dirs(runs, group_seeds=group_seeds)
     if with_eval:
-        extra = [m for m in eval_metrics(arms) if m not in analysis.figures]
+        extra = [m for m in [*eval_metrics(arms), *episode_metrics(arms)] if m not in analysis.figures]
         analysis = analysis.model_copy(update={"figures": [*analysis.figures, *extra]})
     diff = config_diff({a.name: [r.config for r in a.runs] for a in arms})
     settings = {arm: settings_text(d) for arm, d in diff.items()}
