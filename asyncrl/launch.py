@@ -36,9 +36,6 @@ def connect_ray(address: str | None, num_cpus: int | None, worker_logs: str) -> 
     if address:
         ray.init(address=address, **common)
     else:  # "local": a cluster of our own even if `ray start` left one running on this machine
-        # Ray's own choice for a new local cluster (token auth), said explicitly: left unset, Ray
-        # makes it and warns so at the top of every run. A user's RAY_AUTH_MODE is kept.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **common)
 
 

@@ -93,19 +93,3 @@ def test_scenario_overrides_may_follow_the_options():
     assert (args.scenario, args.gpus, args.overrides) == ("s.yaml", 16, ["model.params=7e9", "workload.lengths.mean=4000"])
     args = twin.parse_args(["s.yaml", "--no-charge", "split.gen_gpus=5"])
     assert args.no_charge and args.overrides == ["split.gen_gpus=5"]
-
-
-def test_a_local_cluster_states_rays_token_auth_mode_and_a_users_choice_is_kept(monkeypatch):
-    import ray
-
-    from asyncrl.launch import connect_ray
-
-    seen = []
-    monkeypatch.setattr(ray, "init", lambda **kw: seen.append((kw["address"], os.environ.get("RAY_AUTH_MODE"))))
-    monkeypatch.setenv("RAY_AUTH_MODE", "unset below")  # so the test's end restores what was there
-    monkeypatch.delenv("RAY_AUTH_MODE")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    connect_ray(None, 2, "files")
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    connect_ray(None, 2, "files")
-    assert seen == [("local", "token"), ("local", "disabled")]
