@@ -34,7 +34,7 @@ PLACEMENT = {"grpo": ["reward.placement=actor"]}
 
 # Not run here: they ask Ray for GPUs (a CPU cluster never places them) and load a real model from the
 # Hugging Face cache. tests/unit/test_recipes.py checks what they ask for.
-GPU_ONLY = {"gpu_single_node", "gpu_multi_node"}
+GPU_ONLY = {"gpu_single_node", "gpu_multi_node", "gsm8k_qwen_2x8"}
 
 
 def test_every_recipe_is_covered():
