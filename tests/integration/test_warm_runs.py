@@ -52,7 +52,8 @@ def runs(tmp_path_factory, tiny_model_path):
         warm = first.release()
         second = Orchestrator(second_cfg)
         second.run(warm)
-        yield first, second, (first_cfg, second_cfg), (ended, base_logprobs(tiny_model_path, first.driver.probe_ids)), warm
+        base = base_logprobs(tiny_model_path, first.driver.probe_ids)
+        yield first, second, (first_cfg, second_cfg), (ended, base), warm
     finally:
         if second is not None:
             warm = second.release()

@@ -90,6 +90,7 @@ def test_scenario_overrides_may_follow_the_options():
     from asyncrl.cli import plan_cluster, twin
 
     args = plan_cluster.parse_args(["s.yaml", "--gpus", "16", "model.params=7e9", "workload.lengths.mean=4000"])
-    assert (args.scenario, args.gpus, args.overrides) == ("s.yaml", 16, ["model.params=7e9", "workload.lengths.mean=4000"])
+    assert (args.scenario, args.gpus) == ("s.yaml", 16)
+    assert args.overrides == ["model.params=7e9", "workload.lengths.mean=4000"]
     args = twin.parse_args(["s.yaml", "--no-charge", "split.gen_gpus=5"])
     assert args.no_charge and args.overrides == ["split.gen_gpus=5"]
