@@ -26,8 +26,10 @@ class EnvConfig(_Section):
     `function(base_url, metadata)` once per episode; it talks to the policy through the `openai`
     client at `base_url` (an OpenAI-compatible endpoint the rollout actor serves) and returns the
     reward, or None for reward.type to score the final text (asyncrl/rollout/agent_episode.py)."""
-    episode_timeout_s: float = Field(600.0, gt=0)
-    """With env.type agent: seconds one agent episode may take, calls included."""
+    episode_timeout_s: float | None = Field(None, gt=0)
+    """With env.type agent: seconds of the agent's own time one episode may take, the time its calls
+    spend in the engine not counted (a busy engine is watched by observe.stall_timeout_s). None: what
+    an environment's episode may take, max_turns x step_timeout_s (120 s by default)."""
     options: dict[str, Any] = {}
     """Keyword arguments for the environment's factory (e.g. max_calls; the python tool's sandbox)."""
     import_path: list[str] = []
@@ -48,6 +50,11 @@ class EnvConfig(_Section):
     raised, timed out or answered something that is not a Step), judged with confidence: from 10
     errors on, when the error rate's 3-sigma lower bound is above it (a tool failing 2% of calls
     goes on against 0.05; an environment that always fails stops at its 10th episode)."""
+
+    @property
+    def agent_timeout_s(self) -> float:
+        """episode_timeout_s, or its default sized to the episode (its docstring)."""
+        return self.episode_timeout_s if self.episode_timeout_s is not None else self.max_turns * self.step_timeout_s
 
     @field_validator("type")
     @classmethod

@@ -54,7 +54,8 @@ a call, or any call on a branch the agent forked, is unstitched.
 
 An agent that runs out of the episode's budget ends its episode as `truncated` (as an environment
 that reaches rollout.max_tokens does), whether it returns or raises on the 400 it gets. An agent
-that otherwise raises, times out (`episode_timeout_s`, counted from when it starts) or returns
+that otherwise raises, times out (`episode_timeout_s` of its own time: from when it starts, less
+the time its calls spent in the engine, which a busy engine stretches and the stall watch guards) or returns
 something that is not a reward ends its own episode exactly as a failing environment step does
 (rollout/episode.py): the sample keeps its stitched calls, its episode record's status is `failed`
 and its `error` holds the error's last line. A thread-run agent that times out keeps its thread
@@ -84,6 +85,7 @@ from asyncrl.types import EpisodeRecord, EpisodeStatus, PromptItem, Sample
 
 AGENT_THREADS = 256  # a thread-run agent holds one for its whole episode
 LONG_EPISODE_S = 60.0  # an agent episode running longer is named when a run stalls
+MIN_WAIT_S = 0.05  # how often the agent's time left is read again while a call holds it still
 
 
 class ChatTokenizer(Protocol):
@@ -187,6 +189,20 @@ class CallLog:
     engine_s: float = 0.0
     engine_error: BaseException | None = None
     failed: asyncio.Event = field(default_factory=asyncio.Event)
+    calling_since: float | None = None
+    """When the call now in the engine began (an episode's calls are sequential, agent_endpoint.py)."""
+
+    def call_started(self, now: float) -> None:
+        self.calling_since = now
+
+    def call_ended(self, now: float) -> None:
+        self.engine_s += now - self.calling_since
+        self.calling_since = None
+
+    def agent_s(self, since: float, now: float) -> float:
+        """The agent's own time from `since` to `now`: the time none of its calls was in the engine."""
+        in_engine = self.engine_s + (now - self.calling_since if self.calling_since is not None else 0.0)
+        return now - since - in_engine
 
 
 class CallStitcher:
@@ -206,7 +222,7 @@ class CallStitcher:
         spec = replace(self.base, max_tokens=max_tokens, stop=call.stop)
         log = self.log
         log.calls += 1  # before the call: an engine request id is never reused
-        t0 = time.monotonic()
+        log.call_started(time.monotonic())
         try:
             out, lps, vers, reason = await self.actor.complete(ids, spec, f"{self.name}-c{log.calls}", self.abortable)
         except Exception as e:  # the engine failed: the actor must learn it, not the agent alone
@@ -214,7 +230,7 @@ class CallStitcher:
             log.failed.set()
             raise CallRefused(500, f"the engine failed: {e!r:.300}") from e
         finally:
-            log.engine_s += time.monotonic() - t0
+            log.call_ended(time.monotonic())
         reply, tail = self._reply(out, reason, call.stop)
         if obs is None:
             log.unstitched += 1
@@ -277,7 +293,7 @@ class AgentRunner:
     """EpisodeRunner's interface (`run`, `close`) for agents; one endpoint per actor, started on
     the actor's loop by `start` (or the first `run`) and stopped by `aclose` (or `close`)."""
 
-    def __init__(self, agent: Callable[..., Any], tokenizer: ChatTokenizer, episode_timeout_s: float = 600.0,
+    def __init__(self, agent: Callable[..., Any], tokenizer: ChatTokenizer, episode_timeout_s: float = 120.0,
                  max_call_tokens: int | None = None, max_model_len: int | None = None,
                  num_threads: int = AGENT_THREADS, model_name: str = MODEL_NAME, name: str | None = None):
         self.agent, self.tokenizer, self.episode_timeout_s = agent, tokenizer, episode_timeout_s
@@ -304,7 +320,7 @@ class AgentRunner:
         reward, info = None, {}
         t0 = self._running[episode_id] = time.monotonic()
         try:
-            result = await self._agent(url, self._metadata(p), calls.log.failed)
+            result = await self._agent(url, self._metadata(p), calls.log)
             if calls.log.engine_error is None:
                 reward, info = agent_reward(result)
                 if calls.log.calls == 0:
@@ -318,7 +334,7 @@ class AgentRunner:
         if calls.log.engine_error is not None:
             raise calls.log.engine_error
         record, sample = calls.episode_record(self.name), calls.sample
-        record.env_s = time.monotonic() - t0 - calls.log.engine_s
+        record.env_s = calls.log.agent_s(t0, time.monotonic())
         ended = failure is None and not calls.log.out_of_budget and sample.finish_reason == "stop"
         if failure is not None and not calls.log.out_of_budget:
             record.fail(failure)
@@ -342,9 +358,10 @@ class AgentRunner:
         return {**copy.deepcopy(p.metadata), "prompt_ids": list(p.prompt_ids),
                 "prompt_text": self.tokenizer.decode(list(p.prompt_ids), skip_special_tokens=False)}
 
-    async def _agent(self, url: str, metadata: dict[str, Any], failed: asyncio.Event) -> Any:
-        """The agent's return value; AgentFailed when it raised or ran out of time; None at once when
-        the engine failed."""
+    async def _agent(self, url: str, metadata: dict[str, Any], log: CallLog) -> Any:
+        """The agent's return value; AgentFailed when it raised or ran out of its own time (the time
+        none of its calls is in the engine: a busy engine is not the agent's fault); None at once
+        when the engine failed."""
         loop = asyncio.get_running_loop()
         started = asyncio.Event()
         if inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(getattr(self.agent, "__call__", 0)):
@@ -356,21 +373,25 @@ class AgentRunner:
                 return self.agent(url, metadata)
 
             work = loop.run_in_executor(self._threads, call)
-        waits = [asyncio.ensure_future(started.wait()), asyncio.ensure_future(failed.wait())]
+        waits = [asyncio.ensure_future(started.wait()), asyncio.ensure_future(log.failed.wait())]
+        done: set[asyncio.Future] = set()
         try:
             await asyncio.wait({work, waits[0]}, return_when=asyncio.FIRST_COMPLETED)
-            done, _ = await asyncio.wait({work, waits[1]}, timeout=self.episode_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            since = time.monotonic()
+            # wait out the agent's time left; while a call is in the engine it does not run down
+            while not done and (left := self.episode_timeout_s - log.agent_s(since, time.monotonic())) > 0:
+                done, _ = await asyncio.wait({work, waits[1]}, timeout=max(left, MIN_WAIT_S),
+                                             return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
             if not work.done():
                 work.cancel()  # a coroutine agent ends here; a thread keeps running until it returns
-        if failed.is_set():
+        if log.failed.is_set():
             return None
         if work not in done:
-            raise AgentFailed() from TimeoutError(f"the agent took longer than episode_timeout_s="
-                                                  f"{self.episode_timeout_s:g}")
+            raise AgentFailed() from TimeoutError(f"the agent ran past env.episode_timeout_s={self.episode_timeout_s:g}s "
+                                                  f"of its own time (its calls' time in the engine not counted)")
         if work.cancelled():
             raise AgentFailed() from asyncio.CancelledError("the agent was cancelled")
         if work.exception() is not None:

@@ -44,7 +44,7 @@ def build_episodes(cfg: EnvConfig, tokenizer: Any, max_model_len: int | None = N
         # cluster's environment names (httpx honours HTTP(S)_PROXY for 127.0.0.1 too)
         os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
         return AgentRunner(load_function(str(cfg.agent), cfg.import_path, what="agent"), tokenizer,
-                           episode_timeout_s=cfg.episode_timeout_s, max_call_tokens=cfg.max_turn_tokens,
+                           episode_timeout_s=cfg.agent_timeout_s, max_call_tokens=cfg.max_turn_tokens,
                            max_model_len=max_model_len, name=f"agent:{cfg.agent}")
     return EpisodeRunner(cfg, env_factory(cfg), tokenizer)
 

@@ -267,10 +267,52 @@ def test_an_agent_that_hangs_times_out_and_its_late_calls_get_404(tok):
         return sample, coroutine_sample
 
     sample, coroutine_sample = asyncio.run(main())
-    assert sample.episode.error == "TimeoutError: the agent took longer than episode_timeout_s=0.3"
+    assert sample.episode.error == ("TimeoutError: the agent ran past env.episode_timeout_s=0.3s of its own time (its "
+                                    "calls' time in the engine not counted)")
     assert sample.response_ids == reply(tok, "hi", 0)[0]
     assert coroutine_sample.episode.error.startswith("TimeoutError")
     assert len(late) == 1 and "no running episode" in late[0].message
+
+
+def test_the_agent_timeout_counts_its_own_time_not_its_calls_in_a_busy_engine(tok):
+    async def agent(base_url, metadata):  # 0.2 s of its own, 2 x 0.4 s in the engine
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+
+        def ask(text):
+            return client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+
+        await asyncio.sleep(0.1)
+        await ask("Q")
+        await ask("R")
+        await asyncio.sleep(0.1)
+        return 1.0
+
+    actor = ScriptedActor([reply(tok, "hi", 0)] * 3, delay_s=0.4)
+    [sample] = run_episodes(AgentRunner(agent, tok, episode_timeout_s=0.35), actor, [PromptItem("p0", [5], {})])
+    assert sample.episode.error is None and sample.episode.reward == 1.0  # 1 s of wall time, 0.2 s its own
+    assert 0.2 <= sample.episode.env_s < 0.35
+    slow = ScriptedActor([reply(tok, "hi", 0)] * 3, delay_s=0.4)
+    [late] = run_episodes(AgentRunner(agent, tok, episode_timeout_s=0.15), slow, [PromptItem("p0", [5], {})])
+    assert late.episode.error.startswith("TimeoutError: the agent ran past env.episode_timeout_s=0.15s")
+
+
+def test_agent_time_is_wall_time_less_its_calls_time_in_the_engine():
+    log = agent_episode.CallLog()
+    log.call_started(1.0)
+    assert log.agent_s(0.0, 2.5) == 1.0  # the open call's 1.5 s not counted
+    log.call_ended(4.0)
+    log.call_started(6.0)
+    assert log.agent_s(0.0, 7.0) == 3.0  # 7 - 3 - 1 (the open call)
+    log.call_ended(8.0)
+    assert (log.agent_s(0.0, 10.0), log.engine_s) == (5.0, 5.0)
+
+
+def test_the_agent_timeout_default_is_an_environment_episode_s_time():
+    from asyncrl.config.env_section import EnvConfig
+
+    assert EnvConfig(type="agent", agent="m:f").agent_timeout_s == 4 * 30.0
+    assert EnvConfig(type="agent", agent="m:f", max_turns=2, step_timeout_s=5).agent_timeout_s == 10.0
+    assert EnvConfig(type="agent", agent="m:f", episode_timeout_s=7).agent_timeout_s == 7.0
 
 
 def test_a_long_running_agent_episode_is_named_as_such_for_a_stalled_run(tok, monkeypatch):
@@ -339,7 +381,9 @@ def test_an_agent_that_raises_on_its_used_up_budget_is_truncated_not_an_error(to
 
 
 def test_the_endpoint_refuses_what_it_does_not_serve_and_unknown_or_busy_episodes(tok):
-    actor = ScriptedActor([reply(tok, "hi", 0), reply(tok, "again", 0)], delay_s=0.05)
+    # the second call must come while the first is in the engine: 0.05 s was shorter than a full
+    # garbage collection after this module's other tests, which once let the first call end first
+    actor = ScriptedActor([reply(tok, "hi", 0), reply(tok, "again", 0)], delay_s=0.5)
     outcomes = {}
 
     async def agent(base_url, metadata):
