@@ -64,7 +64,21 @@ def watch() -> None:
     if not token or _watching or token.partition(":")[0] == str(os.getpid()):
         return
     _watching = True
+    _no_semaphore_for_progress_bars()
     threading.Thread(target=_watch, args=(token,), name="asyncrl-engine-owner", daemon=True).start()
+
+
+def _no_semaphore_for_progress_bars() -> None:
+    """tqdm guards its bars with a multiprocessing lock: a named semaphore that only a clean exit
+    unlinks. These processes are killed (VllmEngine.shutdown on CPU after 1 s, `_watch` below), so
+    the semaphore of vLLM's weight-loading bar was left to the resource tracker, whose "leaked
+    semaphore" warning ended `asyncrl evaluate` in two of three runs. A thread lock is enough for
+    a process that draws its bars from one process."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 def _watch(token: str) -> None:

@@ -69,3 +69,20 @@ def test_processes_without_the_variable_or_that_are_the_owner_are_left_alone():
         assert not owner._watching
     finally:
         del os.environ[owner.ENV]
+
+
+BARS = ("import threading\nfrom asyncrl.rollout import owner\nowner.watch()\nfrom tqdm import tqdm\n"
+        "list(tqdm(range(3), disable=False))\nprint(type(tqdm.get_lock()) is type(threading.RLock()))")
+
+
+def test_a_watched_process_draws_progress_bars_without_a_semaphore_a_kill_would_leak():
+    """It is killed at shutdown: a multiprocessing lock of tqdm's would be left to the resource
+    tracker, which warns of a leaked semaphore (it ended `asyncrl evaluate`)."""
+    outs = []
+    for token in (owner.owner_token(), None):  # under an engine's owner; any other process
+        env = {k: v for k, v in os.environ.items() if k != owner.ENV}
+        if token is not None:
+            env[owner.ENV] = token
+        outs.append(subprocess.run([sys.executable, "-c", BARS], env=env, capture_output=True, text=True,
+                                   timeout=60, check=True).stdout.strip())
+    assert outs == ["True", "False"]
