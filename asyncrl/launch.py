@@ -26,6 +26,18 @@ import threading
 import time
 
 
+def state_own_cluster_auth(address: str | None) -> None:
+    """Before a local Ray cluster of our own starts (no `address`, no RAY_ADDRESS): Ray gives a
+    cluster it starts token authentication when RAY_AUTH_MODE is unset, and warns at every start
+    that it did; stating the same mode silences that. Ray reads the mode once, when it is
+    imported, so it is stated only if Ray is not imported yet (set later, the driver would keep
+    "disabled" while the cluster it starts takes "token", and fail to authenticate). A mode the
+    user set, and a cluster of the user's, are left as they are."""
+    own = not (address or os.environ.get("RAY_ADDRESS"))
+    if own and "RAY_AUTH_MODE" not in os.environ and "ray" not in sys.modules:
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def connect_ray(address: str | None, num_cpus: int | None, worker_logs: str) -> None:
     """Workers' output goes to the driver's console only with observe.worker_logs=console; else
     the learner and actors write it to the run's logs/ (components.py) and Ray keeps its own."""
@@ -68,6 +80,7 @@ def _launch(config: str | None, overrides: list[str], print_config: bool) -> int
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    state_own_cluster_auth(cfg.ray.address)  # before the imports below bring Ray in
     from asyncrl.compat import hide_broken_torch_extras
     from asyncrl.orchestrator.orchestrator import Orchestrator
     from asyncrl.orchestrator.run_lock import claim_run_dir

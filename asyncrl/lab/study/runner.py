@@ -37,6 +37,7 @@ import asyncrl
 from asyncrl.config.load import ConfigError, load_config
 from asyncrl.lab.analysis.runs import RunStatus, config_value, read_run
 from asyncrl.lab.study.plan import Action, ArmRun, Outcome, StopSignals, StudyPlan, move_aside
+from asyncrl.launch import state_own_cluster_auth
 
 
 
@@ -160,10 +161,11 @@ class StudyRunner:
 
     def _start_cluster(self) -> str:
         """One local Ray cluster the parallel runs join (unless RAY_ADDRESS names one)."""
-        import ray
-
         if os.environ.get("RAY_ADDRESS"):
             return os.environ["RAY_ADDRESS"]
+        state_own_cluster_auth(None)
+        import ray
+
         per_run = load_config(self.plan.base).ray.num_cpus or 4
         ray.init(address="local", num_cpus=per_run * self.parallel, include_dashboard=False, log_to_driver=False)
         return ray.get_runtime_context().gcs_address

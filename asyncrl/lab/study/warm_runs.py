@@ -38,7 +38,7 @@ def run_warm(plan: StudyPlan, todo: list[tuple[ArmRun, Action]], logs_dir: Path,
     """Make the runs of `todo` in order in this process; their outcomes. Each run's output goes to
     `logs_dir`/<run>.log; a signal stops the running run after its step (`signals` counts them)."""
     from asyncrl.compat import hide_broken_torch_extras
-    from asyncrl.launch import connect_ray
+    from asyncrl.launch import connect_ray, state_own_cluster_auth
 
     outcomes: list[Outcome] = []
     current: list[Any] = [None]  # the running Orchestrator, for the signal handler
@@ -56,6 +56,7 @@ def run_warm(plan: StudyPlan, todo: list[tuple[ArmRun, Action]], logs_dir: Path,
     sys.path.insert(1, os.getcwd())  # a user's reward module beside their data, as `asyncrl run` finds it
     hide_broken_torch_extras()  # before Ray starts: its workers inherit the environment
     base = load_config(plan.base)
+    state_own_cluster_auth(base.ray.address)
     connect_ray(base.ray.address, base.ray.num_cpus, base.observe.worker_logs)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     warm: Warm | None = None
