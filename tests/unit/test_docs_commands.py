@@ -36,6 +36,7 @@ RAY_JOB = "tests/e2e/test_launch_run.py::test_launch_run_as_a_ray_job_trains_sav
 FIRST_HOUR = "tests/e2e/test_first_hour.py::test_own_model_and_data_in_a_minimal_recipe_trains_like_the_demo"
 PRINT_OWN = "tests/e2e/test_first_hour.py::test_print_config_resolves_a_base_recipe_and_overrides"
 OFFLINE = "tests/integration/test_offline_tools.py"
+OWN_ENV = "tests/e2e/test_own_environment.py::test_the_guides_own_environment_trains_as_written"
 MULTI_NODE_TESTS = "tests/integration/test_multi_node.py"
 MULTI_NODE = f"{MULTI_NODE_TESTS}::test_every_process_listens_on_its_own_node_address"
 
@@ -54,6 +55,10 @@ RUN_BY = {
     "asyncrl run --config mine.yaml --print-config": (PRINT_OWN,),
     "asyncrl run --config mine.yaml total_steps=100": (FIRST_HOUR,),
     "asyncrl evaluate --model runs/mine/final": (RAY_JOB,),
+    # the environments guide's own environment: its file, then the run on the tiny agent's model
+    "cat > mycalc.py <<'PY'": (OWN_ENV,),
+    "asyncrl run --config configs/tiny_tool.yaml env.type=import:mycalc:Multiplier 'env.import_path=[.]' "
+    "name=mycalc total_steps=50": (OWN_ENV,),
     # the trained policy in the tools
     "asyncrl sample --model runs/tiny-cpu/final": (RAY_JOB,),
     "asyncrl evaluate --model runs/tiny-cpu/final --n 8": (RAY_JOB,),
