@@ -46,8 +46,25 @@ class LearnerConfig(_Section):
     """Global gradient-norm clip."""
     micro_batch_tokens: int = Field(4096, gt=0)
     """Tokens (context included) per forward/backward; the step's gradient does not depend on it."""
+    pack_sequences: bool = True
+    """Micro-batches packed: the sequences back to back in one row, without padding, attention kept
+    within each by restarting position ids (learner/collate.py). Checked at start against the
+    padded layout on two short sequences: a model whose attention mixes packed sequences is run
+    padded, with a warning. `learner/padding_frac` reports the padding left."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input for backward and recompute the layer there (Hugging
+    Face's gradient checkpointing, non-reentrant): activation memory of one layer instead of all,
+    for about a third more forward compute. On in the GPU recipes; the gradient is the same."""
     entropy_chunk_tokens: int = Field(1024, gt=0)
     """Tokens per chunk when computing logprobs and entropy over the vocabulary."""
+    head_dtype: Literal["float32", "compute"] = "float32"
+    """The LM head's matmul, softmax, logprobs and entropy: float32 (outside autocast: bf16 logits
+    are where the learner's policy and the engines' drift apart most), or the compute dtype
+    (model.dtype). The same on CPU, where the demo computes in float32 anyway."""
+    recompute_head: bool = True
+    """Recompute each chunk's head in backward (memory: a few [chunk, vocab] tensors), or keep
+    the micro-batch's [loss tokens, vocab] log-softmax from the forward and evaluate the head once
+    (algo/token_stats.py; 4 head matmuls become 3). Off in the GPU recipes."""
     offpolicy_metrics: bool = True
     """Decompose each step's tokens by staleness, entropy and response length (`offpolicy/`
     metrics, algo/token_decomposition.py): no extra forward, a few ms a step."""

@@ -1,8 +1,16 @@
-"""Turn a micro-batch of SequenceChunks into padded tensors and flat loss-token indices.
+"""Turn a micro-batch of SequenceChunks into model inputs and flat loss-token indices.
 
 A chunk is fed as prompt + response[:loss_end]; the logit at position p predicts the token at
 p + 1, so response token j (absolute position P + j, P the prompt length) is scored by the logit
 row P + j - 1. Everything the loss needs is gathered into flat [T] vectors over loss tokens.
+
+Two layouts of the same micro-batch:
+- packed (`packed=True`): one row [1, N], the sequences back to back with no padding, and
+  position ids that restart at 0 for each. Hugging Face models read restarting positions (with
+  no attention mask) as packed sequences and keep attention within each: flash-attention's
+  varlen kernel on GPUs, a block-diagonal mask for SDPA and eager attention.
+- padded: one row per sequence [B, L], right-padded, with an attention mask; every row is as
+  long as the longest, so RL's spread of lengths makes a large part of it padding.
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ from asyncrl.types import SequenceChunk
 
 @dataclass
 class MicroBatch:
-    input_ids: torch.Tensor       # [B, L] int64, right-padded
-    attention_mask: torch.Tensor  # [B, L] int64
+    input_ids: torch.Tensor       # [B, L] int64, right-padded; [1, N] packed
+    attention_mask: torch.Tensor  # [B, L] int64; packed: all ones (it marks the routed positions)
     rows: torch.Tensor            # [T] batch row of each loss token
     cols: torch.Tensor            # [T] logit column that predicts it
     targets: torch.Tensor         # [T] the loss token ids
@@ -31,10 +39,25 @@ class MicroBatch:
     """(group_id, sample_index, loss_start, loss_end) of each chunk, in the order of its tokens."""
     span_tokens: list[int] = field(default_factory=list)
     """Loss tokens of each chunk (fewer than its span where an episode's observations are masked)."""
+    position_ids: torch.Tensor | None = None
+    """Packed: [1, N] int64, restarting at 0 for each sequence (the model is then given these and
+    no attention mask); None: padded."""
 
     @property
     def num_loss_tokens(self) -> int:
         return int(self.targets.numel())
+
+    @property
+    def num_input_tokens(self) -> int:
+        """Positions the forward computes, padding included."""
+        return int(self.input_ids.numel())
+
+    def model_inputs(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments for this layout."""
+        if self.position_ids is not None:  # no mask and no cache: what HF reads as packed sequences
+            return {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device),
+                    "use_cache": False}
+        return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device)}
 
     def sequence_ids(self) -> torch.Tensor:
         """[T] int64: the index of each loss token's chunk (its "sequence" for GSPO and seq_tis)."""
@@ -42,21 +65,33 @@ class MicroBatch:
         return torch.repeat_interleave(torch.arange(len(self.spans)), torch.tensor(counts, dtype=torch.long))
 
 
-def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
-    width = max(c.num_tokens for c in chunks)
-    ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(chunks), width), dtype=torch.long)
+def collate(chunks: list[SequenceChunk], pad_id: int = 0, packed: bool = False) -> MicroBatch:
+    """The micro-batch in the packed or the padded layout (module docstring)."""
+    seqs = [c.prompt_ids + c.response_ids for c in chunks]
+    if packed:
+        starts = [0]
+        for seq in seqs[:-1]:
+            starts.append(starts[-1] + len(seq))
+        ids = torch.tensor([[t for seq in seqs for t in seq]], dtype=torch.long)
+        mask = torch.ones_like(ids)
+        positions = torch.tensor([[i for seq in seqs for i in range(len(seq))]], dtype=torch.long)
+    else:
+        width = max(map(len, seqs))
+        ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunks), width), dtype=torch.long)
+        for b, seq in enumerate(seqs):
+            ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[b, : len(seq)] = 1
+        starts, positions = [0] * len(chunks), None
     rows, cols, targets, old, adv, ver, seq_len, temps, lengths = [], [], [], [], [], [], [], [], []
     for b, c in enumerate(chunks):
-        seq = c.prompt_ids + c.response_ids
-        ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[b, : len(seq)] = 1
+        row, offset = (0, starts[b]) if packed else (b, 0)
         p, n = len(c.prompt_ids), c.num_loss_tokens
         # an episode's observation tokens (loss_mask 0) are context: they get no loss term at all
         keep = range(n) if not c.loss_mask else [i for i, m in enumerate(c.loss_mask) if m]
         for i in keep:
-            rows.append(b)
-            cols.append(p + c.loss_start + i - 1)
+            rows.append(row)
+            cols.append(offset + p + c.loss_start + i - 1)
             targets.append(c.response_ids[c.loss_start + i])
         old.extend(c.old_logprobs if not c.loss_mask else [c.old_logprobs[i] for i in keep])
         ver.extend(c.versions if not c.loss_mask else [c.versions[i] for i in keep])
@@ -76,6 +111,7 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0) -> MicroBatch:
         response_lengths=torch.tensor(lengths, dtype=torch.long),
         spans=[(c.group_id, c.sample_index, c.loss_start, c.loss_end) for c in chunks],
         span_tokens=[c.num_loss_tokens for c in chunks],
+        position_ids=positions,
     )
 
 

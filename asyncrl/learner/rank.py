@@ -44,6 +44,8 @@ from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import make_backend
 from asyncrl.learner.backend import init_process_group
 from asyncrl.learner.hf_files import meta_params, save_hf_model
+from asyncrl.learner.model_forward import packing_is_exact
+from asyncrl.learner.packed_attention import use_packed_attention
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.learner.step import PolicyStep, moe_shape
 from asyncrl.observe.worker_logs import redirect_output
@@ -102,16 +104,24 @@ class LearnerRank:
         kernels = {"experts_implementation": "eager"} if params == torch.float64 else {}
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=params, **kernels).to(self.device)
         model.train()
+        if learner.pack_sequences:  # packed rows at each sequence's own attention cost (packed_attention.py)
+            use_packed_attention(model)
+        if learner.activation_checkpointing:  # before any sharding wraps the layers
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
         self.generation_config = getattr(model, "generation_config", None)
-        reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device)
+        reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device, learner.head_dtype == "float32")
                      if algo.kl.needs_reference else None)  # copied before any sharding
         moe = moe_shape(model)
+        packed = learner.pack_sequences and packing_is_exact(model, self.device)  # before sharding: one whole model
+        if learner.pack_sequences and not packed:
+            log.warning("learner.pack_sequences: %s mixes packed sequences (its attention ignores position ids); "
+                        "micro-batches are padded", type(model).__name__)
         self.backend = make_backend(learner.backend, model, learner, self.world_size, compute_dtype=DTYPES[dtype])
         self.version = 0
         self.step = PolicyStep(self.backend, learner, algo, self.device, self.world_size,
                                distributed(learner, self.world_size), self.tokenizer.pad_token_id or 0, reference,
-                               moe, max_response_tokens)
+                               moe, max_response_tokens, packed)
 
     @property
     def model(self) -> torch.nn.Module:

@@ -17,16 +17,16 @@ from asyncrl.learner.model_forward import policy_forward
 
 
 class ReferencePolicy:
-    def __init__(self, policy: torch.nn.Module, chunk: int, device: torch.device):
+    def __init__(self, policy: torch.nn.Module, chunk: int, device: torch.device, head_fp32: bool = False):
         self.model = copy.deepcopy(policy).eval()
         self.model.requires_grad_(False)
-        self.chunk, self.device = chunk, device
+        self.chunk, self.device, self.head_fp32 = chunk, device, head_fp32
         self.num_resets = 0
 
     @torch.no_grad()
     def logprobs(self, mb: MicroBatch) -> torch.Tensor:
         """log pi_ref of mb's loss tokens [T], at the sampling temperature like the policy's."""
-        return policy_forward(self.model, mb, self.chunk, self.device).logprobs
+        return policy_forward(self.model, mb, self.chunk, self.device, head_fp32=self.head_fp32).logprobs
 
     @torch.no_grad()
     def reset_from(self, named_params) -> None:

@@ -21,7 +21,7 @@ from asyncrl.algo.aggregation import StepCounts
 from asyncrl.algo.corrections import m2po_threshold
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import collectives
-from asyncrl.learner.collate import collate, empty_chunk
+from asyncrl.learner.collate import MicroBatch, collate, empty_chunk
 from asyncrl.learner.entropy_schedule import EntropySchedule, sampled_nll_sum
 from asyncrl.learner.micro_batches import micro_batches
 from asyncrl.learner.model_forward import is_moe, policy_forward
@@ -71,11 +71,13 @@ def moe_shape(model: torch.nn.Module) -> tuple[int, int]:
 class PolicyStep:
     def __init__(self, backend, learner: LearnerConfig, algo: AlgoConfig, device: torch.device, world_size: int,
                  distributed: bool, pad_id: int, reference: ReferencePolicy | None, moe: tuple[int, int] = (0, 0),
-                 max_response_tokens: int = 0):
+                 max_response_tokens: int = 0, packed: bool = False):
         """`backend` holds the (wrapped) model and the optimizer; `reference` was copied from the
         model before any sharding; `moe`: the model's (experts per token, experts), `moe_shape`;
-        `max_response_tokens`: the off-policy metrics' length quarters."""
+        `max_response_tokens`: the off-policy metrics' length quarters; `packed`: micro-batches
+        in the packed layout (collate.py), which the model was checked to keep apart."""
         self.backend, self.cfg, self.algo, self.device = backend, learner, algo, device
+        self.packed = packed
         self.world_size, self.distributed, self.pad_id = world_size, distributed, pad_id
         self.reference, self.max_response_tokens = reference, max_response_tokens
         self.moe_top_k, self.num_experts = moe
@@ -116,7 +118,7 @@ class PolicyStep:
                                    version=version if self.cfg.offpolicy_metrics else None,
                                    max_response_tokens=self.max_response_tokens)
         self.entropy.observe(metrics["entropy/learner"], metrics["learner/loss_tokens"])
-        return {**metrics, **ctl_metrics, **self._rank_metrics(batch.chunks),
+        return {**metrics, **ctl_metrics, **self._rank_metrics(batch.chunks, mbs),
                 "entropy/coef": alpha, "learner/opens_rollout_batch": float(batch.role != "continue")}
 
     # -- forwards -------------------------------------------------------------------------------
@@ -124,16 +126,20 @@ class PolicyStep:
     def _forward(self, mb):
         with self.backend.autocast():
             return policy_forward(self.backend.module, mb, self.cfg.entropy_chunk_tokens, self.device,
-                                  moe=bool(self.moe_top_k))
+                                  moe=bool(self.moe_top_k), recompute_head=self.cfg.recompute_head,
+                                  head_fp32=self.cfg.head_dtype == "float32")
 
     def _reference_logprobs(self, mb):
         with self.backend.autocast():  # the policy's numerics: KL is 0 right after a reset
             return self.reference.logprobs(mb)
 
+    def _collate(self, chunks) -> MicroBatch:
+        return collate(chunks, self.pad_id, packed=self.packed)
+
     def _micro_batches(self, chunks) -> tuple[list, int]:
         """This rank's micro-batches, and how many zero-loss ones it must add to match the
         busiest rank (sharded backends run collectives in every forward and backward)."""
-        mbs = [collate(c, self.pad_id) for c in micro_batches(chunks, self.cfg.micro_batch_tokens)]
+        mbs = [self._collate(c) for c in micro_batches(chunks, self.cfg.micro_batch_tokens)]
         mbs = [mb for mb in mbs if mb.num_loss_tokens]  # the loss step skips those: no forward to match
         pad = collectives.max_over_ranks(len(mbs)) - len(mbs) if self.distributed else 0
         self.backend.expect_backwards(len(mbs) + pad)
@@ -144,7 +150,7 @@ class PolicyStep:
         backward's graph is a real micro-batch's (`padding_loss`; `moe` as forward_backward gets it)."""
         for _ in range(count):
             with torch.set_grad_enabled(grad):
-                out = self._forward(collate([empty_chunk(self.pad_id)], self.pad_id))
+                out = self._forward(self._collate([empty_chunk(self.pad_id)]))
             if grad:
                 self.backend.backward(padding_loss(out, self.algo, moe))
 
@@ -156,7 +162,7 @@ class PolicyStep:
         under the current policy gives pi_prox for the batch's steps (decoupled PPO; the ranks sum
         their parts, each filling its own slots of the batch's layout, so all hold all of it) and
         the batch's mean entropy, over all ranks (exact entropy control's e_k)."""
-        mbs = [collate(c, self.pad_id) for c in micro_batches(batch.opened, self.cfg.micro_batch_tokens)]
+        mbs = [self._collate(c) for c in micro_batches(batch.opened, self.cfg.micro_batch_tokens)]
         pad = collectives.max_over_ranks(len(mbs)) - len(mbs) if self.distributed else 0
         mine, entropy = [], 0.0
         for mb in mbs:
@@ -208,14 +214,18 @@ class PolicyStep:
             total = collectives.sum_over_ranks(total)
         return total / num_tokens if num_tokens else None
 
-    def _rank_metrics(self, chunks) -> dict[str, float]:
-        """How the step was split: loss tokens and forward tokens (context included) per rank."""
-        mine = [sum(c.num_loss_tokens for c in chunks), sum(c.num_tokens for c in chunks)]
+    def _rank_metrics(self, chunks, mbs: list[MicroBatch]) -> dict[str, float]:
+        """How the step was split: loss tokens and forward tokens (context included) per rank; and
+        the padding its forwards computed, over all ranks (zero-loss micro-batches aside)."""
+        mine = [sum(c.num_loss_tokens for c in chunks), sum(c.num_tokens for c in chunks),
+                sum(mb.num_input_tokens for mb in mbs)]
         per_rank = collectives.gather_over_ranks(mine) if self.distributed else [mine]
-        out: dict[str, float] = {"learner/ranks": self.world_size}
-        for r, (loss_tokens, tokens) in enumerate(per_rank):
+        out: dict[str, float] = {"learner/ranks": self.world_size, "learner/packed": float(self.packed)}
+        for r, (loss_tokens, tokens, _) in enumerate(per_rank):
             out[f"learner/loss_tokens_rank{r}"] = loss_tokens
             out[f"learner/tokens_rank{r}"] = tokens
+        computed = sum(p[2] for p in per_rank)
+        out["learner/padding_frac"] = 1.0 - sum(p[1] for p in per_rank) / computed if computed else 0.0
         return out
 
     # -- the algorithm's state ----------------------------------------------------------------------

@@ -61,8 +61,12 @@ class TorchBackend:
                 fully_shard(layer, mesh=mesh, mp_policy=policy)
             fully_shard(model, mesh=mesh, mp_policy=policy)
         self.module = model
+        # On GPUs the fused kernel: one launch updates every parameter (torch's default there is the
+        # multi-tensor foreach path); it needs its step counters on the GPU too (load_optimizer_state).
+        # On CPU torch's default stays: the float64 gradient tests run there.
+        self.fused = self.device_type == "cuda"
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                           weight_decay=cfg.weight_decay)
+                                           weight_decay=cfg.weight_decay, fused=self.fused or None)
 
     def autocast(self) -> ContextManager:
         """Where forwards run: autocast to the compute dtype over wider (master) parameters."""
@@ -110,7 +114,7 @@ class TorchBackend:
         for name, p in self.module.named_parameters():
             if name in state["exp_avg"]:
                 self.optimizer.state[p] = {
-                    "step": torch.tensor(float(state["step"])),
+                    "step": torch.tensor(float(state["step"]), device=p.device if self.fused else None),
                     "exp_avg": _like(p, state["exp_avg"][name]),
                     "exp_avg_sq": _like(p, state["exp_avg_sq"][name])}
 

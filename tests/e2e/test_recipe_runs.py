@@ -62,6 +62,8 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
     tokens = [r["learner/loss_tokens"] for r in rows]
     assert all(t > 0 for t in tokens)
     assert [r["learner/ranks"] for r in rows] == [2 if name in RANKS else 1] * STEPS
+    # the tiny model keeps packed sequences apart (checked at start): no forward computes padding
+    assert all(r["learner/packed"] == 1.0 and r["learner/padding_frac"] == 0.0 for r in rows)
     if name in RANKS:  # the ranks' parts add up to the step
         assert all(r["learner/loss_tokens_rank0"] + r["learner/loss_tokens_rank1"] == r["learner/loss_tokens"]
                    for r in rows)
