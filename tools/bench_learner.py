@@ -1,16 +1,30 @@
-"""Benchmark the learner: optimizer steps/s and trained tokens/s for 1 vs 2 ranks per backend.
+"""Benchmark the learner: optimizer steps/s and trained tokens/s per backend, rank count, model
+shape, length distribution and learner settings.
 
     python tools/bench_learner.py [--configs torch-1 torch-2 zero2-1 zero2-2 zero3-1 zero3-2]
-                                  [--hidden 512 --layers 4 --budget 1024 --steps 3]
+                                  [--shape tiny|llama|qwen2.5-0.5b|qwen3-4b] [--lengths fixed|rl]
+                                  [--variants before packed one-pass-head] [--rounds 2]
+                                  [--activation-checkpointing]
+                                  [--budget 1024 --steps 3]
 
 Every configuration runs real `LearnerRank`s in their own processes, joined in a gloo group
-exactly as the orchestrator's ranks are (minus Ray), on the same locally built Llama model and
-the same synthetic steps of Φ loss tokens (prompts of 64 tokens, responses of 96-160). Each
-configuration gets the same cores in total: one rank uses `--cores` torch threads, each of two
-ranks half of them. Warm-up steps are not timed; the ratio is against `torch-1` (the plain
-single-rank learner) measured in the same run.
+exactly as the orchestrator's ranks are (minus Ray), on the same locally built model (random
+weights, seeded; `--shape` copies a real model's config.json values) and the same synthetic
+steps of Φ loss tokens. `--lengths fixed`: prompts of 64 tokens, responses of 96-160; `rl`:
+prompts of 64-256, responses lognormal with mean 400, capped at 1,024 (a spread of lengths as
+RL makes, which padding pays for). Each configuration gets the same cores in total: one rank
+uses `--cores` torch threads, each of two ranks half of them. Warm-up steps are not timed.
 
-How to read it on a CPU machine: two ranks split the same cores, so they cannot be faster than
+`--variants` are settings of the same learner, each run in every round, in alternating order:
+`before`: the learner as it was before packing and the one-pass head (padded micro-batches, the
+head recomputed in backward: learner.pack_sequences=false); `packed`: the default config (packed
+micro-batches, learner/collate.py); `one-pass-head`: packed and learner.recompute_head=false,
+as the GPU recipes run. Each variant's loss tokens/s is printed against `before`'s, the baseline
+measured in the same run. The last line is JSON: tokens_per_s (loss tokens), padding_frac,
+peak_rss_gib_per_rank, ranks and shape of the first configuration's last variant, and
+`vs_before` (each variant's ratio) when `before` ran.
+
+How to read two ranks on a CPU machine: they split the same cores, so they cannot be faster than
 one rank; what the ratio shows is the price of sharding (FSDP2's per-layer all-gathers and
 reduce-scatters, ZeRO's partitioned optimizer, the zero-loss micro-batches a rank runs to keep
 in step) at equal compute. On a GPU node each rank brings its own GPU, the step's tokens are
@@ -21,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -33,40 +48,77 @@ CONFIGS = {"torch-1": ("torch", 2, 1), "torch-2": ("torch", 2, 2), "zero2-1": ("
            "zero2-2": ("deepspeed", 2, 2), "zero3-1": ("deepspeed", 3, 1), "zero3-2": ("deepspeed", 3, 2)}
 
 
-def build_model(path: Path, hidden: int, layers: int) -> int:
-    """A seeded Llama with the tiny char tokenizer, saved to `path`; returns its parameter count."""
+# config.json values of the models the recipes name (hidden, MLP, layers, heads, KV heads, head dim,
+# vocabulary, tied embeddings); `tiny` is small enough for a CI smoke run, `llama` is --hidden/--layers
+SHAPES = {
+    "tiny": dict(family="qwen2", hidden=128, mlp=512, layers=2, heads=4, kv=2, head_dim=32, vocab=None, tied=True),
+    "qwen2.5-0.5b": dict(family="qwen2", hidden=896, mlp=4864, layers=24, heads=14, kv=2, head_dim=64, vocab=151936,
+                         tied=True),
+    "qwen3-4b": dict(family="qwen3", hidden=2560, mlp=9728, layers=36, heads=32, kv=8, head_dim=128, vocab=151936,
+                     tied=True),
+}
+
+
+def build_model(path: Path, shape: str, hidden: int, layers: int) -> int:
+    """A seeded model of `shape` (random weights) with the tiny char tokenizer, saved to `path`;
+    returns its parameter count. A real shape's vocabulary is kept (the head's cost is the
+    vocabulary's), though the synthetic token ids stay in the tokenizer's range."""
     from asyncrl.compat import hide_broken_torch_extras
 
     hide_broken_torch_extras()  # before transformers: a .[cpu] venv's torchvision breaks its imports
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     from asyncrl.tiny.tokenizer import save_tokenizer
 
     vocab = len(save_tokenizer(path))
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
-                                         num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                                         num_key_value_heads=hidden // 128, max_position_embeddings=512))
+    if shape == "llama":
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+                                             num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                                             num_key_value_heads=hidden // 128, max_position_embeddings=2048))
+    else:
+        s = SHAPES[shape]
+        config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[
+            s["family"]]
+        model = model_cls(config_cls(vocab_size=s["vocab"] or vocab, hidden_size=s["hidden"],
+                                     intermediate_size=s["mlp"], num_hidden_layers=s["layers"],
+                                     num_attention_heads=s["heads"], num_key_value_heads=s["kv"], head_dim=s["head_dim"],
+                                     tie_word_embeddings=s["tied"], max_position_embeddings=4096,
+                                     rope_theta=1_000_000.0))
     model.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
 
 
-def step_chunks(step: int, budget: int):
+def lengths(rng: random.Random, kind: str) -> tuple[int, int]:
+    """(prompt, response) token counts of one synthetic sample (module docstring)."""
+    if kind == "fixed":
+        return 64, rng.randrange(96, 161)
+    sigma = 0.8  # lognormal: mean exp(mu + sigma^2 / 2) = 400
+    return rng.randrange(64, 257), max(1, min(1024, round(rng.lognormvariate(math.log(400) - sigma ** 2 / 2, sigma))))
+
+
+def step_chunks(step: int, budget: int, kind: str = "fixed"):
     """Responses until exactly `budget` loss tokens (the buffer's Φ), the last one cut."""
     from asyncrl.types import SequenceChunk
 
     rng, out, total = random.Random(step), [], 0
     while total < budget:
-        n = min(rng.randrange(96, 161), budget - total)
-        out.append(SequenceChunk(f"g{len(out)}", 0, [rng.randrange(4, 90) for _ in range(64)],
+        prompt, response = lengths(rng, kind)
+        n = min(response, budget - total)
+        out.append(SequenceChunk(f"g{len(out)}", 0, [rng.randrange(4, 90) for _ in range(prompt)],
                                  [rng.randrange(4, 90) for _ in range(n)], 0, [-2.0] * n, [step - 1] * n,
                                  advantage=rng.uniform(-1, 1)))
         total += n
     return out
 
 
-def rank_main(rank: int, world: int, port: int, args, config: str, out: str) -> None:
+VARIANTS = {"before": dict(pack_sequences=False, recompute_head=True),
+            "packed": dict(pack_sequences=True, recompute_head=True),
+            "one-pass-head": dict(pack_sequences=True, recompute_head=False)}
+
+
+def rank_main(rank: int, world: int, port: int, args, config: str, variant: str, out: str) -> None:
     os.environ["DS_ACCELERATOR"] = "cpu"
     from asyncrl.buffer.packing import split_for_ranks
     from asyncrl.config import AlgoConfig, LearnerConfig
@@ -77,83 +129,125 @@ def rank_main(rank: int, world: int, port: int, args, config: str, out: str) -> 
 
     backend, stage, _ = CONFIGS[config]
     cfg = LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, num_threads=args.cores // world,
-                        micro_batch_tokens=args.micro_batch_tokens)
+                        micro_batch_tokens=args.micro_batch_tokens,
+                        activation_checkpointing=args.activation_checkpointing, **VARIANTS[variant])
     learner = LearnerRank(args.model, cfg, AlgoConfig(), rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
     sender = FrameSender(learner.batch_endpoint())
-    times, tokens = [], 0
+    times, tokens, padding = [], 0, []
     for step in range(1, args.warmup + args.steps + 1):
-        chunks = step_chunks(step, args.budget)
+        chunks = step_chunks(step, args.budget, args.lengths)
         sender.send(encode_batch(Batch(step=step, rank=rank, chunks=split_for_ranks(chunks, world)[rank],
                                        num_loss_tokens_global=args.budget, num_sequences_global=len(chunks),
                                        token_budget=args.budget)))
         t0 = time.perf_counter()
-        learner.train_step(step)
+        result = learner.train_step(step)
         if step > args.warmup:
             times.append(time.perf_counter() - t0)
             tokens += sum(c.num_tokens for c in chunks)
+            padding.append(result.metrics["learner/padding_frac"])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    Path(f"{out}.{rank}").write_text(json.dumps({"times": times, "tokens": tokens, "rss_mib": rss}))
+    Path(f"{out}.{rank}").write_text(json.dumps({"times": times, "tokens": tokens, "rss_mib": rss,
+                                                 "padding_frac": sum(padding) / len(padding)}))
     sender.close()
     learner.shutdown()
 
 
-def run_config(args, config: str, tmp: Path) -> dict:
+def run_config(args, config: str, variant: str, tmp: Path) -> dict:
     from asyncrl.sync.wire import free_port
 
     world = CONFIGS[config][2]
-    out, ctx, port = str(tmp / config), mp.get_context("spawn"), free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, args, config, out)) for r in range(world)]
+    out, ctx, port = str(tmp / f"{config}-{variant}"), mp.get_context("spawn"), free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, args, config, variant, out)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=1800)
     if any(p.exitcode != 0 for p in procs):
-        return {"config": config, "error": f"rank exit codes {[p.exitcode for p in procs]}"}
+        return {"config": config, "variant": variant, "error": f"rank exit codes {[p.exitcode for p in procs]}"}
     ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
     seconds = sum(ranks[0]["times"])
-    return {"config": config, "ranks": world, "steps_per_s": len(ranks[0]["times"]) / seconds,
-            "loss_tokens_per_s": args.budget * len(ranks[0]["times"]) / seconds,
-            "forward_tokens_per_s": ranks[0]["tokens"] / seconds,
+    return {"config": config, "variant": variant, "ranks": world, "seconds": seconds, "steps": len(ranks[0]["times"]),
+            "tokens": ranks[0]["tokens"], "padding_frac": ranks[0]["padding_frac"],
             "peak_rss_mib_per_rank": [round(r["rss_mib"]) for r in ranks]}
+
+
+def pooled(runs: list[dict], budget: int) -> dict:
+    """One configuration and variant over its rounds: rates from the summed times, the highest RSS."""
+    seconds, steps = sum(r["seconds"] for r in runs), sum(r["steps"] for r in runs)
+    first = runs[0]
+    return {"config": first["config"], "variant": first["variant"], "ranks": first["ranks"],
+            "steps_per_s": steps / seconds, "loss_tokens_per_s": budget * steps / seconds,
+            "forward_tokens_per_s": sum(r["tokens"] for r in runs) / seconds, "padding_frac": first["padding_frac"],
+            "peak_rss_mib_per_rank": [max(r["peak_rss_mib_per_rank"][i] for r in runs) for i in range(first["ranks"])],
+            "round_loss_tokens_per_s": [budget * r["steps"] / r["seconds"] for r in runs]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--shape", default="llama", choices=["llama", *SHAPES],
+                   help="the model's shape (random weights); llama: --hidden and --layers")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--lengths", default="fixed", choices=["fixed", "rl"], help="prompt and response lengths")
+    p.add_argument("--variants", nargs="+", default=["packed"], choices=list(VARIANTS),
+                   help="learner settings, each run in every round (module docstring)")
+    p.add_argument("--rounds", type=int, default=1, help="rounds over the configurations and variants, alternated")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="learner.activation_checkpointing in every variant (a larger shape's memory)")
     p.add_argument("--budget", type=int, default=1024, help="Φ: loss tokens per optimizer step")
     p.add_argument("--micro-batch-tokens", type=int, default=1024)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="torch threads in total, per config")
-    p.add_argument("--model", help="a Hugging Face model directory (default: build one)")
+    p.add_argument("--model", help="a Hugging Face model directory (default: build one of --shape)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.model is None:
             args.model = str(Path(tmp) / "model")
-            n = build_model(Path(args.model), args.hidden, args.layers)
-            print(f"model: Llama, hidden {args.hidden}, {args.layers} layers, {n / 1e6:.1f}M parameters, float32")
-        print(f"Φ = {args.budget} loss tokens a step, {args.cores} torch threads per configuration in total "
-              f"(one rank: {args.cores}; two ranks: {args.cores // 2} each); {args.warmup} warm-up + {args.steps} "
-              "timed steps", flush=True)
-        results = []
-        for config in args.configs:
-            print(f"running {config} ...", flush=True)
-            results.append(run_config(args, config, Path(tmp)))
-    base = next((r for r in results if r["config"] == "torch-1" and "error" not in r), None)
-    print(f"\n{'config':<9} {'ranks':>5} {'steps/s':>8} {'loss tok/s':>11} {'fwd tok/s':>10} {'vs torch-1':>10}  "
-          "peak RSS MiB/rank")
+            n = build_model(Path(args.model), args.shape, args.hidden, args.layers)
+            print(f"model: {args.shape} shape, random weights, {n / 1e6:.1f}M parameters, float32")
+        print(f"Φ = {args.budget} loss tokens a step, {args.lengths} lengths, {args.cores} torch threads per "
+              f"configuration in total (one rank: {args.cores}; two ranks: {args.cores // 2} each); "
+              f"{args.warmup} warm-up + {args.steps} timed steps, {args.rounds} round(s)", flush=True)
+        runs: dict[tuple[str, str], list[dict]] = {}
+        for i in range(args.rounds):
+            for config in args.configs:
+                variants = args.variants if i % 2 == 0 else args.variants[::-1]  # neither side always first
+                for variant in variants:
+                    print(f"round {i + 1}: {config} {variant} ...", flush=True)
+                    runs.setdefault((config, variant), []).append(run_config(args, config, variant, Path(tmp)))
+    results = [pooled(r, args.budget) if all("error" not in x for x in r) else
+               next(x for x in r if "error" in x) for r in runs.values()]
+    print(f"\n{'config':<9} {'variant':<13} {'ranks':>5} {'steps/s':>8} {'loss tok/s':>11} {'fwd tok/s':>10} "
+          f"{'padding':>8} {'vs before':>9}  peak RSS MiB/rank")
     for r in results:
         if "error" in r:
-            print(f"{r['config']:<9} failed: {r['error']}")
+            print(f"{r['config']:<9} {r['variant']:<13} failed: {r['error']}")
             continue
-        ratio = f"{r['steps_per_s'] / base['steps_per_s']:.2f}x" if base else "-"
-        print(f"{r['config']:<9} {r['ranks']:>5} {r['steps_per_s']:>8.3f} {r['loss_tokens_per_s']:>11,.0f} "
-              f"{r['forward_tokens_per_s']:>10,.0f} {ratio:>10}  {r['peak_rss_mib_per_rank']}")
+        before = next((b for b in results if b["config"] == r["config"] and b["variant"] == "before"
+                       and "error" not in b), None)
+        ratio = f"{r['loss_tokens_per_s'] / before['loss_tokens_per_s']:.2f}x" if before else "-"
+        print(f"{r['config']:<9} {r['variant']:<13} {r['ranks']:>5} {r['steps_per_s']:>8.3f} "
+              f"{r['loss_tokens_per_s']:>11,.0f} {r['forward_tokens_per_s']:>10,.0f} {r['padding_frac']:>8.3f} "
+              f"{ratio:>9}  {r['peak_rss_mib_per_rank']}")
+    ok = [r for r in results if "error" not in r]
+    summary = {}
+    if ok:
+        mine = [r for r in ok if r["config"] == ok[0]["config"]]
+        last = mine[-1]
+        summary = {"tokens_per_s": last["loss_tokens_per_s"], "padding_frac": last["padding_frac"],
+                   "peak_rss_gib_per_rank": [m / 1024 for m in last["peak_rss_mib_per_rank"]],
+                   "ranks": last["ranks"], "shape": args.shape, "lengths": args.lengths, "variant": last["variant"]}
+        before = next((r for r in mine if r["variant"] == "before"), None)
+        if before:
+            summary["vs_before"] = {r["variant"]: r["loss_tokens_per_s"] / before["loss_tokens_per_s"] for r in mine}
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({"results": results, "summary": summary}, indent=2))
+    print(json.dumps(summary))
+    if not ok:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

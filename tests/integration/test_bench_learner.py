@@ -1,0 +1,29 @@
+"""tools/bench_learner.py as a user runs it, on the CI-sized `tiny` shape with RL-like lengths: real
+learner ranks train as before packing and with packing and the one-pass head, and the last line
+is the JSON the benchmark page quotes (packed: no padding; before: the padding RL's spread of
+lengths makes)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_learner_bench_compares_its_variants_and_ends_in_its_json_line(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "tools/bench_learner.py", "--configs", "torch-1", "--shape", "tiny",
+                           "--lengths", "rl", "--variants", "before", "one-pass-head", "--budget", "4096",
+                           "--micro-batch-tokens", "4096", "--steps", "1", "--warmup", "0", "--cores", "1",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"tokens_per_s", "padding_frac", "peak_rss_gib_per_rank", "ranks", "shape"} <= summary.keys()
+    assert (summary["shape"], summary["ranks"], summary["variant"], summary["padding_frac"]) == \
+        ("tiny", 1, "one-pass-head", 0.0)
+    assert summary["tokens_per_s"] > 0 and summary["vs_before"]["before"] == 1.0
+    assert summary["vs_before"]["one-pass-head"] > 0
+    assert 0 < summary["peak_rss_gib_per_rank"][0] < 8
+    padded = next(r for r in json.loads(out.read_text())["results"] if r["variant"] == "before")
+    assert padded["padding_frac"] > 0.2  # responses of 1 to 1,024 tokens, four or so to a micro-batch
