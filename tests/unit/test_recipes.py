@@ -205,7 +205,20 @@ def test_gpu_recipes_give_each_rank_and_engine_a_gpu_and_push_over_nccl(name):
     dapo = recipe("dapo").algo
     assert cfg.algo.model_copy(update={"overlong_buffer": dapo.overlong_buffer}) == dapo
     assert cfg.algo.overlong_buffer / cfg.rollout.max_tokens == pytest.approx(0.2, abs=0.01)
-    assert n_sgd(cfg) == 16 and cfg.buffer.max_staleness == 0
+
+
+
+@pytest.mark.parametrize("name", [*GPU_RECIPES, "gsm8k_qwen_2x8"])
+def test_gpu_recipes_train_asynchronously_with_the_learner_set_for_gpus(name):
+    """Engines generate while the learner trains: streaming steps (no rollout batch whose end the
+    engines would wait for), a staleness bound of at least 1 and in-flight pushes; and the learner
+    as GPUs want it (packed micro-batches, layers checkpointed, the head once, in float32)."""
+    cfg = recipe(name)
+    assert cfg.buffer.rollout_batch_prompts is None and cfg.buffer.max_staleness >= 1
+    assert cfg.sync.mode == "inflight" and cfg.sync.type == "nccl"
+    learner = cfg.learner
+    assert learner.pack_sequences and learner.activation_checkpointing and not learner.recompute_head
+    assert learner.head_dtype == "float32"
 
 
 def test_gpu_recipes_fill_one_4_gpu_node_or_a_learner_node_and_rollout_nodes():
