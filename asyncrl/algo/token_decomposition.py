@@ -111,6 +111,23 @@ class TokenTable:
             clipped_dual=diag.get("clipped_dual", no).detach(), response_length=response_length.detach(),
             is_weight=None if weight is None else weight.detach())
 
+    def to_matrix(self) -> Tensor:
+        """Every field as a row of one float64 [F, N] tensor (is_weight last, when given): what
+        travels between learner ranks as one tensor instead of pickled objects. int64 and bool
+        fields are exact in float64 (staleness and lengths are far below 2^53)."""
+        return torch.stack([getattr(self, f.name).to(torch.float64) for f in fields(self)
+                            if getattr(self, f.name) is not None])
+
+    @classmethod
+    def from_matrix(cls, m: Tensor) -> TokenTable:
+        """`to_matrix`'s inverse (a 10th row is is_weight)."""
+        names = [f.name for f in fields(cls)]
+        if m.shape[0] not in (len(names) - 1, len(names)):
+            raise ValueError(f"a token table matrix has {len(names) - 1} or {len(names)} rows, got {m.shape[0]}")
+        kinds = {"staleness": torch.int64, "response_length": torch.int64, "clipped_low": torch.bool,
+                 "clipped_high": torch.bool, "clipped_dual": torch.bool}
+        return cls(**{name: (m[i].to(kinds[name]) if name in kinds else m[i]) for i, name in enumerate(names[:m.shape[0]])})
+
     @classmethod
     def concat(cls, tables: Sequence[TokenTable]) -> TokenTable:
         """One table of the step from its micro-batches' or ranks' tables, in token order."""

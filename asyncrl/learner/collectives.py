@@ -7,6 +7,8 @@ through the current CUDA device.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -50,29 +52,54 @@ def gather_over_ranks(values: list[float]) -> list[list[float]]:
     return [[int(v) if float(v).is_integer() else v for v in t.cpu().tolist()] for t in out]
 
 
-def all_reduce_tally(tally: Tally, scalars: dict[str, float]) -> None:
-    """Sums, token counts and loss terms summed over ranks; maxima and minima over ranks."""
-    keys, names = list(TALLY_KEYS), list(scalars)
-    sums = _all_reduce([tally.sums.get(k, 0.0) for k in keys] + [scalars[n] for n in names] + [tally.tokens],
-                       dist.ReduceOp.SUM)
-    maxima = _all_reduce([tally.maxima.get(k, -float("inf")) for k in keys] + [float(k in tally.sums) for k in keys],
-                         dist.ReduceOp.MAX)  # then: whether any rank saw the key
-    minima = _all_reduce([tally.minima.get(k, float("inf")) for k in keys], dist.ReduceOp.MIN)
+def all_reduce_tally(tally: Tally, scalars: dict[str, Any]) -> None:
+    """Sums, token counts and loss terms summed over ranks; maxima and minima over ranks; the
+    token tables concatenated in rank order. Tensors all the way: three all-reduces, and the
+    tables as one padded tensor gather (no pickled per-token objects), no host copy."""
+    dev, keys, names = _tensor([]).device, list(TALLY_KEYS), list(scalars)
+
+    def column(values: dict[str, torch.Tensor], default: float) -> list[torch.Tensor]:
+        return [values[k].to(dev, torch.float64) if k in values else torch.tensor(default, dtype=torch.float64,
+                                                                                     device=dev) for k in keys]
+
+    sums = torch.stack(column(tally.sums, 0.0) + [torch.as_tensor(scalars[n], dtype=torch.float64, device=dev)
+                                                  for n in names] + [torch.tensor(float(tally.tokens), device=dev,
+                                                                                  dtype=torch.float64)])
+    present = torch.tensor([float(k in tally.sums) for k in keys], dtype=torch.float64, device=dev)
+    maxima = torch.cat([torch.stack(column(tally.maxima, -float("inf"))), present])
+    minima = torch.stack(column(tally.minima, float("inf")))
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    dist.all_reduce(maxima, op=dist.ReduceOp.MAX)  # then: whether any rank saw the key
+    dist.all_reduce(minima, op=dist.ReduceOp.MIN)
+    seen = maxima[len(keys):].tolist()  # one small copy: which keys exist anywhere
     for i, k in enumerate(keys):
-        if maxima[len(keys) + i]:
+        if seen[i]:
             tally.sums[k], tally.maxima[k], tally.minima[k] = sums[i], maxima[i], minima[i]
     for j, n in enumerate(names):
         scalars[n] = sums[len(keys) + j]
     tally.tokens = int(sums[-1])
     for k in sorted(tally.vectors):  # the same keys and shapes on every rank (policy_step.MoeStep)
         tally.vectors[k] = sum_tensor_over_ranks(tally.vectors[k])
-    tables = [None] * dist.get_world_size()  # the off-policy decomposition needs every token
-    dist.all_gather_object(tables, tally.tables)
-    tally.tables = [t for part in tables for t in part]
+    if _any_rank(bool(tally.tables)):  # every rank asks: one with no micro-batches has no tables
+        tally.tables = [cat_over_ranks(torch.cat(tally.tables, dim=1) if tally.tables else None)]
 
 
-def cat_over_ranks(t: torch.Tensor) -> torch.Tensor:
-    """Every rank's 1-D tensor (any length), concatenated in rank order (float64, CPU)."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, t.detach().double().cpu())
-    return torch.cat(parts)
+def _any_rank(flag: bool) -> bool:
+    return bool(_all_reduce([float(flag)], dist.ReduceOp.MAX)[0])
+
+
+def cat_over_ranks(t: torch.Tensor | None) -> torch.Tensor:
+    """Every rank's 1-D tensor, or [R, N] matrix, concatenated in rank order along its last
+    dimension (any length there): the shapes are gathered first, then each part padded to the
+    longest and gathered as one tensor. None: nothing from this rank. Float64, on the CPU."""
+    dev = _tensor([]).device
+    mine = [0.0, 0.0, 0.0] if t is None else [float(t.dim()), float(t.shape[0] if t.dim() == 2 else 0),
+                                               float(t.shape[-1])]
+    shapes = gather_over_ranks(mine)
+    rows, lengths = max(s[1] for s in shapes), [int(s[2]) for s in shapes]
+    if t is None:
+        t = torch.zeros((rows, 0) if max(s[0] for s in shapes) == 2 else (0,), dtype=torch.float64)
+    padded = torch.nn.functional.pad(t.detach().to(dev, torch.float64), (0, max(lengths) - t.shape[-1]))
+    parts = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([p[..., :n] for p, n in zip(parts, lengths)], dim=-1).cpu()

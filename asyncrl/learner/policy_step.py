@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,28 +44,58 @@ from asyncrl.learner.model_forward import TokenForward
 
 
 class Tally:
-    """Sums over loss tokens (and maxima), turned into means at the end."""
+    """Sums over loss tokens (and maxima, minima), kept as float64 tensors on the step's device and
+    read once a step (`read`): a float() per key per micro-batch was a host sync each on a GPU."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.maxima: dict[str, float] = {}
-        self.minima: dict[str, float] = {}
+        self.sums: dict[str, torch.Tensor] = {}
+        self.maxima: dict[str, torch.Tensor] = {}
+        self.minima: dict[str, torch.Tensor] = {}
         self.vectors: dict[str, torch.Tensor] = {}  # summed elementwise (float64, CPU)
-        self.tables: list[TokenTable] = []  # per micro-batch, for the off-policy decomposition
+        self.tables: list[torch.Tensor] = []  # TokenTable.to_matrix() per micro-batch (off-policy decomposition)
         self.tokens = 0
 
     def add(self, key: str, values: torch.Tensor) -> None:
-        values = values.detach().double()
-        self.sums[key] = self.sums.get(key, 0.0) + float(values.sum())
-        self.maxima[key] = max(self.maxima.get(key, -float("inf")), float(values.max()))
-        self.minima[key] = min(self.minima.get(key, float("inf")), float(values.min()))
+        values = values.detach().to(torch.float64)
+        total, high, low = values.sum(), values.max(), values.min()
+        if key in self.sums:
+            total, high, low = (self.sums[key] + total, torch.maximum(self.maxima[key], high),
+                                torch.minimum(self.minima[key], low))
+        self.sums[key], self.maxima[key], self.minima[key] = total, high, low
 
-    def mean(self, key: str) -> float:
-        return self.sums.get(key, 0.0) / max(self.tokens, 1)
+    def read(self) -> "TallyValues":
+        """Every sum, maximum and minimum as floats, from one device-to-host copy."""
+        keys = list(self.sums)
+        flat = (torch.stack([self.sums[k] for k in keys] + [self.maxima[k] for k in keys]
+                            + [self.minima[k] for k in keys]).tolist() if keys else [])
+        n = len(keys)
+        return TallyValues(dict(zip(keys, flat[:n])), dict(zip(keys, flat[n:2 * n])), dict(zip(keys, flat[2 * n:])),
+                           self.tokens)
 
     def add_vector(self, key: str, values: torch.Tensor) -> None:
         values = values.detach().double().cpu()
         self.vectors[key] = self.vectors[key] + values if key in self.vectors else values
+
+
+@dataclass
+class TallyValues:
+    sums: dict[str, float]
+    maxima: dict[str, float]
+    minima: dict[str, float]
+    tokens: int
+
+    def mean(self, key: str) -> float:
+        return self.sums.get(key, 0.0) / max(self.tokens, 1)
+
+
+def read_scalars(scalars: dict[str, Any]) -> dict[str, float]:
+    """The step's loss terms (tensors summed over micro-batches, or numbers) as floats, in one copy."""
+    if not scalars:
+        return {}
+    device = next((v.device for v in scalars.values() if torch.is_tensor(v)), torch.device("cpu"))
+    names = list(scalars)
+    values = torch.stack([torch.as_tensor(scalars[n], dtype=torch.float64, device=device) for n in names])
+    return dict(zip(names, values.tolist()))
 
 
 @dataclass
@@ -137,6 +168,7 @@ def forward_backward(
     if moe is None and moe_top_k:
         routing = measure_pass(forward, micro_batches, moe_top_k)[1]
         moe = MoeStep(moe_top_k, routing.shape[-1], routed_positions(micro_batches), fractions(routing))
+    # summed as tensors, read once after the last micro-batch (no host sync per micro-batch)
     tally, scalars = Tally(), {"loss": 0.0, "pg": 0.0, "kl_term": 0.0, "moe_lse_sq": 0.0, "moe_num": 0.0}
     if moe is not None:  # every rank holds them, micro-batches or not, for the all-reduce
         tally.vectors = {"moe_counts": torch.zeros(moe.top_k, moe.num_experts, dtype=torch.float64),
@@ -160,19 +192,20 @@ def forward_backward(
             kl_share = weighted_sum(kl, weights)
             if algo.kl.coef > 0:
                 loss = loss + algo.kl.coef * kl_share
-            scalars["kl_term"] += float(kl_share.detach())
+            scalars["kl_term"] += kl_share.detach().double()
             tally.add("kl", kl)
         if out.router_logits is not None and moe is not None:
             loss = loss + _moe_terms(out.router_logits, mb, moe, algo, tally, scalars)
         backward(loss)
-        scalars["loss"] += float(loss.detach())
-        scalars["pg"] += float(pg_share.detach())
+        scalars["loss"] += loss.detach().double()
+        scalars["pg"] += pg_share.detach().double()
         _tally_tokens(tally, mb, logp, entropy, old, diag, version)
     if reduce is not None:
         reduce(tally, scalars)
-    metrics = _metrics(tally, scalars, ref_logprobs is not None, algo.decoupled, moe is not None)
+    metrics = _metrics(tally.read(), read_scalars(scalars), tally.vectors, ref_logprobs is not None, algo.decoupled,
+                       moe is not None)
     if version is not None and tally.tables:
-        table = TokenTable.concat(tally.tables)
+        table = TokenTable.from_matrix(torch.cat(tally.tables, dim=1))
         longest = int(table.response_length.max()) if table.num_tokens else 1
         metrics.update(decompose(table, max(max_response_tokens, longest, 1)))
     return metrics
@@ -209,11 +242,11 @@ def _tally_tokens(tally: Tally, mb: MicroBatch, logp: torch.Tensor, entropy: tor
             tally.add(flag, diag[flag])
     if "is_weight" in diag:
         tally.add("is_weight", diag["is_weight"])
-    if version is not None:
-        cpu = {k: v.detach().cpu() for k, v in diag.items()}  # gathered over ranks as objects
+    if version is not None:  # on the step's device, as one [F, T] tensor (gathered over ranks as such)
+        dev = logp.device
         tally.tables.append(TokenTable.from_policy_loss(
-            version, mb.versions, logp.detach().cpu(), entropy.detach().cpu(), mb.old_logprobs,
-            mb.advantages, cpu, mb.response_lengths))
+            version, mb.versions.to(dev), logp, entropy, old, mb.advantages.to(dev), diag,
+            mb.response_lengths.to(dev)).to_matrix())
 
 
 @torch.no_grad()
@@ -260,12 +293,13 @@ def _moe_terms(router_logits, mb: MicroBatch, moe: MoeStep, algo: AlgoConfig, ta
         term = term + algo.moe_aux_loss_coef * load_balance_share(sums.prob_sum, moe.frac, num)
     tally.add_vector("moe_counts", sums.counts)
     tally.add_vector("moe_prob", sums.prob_sum)
-    scalars["moe_lse_sq"] += float(sums.lse_sq_sum.detach())
+    scalars["moe_lse_sq"] += sums.lse_sq_sum.detach().double()
     scalars["moe_num"] += sums.num
     return term
 
 
-def _metrics(t: Tally, s: dict[str, float], with_kl: bool, decoupled: bool, moe: bool) -> dict[str, float]:
+def _metrics(t: TallyValues, s: dict[str, float], vectors: dict[str, torch.Tensor], with_kl: bool, decoupled: bool,
+             moe: bool) -> dict[str, float]:
     m = {
         "loss/total": s["loss"],
         "loss/policy": s["pg"],
@@ -290,6 +324,6 @@ def _metrics(t: Tally, s: dict[str, float], with_kl: bool, decoupled: bool, moe:
                   "is_weight/masked_frac": t.mean("is_weight_masked")})
     if moe:
         num = int(s["moe_num"])
-        lb = load_balance_from_sums(t.vectors["moe_counts"], t.vectors["moe_prob"], num)
+        lb = load_balance_from_sums(vectors["moe_counts"], vectors["moe_prob"], num)
         m.update({"loss/moe_load_balance": float(lb), "loss/moe_z": s["moe_lse_sq"] / max(num, 1)})
     return m

@@ -342,6 +342,11 @@ def test_two_ranks_give_the_single_rank_gradient_and_update(tmp_path, tied_model
                     "entropy_control/measured", "entropy/coef", "kl/mean", "kl/resets_total"):
             assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=precision.metric_abs), key
         assert m2["learner/grad_norm"] == pytest.approx(m1["learner/grad_norm"], rel=1e-5)
+        # the off-policy decomposition over every token of the step: the ranks' tables gathered as tensors
+        offpolicy = sorted(k for k in m1 if k.startswith("offpolicy/"))
+        assert offpolicy and offpolicy == sorted(k for k in m2 if k.startswith("offpolicy/"))
+        for key in offpolicy:
+            assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=precision.metric_abs), key
         assert m2["learner/ranks"] == 2 and m1["learner/ranks"] == 1
         assert m2["learner/loss_tokens_rank0"] + m2["learner/loss_tokens_rank1"] == m1["learner/loss_tokens"]
         assert abs(m2["learner/tokens_rank0"] - m2["learner/tokens_rank1"]) <= 14  # balanced by tokens

@@ -206,3 +206,23 @@ def test_bad_tables_are_refused():
         TokenTable.concat([_table(ROWS), _table(ROWS, with_weight=False)])
     with pytest.raises(ValueError):
         decompose(_table(ROWS), MAX_TOKENS, top_entropy_frac=1.0)
+
+
+def test_a_token_table_travels_as_one_float64_matrix_and_comes_back_exact():
+    """learner/collectives.py gathers the ranks' tables as TokenTable.to_matrix() tensors."""
+    n = 5
+    g = torch.Generator().manual_seed(0)
+    for weight in (None, torch.rand(n, generator=g)):
+        table = TokenTable(staleness=torch.tensor([0, 1, 2, 3, 2**40]), entropy=torch.rand(n, generator=g),
+                           logprob=-torch.rand(n, generator=g), behaviour_logprob=-torch.rand(n, generator=g),
+                           advantage=torch.randn(n, generator=g), clipped_low=torch.tensor([1, 0, 0, 1, 0]).bool(),
+                           clipped_high=torch.tensor([0, 1, 0, 0, 0]).bool(), clipped_dual=torch.zeros(n).bool(),
+                           response_length=torch.tensor([7, 7, 9, 9, 1024]), is_weight=weight)
+        m = table.to_matrix()
+        assert m.dtype == torch.float64 and m.shape == (9 if weight is None else 10, n)
+        back = TokenTable.from_matrix(m)
+        for name in ("staleness", "response_length", "clipped_low", "clipped_high", "clipped_dual"):
+            assert torch.equal(getattr(back, name), getattr(table, name)), name
+        for name in ("entropy", "logprob", "behaviour_logprob", "advantage"):
+            assert torch.equal(getattr(back, name), getattr(table, name).double()), name
+        assert (back.is_weight is None) == (weight is None)
