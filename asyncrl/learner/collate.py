@@ -57,7 +57,8 @@ class MicroBatch:
         if self.position_ids is not None:  # no mask and no cache: what HF reads as packed sequences
             return {"input_ids": self.input_ids.to(device), "position_ids": self.position_ids.to(device),
                     "use_cache": False}
-        return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device)}
+        return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device),
+                "use_cache": False}  # a training forward: no cache (and none to clash with checkpointing)
 
     def sequence_ids(self) -> torch.Tensor:
         """[T] int64: the index of each loss token's chunk (its "sequence" for GSPO and seq_tis)."""
