@@ -2,7 +2,7 @@
 shape, length distribution and learner settings.
 
     python tools/bench_learner.py [--configs torch-1 torch-2 zero2-1 zero2-2 zero3-1 zero3-2]
-                                  [--shape tiny|llama|qwen2.5-0.5b|qwen3-4b] [--lengths fixed|rl]
+                                  [--shape tiny|llama|qwen2.5-0.5b|qwen2.5-1.5b|qwen3-4b] [--lengths fixed|rl]
                                   [--variants before packed one-pass-head] [--rounds 2]
                                   [--activation-checkpointing]
                                   [--budget 1024 --steps 3]
@@ -54,38 +54,43 @@ SHAPES = {
     "tiny": dict(family="qwen2", hidden=128, mlp=512, layers=2, heads=4, kv=2, head_dim=32, vocab=None, tied=True),
     "qwen2.5-0.5b": dict(family="qwen2", hidden=896, mlp=4864, layers=24, heads=14, kv=2, head_dim=64, vocab=151936,
                          tied=True),
+    "qwen2.5-1.5b": dict(family="qwen2", hidden=1536, mlp=8960, layers=28, heads=12, kv=2, head_dim=128, vocab=151936,
+                         tied=True),
     "qwen3-4b": dict(family="qwen3", hidden=2560, mlp=9728, layers=36, heads=32, kv=8, head_dim=128, vocab=151936,
                      tied=True),
 }
 
 
-def build_model(path: Path, shape: str, hidden: int, layers: int) -> int:
-    """A seeded model of `shape` (random weights) with the tiny char tokenizer, saved to `path`;
-    returns its parameter count. A real shape's vocabulary is kept (the head's cost is the
-    vocabulary's), though the synthetic token ids stay in the tokenizer's range."""
-    from asyncrl.compat import hide_broken_torch_extras
-
-    hide_broken_torch_extras()  # before transformers: a .[cpu] venv's torchvision breaks its imports
+def hf_model(shape: str, vocab: int, hidden: int = 512, layers: int = 4):
+    """A seeded, randomly initialised Hugging Face model of `shape` (SHAPES; llama: `hidden` and
+    `layers`), on the current default device. A shape without a vocabulary takes `vocab`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    from asyncrl.tiny.tokenizer import save_tokenizer
-
-    vocab = len(save_tokenizer(path))
     torch.manual_seed(0)
     if shape == "llama":
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
-                                             num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                                             num_key_value_heads=hidden // 128, max_position_embeddings=2048))
-    else:
-        s = SHAPES[shape]
-        config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[
-            s["family"]]
-        model = model_cls(config_cls(vocab_size=s["vocab"] or vocab, hidden_size=s["hidden"],
-                                     intermediate_size=s["mlp"], num_hidden_layers=s["layers"],
-                                     num_attention_heads=s["heads"], num_key_value_heads=s["kv"], head_dim=s["head_dim"],
-                                     tie_word_embeddings=s["tied"], max_position_embeddings=4096,
-                                     rope_theta=1_000_000.0))
+        return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+                                            num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                                            num_key_value_heads=hidden // 128, max_position_embeddings=2048))
+    s = SHAPES[shape]
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[
+        s["family"]]
+    return model_cls(config_cls(vocab_size=s["vocab"] or vocab, hidden_size=s["hidden"], intermediate_size=s["mlp"],
+                                num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                                num_key_value_heads=s["kv"], head_dim=s["head_dim"], tie_word_embeddings=s["tied"],
+                                max_position_embeddings=40960, rope_theta=1_000_000.0))
+
+
+def build_model(path: Path, shape: str, hidden: int, layers: int) -> int:
+    """`hf_model` with the tiny char tokenizer, saved to `path`; returns its parameter count. A
+    real shape's vocabulary is kept (the head's cost is the vocabulary's), though the synthetic
+    token ids stay in the tokenizer's range."""
+    from asyncrl.compat import hide_broken_torch_extras
+
+    hide_broken_torch_extras()  # before transformers: a .[cpu] venv's torchvision breaks its imports
+    from asyncrl.tiny.tokenizer import save_tokenizer
+
+    model = hf_model(shape, len(save_tokenizer(path)), hidden, layers)
     model.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
 

@@ -25,3 +25,11 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     assert packing["engine_dtype"] == "torch.bfloat16"
     assert packing["num_bytes"] == 2 * learner["params"]  # every parameter once, cast to bf16
     assert (tmp_path / "gpu_check_pytest.txt").is_file()
+    assert summary["calibrate"]["tflops"] > 0 and learner["mfu_calibrated"] > 0
+    for head in ("fp32_head", "bf16_head"):  # bf16 autocast against float32: a gap, and a finite one
+        assert 0 < summary["parity"][head]["max_abs"] < 1
+    before, recipe = summary["sweep"]["cases"]
+    assert (before["case"], recipe["case"]) == ("rl_tiny_before", "rl_tiny_recipe")
+    assert before["packed"] is False and recipe["packed"] is True and recipe["padding_frac"] == 0.0
+    assert recipe["settings"]["activation_checkpointing"] and not recipe["settings"]["recompute_head"]
+    assert summary["sweep"]["recipe_vs_before_0.5b"] is None  # named for the GPU cases; the smoke has none
