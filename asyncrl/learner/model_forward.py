@@ -57,8 +57,13 @@ def packing_is_exact(model: torch.nn.Module, device: torch.device, tolerance: fl
     chunks = [SequenceChunk(f"probe{i}", 0, torch.randint(1, vocab, (3,), generator=g).tolist(),
                             torch.randint(1, vocab, (n,), generator=g).tolist(), 0, [0.0] * n, [0] * n, 0.0)
               for i, n in enumerate((9, 5))]
-    padded = policy_forward(model, collate(chunks), 1024, device, moe=False)
-    packed = policy_forward(model, collate(chunks, packed=True), 1024, device, moe=False)
+    training = model.training
+    model.eval()  # no dropout: the two forwards must differ only in layout
+    try:
+        padded = policy_forward(model, collate(chunks), 1024, device, moe=False)
+        packed = policy_forward(model, collate(chunks, packed=True), 1024, device, moe=False)
+    finally:
+        model.train(training)
     return bool(torch.allclose(packed.logprobs, padded.logprobs, atol=tolerance, rtol=0)
                 and torch.allclose(packed.entropy, padded.entropy, atol=tolerance, rtol=0))
 

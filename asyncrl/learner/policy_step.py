@@ -79,6 +79,8 @@ class Tally:
 
 @dataclass
 class TallyValues:
+    """A Tally read out (Tally.read): plain floats, for the step's metrics."""
+
     sums: dict[str, float]
     maxima: dict[str, float]
     minima: dict[str, float]

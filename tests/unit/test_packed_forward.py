@@ -145,3 +145,11 @@ def test_decoder_layer_checkpointing_keeps_the_gradient_in_float64():
     assert model.is_gradient_checkpointing
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, atol=1e-12, rtol=1e-10)
+
+
+def test_the_start_check_runs_without_dropout_and_leaves_the_model_training():
+    model = model_of("llama", "packed_sdpa").float().train()
+    model.config.attention_dropout = 0.5  # read at each forward: in training, two forwards would differ
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    assert packing_is_exact(model, CPU) and model.training
