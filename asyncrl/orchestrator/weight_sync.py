@@ -165,7 +165,15 @@ class WeightSync:
             raise PushFailed(f"weight push of version {version} (step {step}) did not finish on the learner "
                              f"ranks within sync.timeout_s={timeout_s:g}", [])
         out = {"sync/push_s": time.monotonic() - t0, "sync/version": version}
-        for r in ray.get(refs):
+        results = []
+        for actor, ref in zip(ids, refs):
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayTaskError as e:  # its receive failed (its timeout) while the send went through
+                self.members = []
+                raise PushFailed(f"weight push of version {version} (step {step}) failed on rollout actor {actor}: "
+                                 f"{_cause(e)} (sync.timeout_s={timeout_s:g})", []) from None
+        for r in results:
             for k, v in (r or {}).items():
                 # counts add up; for times the slowest actor is what the step waited for
                 out[k] = out.get(k, 0) + v if k == "sync/aborted_requests" else max(out.get(k, 0.0), v)
