@@ -59,9 +59,8 @@ import time
 import traceback
 import zipfile
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-
-import bench_learner  # tools/: SHAPES, hf_model and the RL lengths, as the learner benchmark uses them
 
 ROOT = Path(__file__).resolve().parents[1]
 NEEDED = ("pydantic", "yaml", "zmq")  # what asyncrl imports that the GPU machine lacks
@@ -77,6 +76,16 @@ QWEN_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, n
                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=512, tie_word_embeddings=True, max_position_embeddings=256)
+
+
+@cache
+def bench_learner():
+    """tools/bench_learner.py, loaded by path (tools/ is not a package): its SHAPES, hf_model and RL
+    lengths, so that this check and the learner benchmark build and feed the same models."""
+    spec = importlib.util.spec_from_file_location("bench_learner", Path(__file__).with_name("bench_learner.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # -- wheels -----------------------------------------------------------------------------------
@@ -167,7 +176,7 @@ def build_model(path: Path, shape: dict | str, device) -> tuple[int, object]:
     vocab = len(save_tokenizer(path))  # the learner reads a pad id from it; token ids come from the model's vocabulary
     with torch.device(device):  # initialised where it will train: a CPU init of 0.5B takes a while
         if isinstance(shape, str):
-            model = bench_learner.hf_model(shape, vocab)
+            model = bench_learner().hf_model(shape, vocab)
         else:
             torch.manual_seed(0)
             model = Qwen2ForCausalLM(Qwen2Config(**shape))
@@ -193,7 +202,7 @@ def step_chunks(step: int, num_seqs: int, prompt_len: int, response_len: int, vo
         return [chunk(i, prompt_len, response_len) for i in range(num_seqs)]
     out, total = [], 0
     while total < budget:
-        p, r = bench_learner.lengths(rng, "rl")
+        p, r = bench_learner().lengths(rng, "rl")
         out.append(chunk(len(out), p, min(r, budget - total)))
         total += out[-1].num_loss_tokens
     return out

@@ -16,8 +16,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
 def gpu_check():
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # as an import would: its dataclasses look their module up
     spec.loader.exec_module(module)
-    return module
+    yield module
+    del sys.modules["gpu_check"]
 
 
 def test_model_flops_by_hand(gpu_check):
