@@ -70,10 +70,13 @@ def test_packed_and_padded_give_the_same_logprobs_entropies_and_gradients_in_flo
         results.append((out.logprobs.detach(), out.entropy.detach(), [p.grad.clone() for p in model.parameters()]))
     (lp0, h0, g0), (lp1, h1, g1) = results
     assert lp0.dtype == torch.float64 and lp0.numel() == 32
-    torch.testing.assert_close(lp1, lp0, atol=1e-12, rtol=0)
-    torch.testing.assert_close(h1, h0, atol=1e-12, rtol=0)
+    # Hugging Face's eager attention takes its softmax in float32 whatever the model's dtype, so its
+    # two layouts agree to float32 rounding (seen: 4e-9 on a gradient, in some thread layouts)
+    atol, rtol = (1e-7, 1e-6) if attention == "eager" else (1e-12, 1e-10)
+    torch.testing.assert_close(lp1, lp0, atol=atol, rtol=0)
+    torch.testing.assert_close(h1, h0, atol=atol, rtol=0)
     for a, b in zip(g1, g0):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
 
 
 def test_packed_sdpa_runs_each_sequence_alone_and_leaves_other_calls_to_sdpa(monkeypatch):
