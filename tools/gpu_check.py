@@ -195,8 +195,9 @@ def step_chunks(step: int, num_seqs: int, prompt_len: int, response_len: int, vo
     old = -float(__import__("math").log(vocab))  # a random-init policy is near uniform: ratios near 1
 
     def chunk(i, p, r):
-        return SequenceChunk(f"g{i}", 0, [rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(r)],
-                             0, [old] * r, [step - 1] * r, advantage=rng.choice((-1.0, 1.0)))
+        return SequenceChunk(f"g{i}", 0, [rng.randrange(vocab) for _ in range(p)],
+                             [rng.randrange(vocab) for _ in range(r)], 0, [old] * r, [step - 1] * r,
+                             advantage=rng.choice((-1.0, 1.0)))
 
     if lengths == "fixed":
         return [chunk(i, prompt_len, response_len) for i in range(num_seqs)]
@@ -398,8 +399,8 @@ def run_parity_floor(learner, smoke: bool) -> dict:
     vocab = int(learner.hf_config.vocab_size)
     rng = random.Random(0)
     n = 64 if smoke else 2048
-    chunk = SequenceChunk("probe", 0, [rng.randrange(vocab) for _ in range(16)], [rng.randrange(vocab) for _ in range(n)],
-                          0, [0.0] * n, [0] * n, 0.0)
+    chunk = SequenceChunk("probe", 0, [rng.randrange(vocab) for _ in range(16)],
+                          [rng.randrange(vocab) for _ in range(n)], 0, [0.0] * n, [0] * n, 0.0)
     mb, model = collate([chunk], packed=True), learner.model
     out = {}
     with torch.no_grad():

@@ -126,7 +126,8 @@ class TokenTable:
             raise ValueError(f"a token table matrix has {len(names) - 1} or {len(names)} rows, got {m.shape[0]}")
         kinds = {"staleness": torch.int64, "response_length": torch.int64, "clipped_low": torch.bool,
                  "clipped_high": torch.bool, "clipped_dual": torch.bool}
-        return cls(**{name: (m[i].to(kinds[name]) if name in kinds else m[i]) for i, name in enumerate(names[:m.shape[0]])})
+        return cls(**{name: (m[i].to(kinds[name]) if name in kinds else m[i])
+                      for i, name in enumerate(names[:m.shape[0]])})
 
     @classmethod
     def concat(cls, tables: Sequence[TokenTable]) -> TokenTable:

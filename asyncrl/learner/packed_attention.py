@@ -40,7 +40,8 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
 
 
-def sequence_starts(position_ids: torch.Tensor | None, batch: int, sliding_window: int | None = None) -> list[int] | None:
+def sequence_starts(position_ids: torch.Tensor | None, batch: int,
+                    sliding_window: int | None = None) -> list[int] | None:
     """Where each packed sequence of a one-row batch starts (its position id is 0); None when the
     call is not a packed row of several sequences, or a sliding window needs the mask."""
     if position_ids is None or batch != 1 or sliding_window is not None:

@@ -390,8 +390,9 @@ class AgentRunner:
         if log.failed.is_set():
             return None
         if work not in done:
-            raise AgentFailed() from TimeoutError(f"the agent ran past env.episode_timeout_s={self.episode_timeout_s:g}s "
-                                                  f"of its own time (its calls' time in the engine not counted)")
+            raise AgentFailed() from TimeoutError(
+                f"the agent ran past env.episode_timeout_s={self.episode_timeout_s:g}s of its own time (its calls' "
+                "time in the engine not counted)")
         if work.cancelled():
             raise AgentFailed() from asyncio.CancelledError("the agent was cancelled")
         if work.exception() is not None:

@@ -22,6 +22,6 @@ def test_the_auth_mode_is_stated_only_before_ray_and_never_over_the_users(before
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     if mode is not None:
         env["RAY_AUTH_MODE"] = mode
-    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before, address=address)], env=env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before, address=address)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.strip() == stated
