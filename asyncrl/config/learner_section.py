@@ -58,9 +58,10 @@ class LearnerConfig(_Section):
     entropy_chunk_tokens: int = Field(1024, gt=0)
     """Tokens per chunk when computing logprobs and entropy over the vocabulary."""
     head_dtype: Literal["float32", "compute"] = "float32"
-    """The LM head's matmul, softmax, logprobs and entropy: float32 (outside autocast: bf16 logits
-    are where the learner's policy and the engines' drift apart most), or the compute dtype
-    (model.dtype). The same on CPU, where the demo computes in float32 anyway."""
+    """The LM head's matmul, softmax, logprobs and entropy, and a MoE model's router logits:
+    float32 (outside autocast: bf16 logits are where the learner's policy and the engines' drift
+    apart most, and bf16 router logits swap near-tied experts), or the compute dtype (model.dtype).
+    The same on CPU, where the demo computes in float32 anyway."""
     recompute_head: bool = True
     """Recompute each chunk's head in backward (memory: a few [chunk, vocab] tensors), or keep
     the micro-batch's [loss tokens, vocab] log-softmax from the forward and evaluate the head once

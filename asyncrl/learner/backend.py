@@ -28,6 +28,7 @@ import torch
 from asyncrl.sync.wire import interface_of, store_at
 
 NamedTensor = tuple[str, torch.Tensor]
+MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's, by the names torch's AdamW keeps them under
 
 
 class TrainBackend(Protocol):
@@ -60,13 +61,24 @@ class TrainBackend(Protocol):
     def zero_grad(self) -> None:
         """Drop the accumulated gradients without stepping."""
 
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Lay a frozen copy of the policy (the reference) out as the policy is: sharded the same
+        way by FSDP2, unchanged where the backend holds whole models on every rank."""
+
     def optimizer_state(self) -> dict[str, Any]:
-        """Collective. The optimizer's full state, independent of the number of ranks:
-        {"step": int, "exp_avg": {name: full tensor}, "exp_avg_sq": {name: full tensor}}
-        (empty dicts before the first step)."""
+        """Collective where it gathers. The optimizer's state by parameter name:
+        {"step": int, "exp_avg": {name: tensor}, "exp_avg_sq": {name: tensor}} (empty dicts
+        before the first step), each tensor this rank's shard where parameters are DTensors
+        (FSDP2), else the full tensor; torch.distributed.checkpoint saves either kind and loads
+        it onto any number of ranks."""
+
+    def optimizer_template(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        """{"exp_avg": {name: tensor}, "exp_avg_sq": {...}} for `names`, laid out as
+        `optimizer_state` lays them out, for a checkpoint load to fill in place."""
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        """Collective. Load what `optimizer_state` returned, on any number of ranks."""
+        """Collective. Load a state shaped as `optimizer_state`'s, on any number of ranks: each
+        tensor full, or laid out as this backend's `optimizer_template` is."""
 
     def reset_optimizer(self) -> None:
         """Forget the optimizer's moments and step count (a reference reset)."""

@@ -40,7 +40,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from asyncrl.learner.backend import NamedTensor
+from asyncrl.learner.backend import MOMENTS, NamedTensor
 from asyncrl.learner.model_forward import TokenHead
 
 try:
@@ -51,7 +51,6 @@ except ImportError as e:  # preflight says this first; here for a learner built 
     raise ImportError("learner.backend=deepspeed needs DeepSpeed: pip install deepspeed (on CPU its first start "
                       "JIT-compiles a small op with g++ and ninja)") from e
 
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def adamw_params(cfg) -> dict:
@@ -170,6 +169,13 @@ class DeepSpeedBackend:
                 if value is not None:
                     out[key][name] = value.detach().cpu().clone()
         return out
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # the reference stays whole on every rank: a ZeRO engine wraps one model only
+
+    def optimizer_template(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        shapes = {name: shape for name, shape, _ in self.param_specs()}
+        return {key: {name: torch.empty(shapes[name], dtype=torch.float32) for name in names} for key in MOMENTS}
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         if not state["exp_avg"]:

@@ -18,9 +18,12 @@ algorithm's state across steps (entropy schedule, reference policy, pi_prox of t
 batch); the rank is the process around it: the batch socket, the optimizer step and the
 version, the weight-sync sender, checkpoints. `save_checkpoint` / `load_checkpoint` write and
 read the whole group's state independent of the number of ranks: policy (Hugging Face format),
-full optimizer state, reference policy, algorithm state (pi_prox included: every rank holds all
-of it), version and torch RNG, so a resumed run's next step is bit-identical on CPU and a
-checkpoint of N ranks resumes on M.
+optimizer state, reference policy, algorithm state (pi_prox included: every rank holds all of
+it), version and torch RNG, so a resumed run's next step is bit-identical on CPU and a checkpoint
+of N ranks resumes on M. On FSDP2 no rank holds the whole optimizer state or reference at any
+point: they are written and read as each rank's shards (torch.distributed.checkpoint), the
+policy's files one gathered parameter at a time, and a starting rank reads only its own rows of
+the model (sharded_load.py).
 
 Three dtypes, each its own: the parameters (`learner.param_dtype`, float32 masters by default),
 the compute dtype of every forward (`dtype`, model.dtype: the backend autocasts to it), and the
@@ -42,11 +45,13 @@ from asyncrl.algo.kl import should_reset_reference
 from asyncrl.compat import check_gpu_visibility, hide_broken_torch_extras
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import make_backend
-from asyncrl.learner.backend import init_process_group
+from asyncrl.learner.backend import MOMENTS, init_process_group
 from asyncrl.learner.hf_files import meta_params, save_hf_model
+from asyncrl.learner.sharded_load import load_own_rows, meta_model, missing_from_files
 from asyncrl.learner.model_forward import packing_is_exact
 from asyncrl.learner.packed_attention import use_packed_attention
 from asyncrl.learner.reference import ReferencePolicy
+from asyncrl.learner.routers import use_fp32_routers
 from asyncrl.learner.step import PolicyStep, moe_shape
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.sync.protocol import WeightSyncError
@@ -102,22 +107,41 @@ class LearnerRank:
         params = param_dtype(learner, dtype)
         # the MoE experts' default kernel (grouped_mm) has no float64
         kernels = {"experts_implementation": "eager"} if params == torch.float64 else {}
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=params, **kernels).to(self.device)
+        # several FSDP2 ranks: each builds the model without weights and reads its own shard (sharded_load.py)
+        model, whole = None, not (learner.backend == "torch" and self.world_size > 1)
+        if not whole:
+            model = meta_model(model_path, params, **kernels)
+            why = missing_from_files(model, model_path)
+            if why:
+                log.warning("each learner rank loads the whole model before sharding it: %s", why)
+                model, whole = None, True
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=params, **kernels).to(self.device)
+        self.load_mode = "whole" if whole else "own rows"
         model.train()
         if learner.pack_sequences:  # packed rows at each sequence's own attention cost (packed_attention.py)
             use_packed_attention(model)
+        if learner.head_dtype == "float32":  # MoE routers too (routers.py)
+            use_fp32_routers(model)
         if learner.activation_checkpointing:  # before any sharding wraps the layers
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
-        self.generation_config = getattr(model, "generation_config", None)
+        self.generation_config = generation_config(model_path, model)
         reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device, learner.head_dtype == "float32")
                      if algo.kl.needs_reference else None)  # copied before any sharding
         moe = moe_shape(model)
-        packed = learner.pack_sequences and packing_is_exact(model, self.device)  # before sharding: one whole model
+        # whether packing is exact needs one whole model: checked before sharding, or on the shards together
+        packed = learner.pack_sequences and whole and packing_is_exact(model, self.device)
+        self.backend = make_backend(learner.backend, model, learner, self.world_size, compute_dtype=DTYPES[dtype])
+        if not whole:
+            load_own_rows(self.backend.module, model_path, self.device)
+            packed = learner.pack_sequences and packing_is_exact(self.backend.module, self.device)
+            self.backend.module.reshard()  # the check's forward left the root gathered
+        if reference is not None:
+            reference.place(self.backend)
         if learner.pack_sequences and not packed:
             log.warning("learner.pack_sequences: %s mixes packed sequences (its attention ignores position ids); "
                         "micro-batches are padded", type(model).__name__)
-        self.backend = make_backend(learner.backend, model, learner, self.world_size, compute_dtype=DTYPES[dtype])
         self.version = 0
         self.step = PolicyStep(self.backend, learner, algo, self.device, self.world_size,
                                distributed(learner, self.world_size), self.tokenizer.pad_token_id or 0, reference,
@@ -239,25 +263,36 @@ class LearnerRank:
         return own_address()
 
     def save(self, path: str) -> str:
-        """The policy in Hugging Face format (rank 0 writes; every rank helps gather)."""
-        state = {name: t.cpu().contiguous() for name, t in self.backend.named_full_params()}
+        """The policy in Hugging Face format: every rank helps gather one parameter at a time,
+        rank 0 writes them as they come (hf_files.py)."""
+        params = self.backend.named_full_params()
         out = Path(path)
-        if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            save_hf_model(out, state, self.hf_config, self.generation_config)
-            self.tokenizer.save_pretrained(out)
-            (out / "algo_state.json").write_text(json.dumps(self.step.state_dict(), indent=2))
+        if self.rank != 0:
+            for _ in params:
+                pass
+            return str(out)
+        out.mkdir(parents=True, exist_ok=True)
+        save_hf_model(out, params, self.hf_config, self.generation_config)
+        self.tokenizer.save_pretrained(out)
+        (out / "algo_state.json").write_text(json.dumps(self.step.state_dict(), indent=2))
         return str(out)
 
     def save_checkpoint(self, path: str) -> dict[str, Any]:
-        """The policy in HF format under `path/policy`, everything else in `path/learner.pt`."""
+        """The policy in Hugging Face format under `path/policy`; Adam's moments and the reference
+        policy under `path/state` as torch.distributed.checkpoint writes them (each rank its own
+        shards, nothing gathered, loadable on any number of ranks); the rest in `path/learner.pt`."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
         t0 = time.monotonic()
         self.save(str(Path(path) / "policy"))
-        optimizer = self.backend.optimizer_state()
+        optimizer, reference = self.backend.optimizer_state(), self.step.reference
+        dcp.save({"optimizer": {key: optimizer[key] for key in MOMENTS},
+                  "reference": reference.model.state_dict() if reference else {}},
+                 checkpoint_id=str(Path(path) / "state"), no_dist=not dist.is_initialized())
         if self.rank == 0:
-            reference = self.step.reference
-            torch.save({"version": self.version, "optimizer": optimizer,
-                        "reference": reference.model.state_dict() if reference else None,
+            torch.save({"version": self.version, "optimizer_steps": optimizer["step"],
+                        "moments": sorted(optimizer["exp_avg"]), "reference": reference is not None,
                         "algo": self.step.state_dict(), "proximal": self.step.proximal.state_dict(),
                         "torch_rng": torch.get_rng_state(),
                         "ranks": self.world_size}, Path(path) / "learner.pt")
@@ -266,12 +301,25 @@ class LearnerRank:
     def load_checkpoint(self, path: str) -> int:
         """Restore what `save_checkpoint` wrote, with any number of ranks; the policy weights come
         from `path/policy`, which the learner must have been built from. Returns the version."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
         state = torch.load(Path(path) / "learner.pt", map_location="cpu", weights_only=False)
-        self.backend.load_optimizer_state(state["optimizer"])
-        if self.step.reference is not None:
-            if state["reference"] is None:
-                raise ValueError(f"{path} holds no reference policy, but this run's algo.kl needs one")
-            self.step.reference.model.load_state_dict(state["reference"])
+        reference = self.step.reference
+        if reference is not None and not state["reference"]:
+            raise ValueError(f"{path} holds no reference policy, but this run's algo.kl needs one")
+        if "optimizer" in state:  # written before the sharded state: full tensors in learner.pt
+            self.backend.load_optimizer_state(state["optimizer"])
+            if reference is not None:
+                reference.model.load_state_dict(state["reference"])
+        else:
+            sharded = {"optimizer": self.backend.optimizer_template(state["moments"]),
+                       "reference": reference.model.state_dict() if reference else {}}
+            # in place, each rank its own rows
+            dcp.load(sharded, checkpoint_id=str(Path(path) / "state"), no_dist=not dist.is_initialized())
+            self.backend.load_optimizer_state({"step": state["optimizer_steps"], **sharded["optimizer"]})
+            if reference is not None:
+                reference.model.load_state_dict(sharded["reference"])
         self.step.load_state_dict(state["algo"])
         self.step.proximal.load_state_dict(state.get("proximal"))  # absent in older checkpoints
         torch.set_rng_state(state["torch_rng"])
@@ -282,6 +330,17 @@ class LearnerRank:
         if self.sender is not None:
             self.sender.close()
         self.batches.close()
+
+
+def generation_config(model_path: str, model: torch.nn.Module):
+    """The generation config saved beside the policy: the directory's, else the one the model
+    class derives from its config (a model built from its config alone never reads the file)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_path)
+    except OSError:
+        return getattr(model, "generation_config", None)
 
 
 def engine_weights(named_params, dtype: torch.dtype):

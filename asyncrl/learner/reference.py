@@ -1,9 +1,10 @@
 """The reference policy pi_ref of the KL term, held by the learner (ProRL section 3.3).
 
-A frozen copy of the policy at the start of the run, whole on every learner rank (never
-sharded: its forward is local). A reference reset (ProRL section 3.3.1) copies the current
-policy into it, one gathered parameter at a time; the caller also resets the optimizer state,
-since Adam's moments describe a trajectory the reset has just cut.
+A frozen copy of the policy at the start of the run, laid out as the policy is (`place`): sharded
+the same way under FSDP2, so it costs each rank its share, not a whole model; whole on every rank
+otherwise. A reference reset (ProRL section 3.3.1) copies the current policy into it: shard into
+shard where both are sharded, else one gathered parameter at a time. The caller also resets the
+optimizer state, since Adam's moments describe a trajectory the reset has just cut.
 """
 
 from __future__ import annotations
@@ -14,29 +15,57 @@ import torch
 
 from asyncrl.learner.collate import MicroBatch
 from asyncrl.learner.model_forward import policy_forward
+from asyncrl.learner.sharded_load import materialize
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 class ReferencePolicy:
     def __init__(self, policy: torch.nn.Module, chunk: int, device: torch.device, head_fp32: bool = False):
+        """A copy of `policy` (before any sharding; on the meta device if the policy is), unplaced."""
         self.model = copy.deepcopy(policy).eval()
         self.model.requires_grad_(False)
         self.chunk, self.device, self.head_fp32 = chunk, device, head_fp32
         self.num_resets = 0
 
+    def place(self, backend) -> None:
+        """Lay the copy out as the backend lays out the policy; a copy made on the meta device
+        gets storage and the policy's weights (`backend.module`'s, already loaded)."""
+        self.model = backend.shard(self.model)
+        if next(self.model.parameters()).device.type == "meta":
+            policy = dict(backend.module.named_parameters())
+            materialize(self.model, self.device, lambda name, local, _: local.copy_(_local(policy[name])))
+
     @torch.no_grad()
     def logprobs(self, mb: MicroBatch) -> torch.Tensor:
         """log pi_ref of mb's loss tokens [T], at the sampling temperature like the policy's."""
-        return policy_forward(self.model, mb, self.chunk, self.device, head_fp32=self.head_fp32).logprobs
+        out = policy_forward(self.model, mb, self.chunk, self.device, head_fp32=self.head_fp32).logprobs
+        reshard = getattr(self.model, "reshard", None)
+        if reshard is not None:  # FSDP2 keeps its root gathered after a forward, for a backward that never comes
+            reshard()
+        return out
 
     @torch.no_grad()
     def reset_from(self, named_params) -> None:
-        """Copy the policy's full parameters, (name, tensor) pairs (gathered from shards one at a
-        time on a sharded learner), into the reference."""
+        """Copy the policy's parameters, (name, tensor) pairs, into the reference: each rank's own
+        shard when both are sharded, else full tensors (gathered one at a time by the caller)."""
         own = dict(self.model.named_parameters())
         for name, tensor in named_params:
-            own[name].copy_(tensor)
+            _local(own[name]).copy_(_local(tensor))
         self.num_resets += 1
+
+    @property
+    def sharded(self) -> bool:
+        return any(_is_dtensor(p) for p in self.model.parameters())
 
     def restore_resets(self, num_resets: int) -> None:
         """A checkpoint's count of resets (its weights are loaded into `model` apart)."""
         self.num_resets = num_resets
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if _is_dtensor(t) else t

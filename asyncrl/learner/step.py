@@ -139,7 +139,7 @@ class PolicyStep:
     def _micro_batches(self, chunks) -> tuple[list, int]:
         """This rank's micro-batches, and how many zero-loss ones it must add to match the
         busiest rank (sharded backends run collectives in every forward and backward)."""
-        mbs = [self._collate(c) for c in micro_batches(chunks, self.cfg.micro_batch_tokens)]
+        mbs = [self._collate(c) for c in micro_batches(chunks, self.cfg.micro_batch_tokens, self.packed)]
         mbs = [mb for mb in mbs if mb.num_loss_tokens]  # the loss step skips those: no forward to match
         pad = collectives.max_over_ranks(len(mbs)) - len(mbs) if self.distributed else 0
         self.backend.expect_backwards(len(mbs) + pad)
@@ -149,8 +149,11 @@ class PolicyStep:
         """`count` forwards (and backwards) that change nothing, in step with the other ranks; each
         backward's graph is a real micro-batch's (`padding_loss`; `moe` as forward_backward gets it)."""
         for _ in range(count):
+            mb = self._collate([empty_chunk(self.pad_id)])
             with torch.set_grad_enabled(grad):
-                out = self._forward(self._collate([empty_chunk(self.pad_id)]))
+                out = self._forward(mb)
+            if grad and self.reference is not None and self.reference.sharded:
+                self._reference_logprobs(mb)  # a real micro-batch's gathers come in this order
             if grad:
                 self.backend.backward(padding_loss(out, self.algo, moe))
 
@@ -162,7 +165,7 @@ class PolicyStep:
         under the current policy gives pi_prox for the batch's steps (decoupled PPO; the ranks sum
         their parts, each filling its own slots of the batch's layout, so all hold all of it) and
         the batch's mean entropy, over all ranks (exact entropy control's e_k)."""
-        mbs = [self._collate(c) for c in micro_batches(batch.opened, self.cfg.micro_batch_tokens)]
+        mbs = [self._collate(c) for c in micro_batches(batch.opened, self.cfg.micro_batch_tokens, self.packed)]
         pad = collectives.max_over_ranks(len(mbs)) - len(mbs) if self.distributed else 0
         mine, entropy = [], 0.0
         for mb in mbs:
@@ -234,7 +237,8 @@ class PolicyStep:
         """pi_ref <- pi_theta and a fresh optimizer state (ProRL section 3.3.1). Collective."""
         if self.reference is None:
             raise ValueError("no reference policy to reset: set algo.kl.coef > 0 or algo.kl.track=true")
-        self.reference.reset_from(self.backend.named_full_params())
+        shards = self.reference.sharded  # shard to shard, nothing gathered (reference.py)
+        self.reference.reset_from(self.backend.module.named_parameters() if shards else self.backend.named_full_params())
         self.backend.reset_optimizer()
 
     def state_dict(self) -> dict[str, Any]:

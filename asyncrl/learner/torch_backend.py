@@ -9,7 +9,8 @@ outside the model's forward.
 FSDP2 reduce-scatters gradients as a mean over ranks; the loss is multiplied by the world size
 so that the result is the sum (the loss is already normalized by the step's global counts).
 Parameters, gradients and Adam's moments are DTensors sharded on dim 0; the full tensor of one
-parameter at a time is gathered for pushes, checkpoints and tests.
+parameter at a time is gathered for pushes, the policy's Hugging Face files and tests, while
+checkpoints save the moments' shards as they are (torch.distributed.checkpoint, rank.py).
 
 Mixed precision (`compute_dtype` narrower than the parameters): parameters, gradients and Adam's
 moments stay in their own dtype (float32 masters, so updates below a bf16 ulp still land) and
@@ -25,7 +26,8 @@ from typing import Any, ContextManager
 
 import torch
 
-from asyncrl.learner.backend import NamedTensor
+from asyncrl.learner.backend import MOMENTS, NamedTensor
+from asyncrl.learner.routers import routers
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -47,19 +49,17 @@ class TorchBackend:
     def __init__(self, model: torch.nn.Module, cfg, world_size: int, compute_dtype: torch.dtype | None = None):
         self.world_size = world_size
         param_dtype = next(model.parameters()).dtype
-        self.device_type = next(model.parameters()).device.type
+        self.device_type = "cuda" if torch.cuda.is_available() else "cpu"  # the parameters may be on meta still
         # None: compute in the parameters' own dtype (no autocast)
         self.compute_dtype = compute_dtype if compute_dtype not in (None, param_dtype) else None
         if world_size > 1:
             from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy
 
-            mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world_size,))
-            policy = (MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
-                      if self.compute_dtype else MixedPrecisionPolicy())
-            for layer in decoder_layers(model):
-                fully_shard(layer, mesh=mesh, mp_policy=policy)
-            fully_shard(model, mesh=mesh, mp_policy=policy)
+            self.mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world_size,))
+            self.policy = (MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+                           if self.compute_dtype else MixedPrecisionPolicy())
+            self.shard(model)
         self.module = model
         # On GPUs the fused kernel: one launch updates every parameter (torch's default there is the
         # multi-tensor foreach path); it needs its step counters on the GPU too (load_optimizer_state).
@@ -67,6 +67,23 @@ class TorchBackend:
         self.fused = self.device_type == "cuda"
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                            weight_decay=cfg.weight_decay, fused=self.fused or None)
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Lay `model` out as the policy is: each decoder layer its own FSDP2 group, the rest the
+        root (a frozen copy too: the reference policy). One rank: unchanged. Meta parameters
+        stay meta (sharded_load.py gives them storage)."""
+        if self.world_size == 1:
+            return model
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        for router in routers(model):  # gathered in float32 where they compute in it (routers.py)
+            if getattr(router, "_asyncrl_fp32", False) and self.compute_dtype is not None:
+                fully_shard(router, mesh=self.mesh, mp_policy=fp32)
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=self.mesh, mp_policy=self.policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=self.policy)
+        return model
 
     def autocast(self) -> ContextManager:
         """Where forwards run: autocast to the compute dtype over wider (master) parameters."""
@@ -104,10 +121,14 @@ class TorchBackend:
         out: dict[str, Any] = {"step": self.optimizer_steps(), "exp_avg": {}, "exp_avg_sq": {}}
         for name, p in self.module.named_parameters():
             state = self.optimizer.state.get(p)
-            if state:
-                out["exp_avg"][name] = _full(state["exp_avg"]).cpu()
-                out["exp_avg_sq"][name] = _full(state["exp_avg_sq"]).cpu()
+            if state:  # this rank's shards as they are (DTensors): a sharded checkpoint gathers nothing
+                out["exp_avg"][name] = state["exp_avg"]
+                out["exp_avg_sq"][name] = state["exp_avg_sq"]
         return out
+
+    def optimizer_template(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        params = dict(self.module.named_parameters())
+        return {key: {name: torch.empty_like(params[name]) for name in names} for key in MOMENTS}
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.state.clear()
@@ -126,11 +147,16 @@ class TorchBackend:
         return int(state.get("step", 0))
 
 
-def _like(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
-    """`full` laid out like `param`: this rank's shard of it when `param` is a DTensor."""
+def _like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """`value` (a full tensor, or one already laid out like `param`) as `param` is laid out:
+    this rank's shard of it when `param` is a DTensor."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    full = full.to(device=param.device, dtype=param.dtype)
+    if isinstance(param, DTensor) and isinstance(value, DTensor):
+        if value.placements != param.placements:
+            raise ValueError(f"optimizer state laid out as {value.placements}, the parameter as {param.placements}")
+        return value.to(device=param.device, dtype=param.dtype)
+    value = value.to(device=param.device, dtype=param.dtype)
     if isinstance(param, DTensor):
-        return distribute_tensor(full, param.device_mesh, param.placements)
-    return full.clone()
+        return distribute_tensor(value, param.device_mesh, param.placements)
+    return value.clone()

@@ -8,6 +8,7 @@ processor's summation order (AVX-512 reduces in another order than AVX2), in flo
 
 import math
 import random
+import shutil
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from asyncrl.algo.aggregation import StepCounts
 from asyncrl.algo.moe import load_balance_loss, router_z_loss
 from asyncrl.buffer.packing import rank_batches
 from asyncrl.config import AlgoConfig, LearnerConfig
+from asyncrl.learner.backend import MOMENTS
 from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import policy_forward
 from asyncrl.learner.policy_step import forward_backward
@@ -318,9 +320,11 @@ def test_decoupled_steps_of_a_rollout_batch_take_the_ratio_against_its_start_pol
     assert rows[1]["clip/high_frac"] + rows[1]["clip/low_frac"] > 0 and rows[2]["ratio/mean"] != 1.0
 
 
-def test_a_checkpoint_inside_a_rollout_batch_keeps_its_proximal_policy(model_dir, tmp_path):
+@pytest.mark.parametrize("layout", ["sharded", "whole"])
+def test_a_checkpoint_inside_a_rollout_batch_keeps_its_proximal_policy(model_dir, tmp_path, layout):
     """Saved after the step that opened the batch and resumed by a fresh learner, the batch's later
-    steps are the uninterrupted run's: pi_prox travels in learner.pt."""
+    steps are the uninterrupted run's: pi_prox travels in learner.pt. `whole`: a checkpoint as
+    asyncrl wrote them before the sharded state (the full moments inside learner.pt) resumes too."""
     path, vocab = model_dir
     batch, plan = batch_plan(vocab)
     whole = LearnerRank(path, LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)
@@ -332,6 +336,14 @@ def test_a_checkpoint_inside_a_rollout_batch_keeps_its_proximal_policy(model_dir
     try:
         train_plan(first, batch, plan[:1])
         first.save_checkpoint(str(tmp_path / "ckpt"))
+        if layout == "whole":
+            meta = torch.load(tmp_path / "ckpt" / "learner.pt", weights_only=False)
+            optimizer = first.backend.optimizer_state()
+            optimizer = {**optimizer, **{k: {n: t.clone() for n, t in optimizer[k].items()} for k in MOMENTS}}
+            for key in ("optimizer_steps", "moments"):
+                del meta[key]
+            torch.save({**meta, "optimizer": optimizer, "reference": None}, tmp_path / "ckpt" / "learner.pt")
+            shutil.rmtree(tmp_path / "ckpt" / "state")
     finally:
         first.shutdown()
     resumed = LearnerRank(str(tmp_path / "ckpt" / "policy"), LearnerConfig(lr=3e-2, grad_clip=100.0), DECOUPLED)

@@ -202,7 +202,7 @@ def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24
     metrics = learner.train_step(1).metrics
     sender.close()
     learner.shutdown()
-    return {"grads": grads, "metrics": metrics}
+    return {"grads": grads, "metrics": metrics, "load_mode": learner.load_mode}
 
 
 ENTROPY_ALGO = AlgoConfig(aggregation="token_mean", entropy_control={"enabled": True, "target": 10.0, "delta": 0.05,
@@ -252,9 +252,35 @@ def run_decoupled_rank(rank, world, port, model, backend, stage, micro_batch_tok
     return {"metrics": rows, "params": params}
 
 
+def run_layout_rank(rank, world, port, model, ckpt):
+    """What a 2-rank FSDP2 learner holds (its own rows of each parameter, the reference sharded
+    too) and writes (a checkpoint after one step); rank 0's view of it."""
+    from torch.distributed.tensor import DTensor
+
+    from asyncrl.learner.sharded_load import shard_rows
+
+    learner = LearnerRank(model, learner_cfg("torch", 2, world, F64), STEP_ALGO, dtype="float64", rank=rank,
+                          world_size=world, group_address=group_address(port))
+    assert learner.load_mode == "own rows"
+    policy = dict(learner.model.named_parameters())
+    reference = dict(learner.step.reference.model.named_parameters())
+    layout = {name: (isinstance(p, DTensor), shard_rows(p), tuple(p.to_local().shape), isinstance(reference[name], DTensor),
+                     torch.equal(p.to_local(), reference[name].to_local())) for name, p in policy.items()}
+    start = {n: t.cpu().clone() for n, t in learner.backend.named_full_params()}
+    buffers = {n: b.cpu().clone() for n, b in learner.model.named_buffers()}
+    sender = FrameSender(learner.batch_endpoint())
+    feed(learner, sender, 1, rank, world)
+    learner.train_step(1)
+    learner.save_checkpoint(ckpt)
+    sender.close()
+    learner.shutdown()
+    return {"layout": layout, "start": start, "buffers": buffers}
+
+
 def _child(rank, world, port, args, out):
     os.environ["DS_ACCELERATOR"] = "cpu"
-    targets = {"moe": run_moe_rank, "entropy": run_entropy_rank, "decoupled": run_decoupled_rank}
+    targets = {"moe": run_moe_rank, "entropy": run_entropy_rank, "decoupled": run_decoupled_rank,
+               "layout": run_layout_rank}
     target, args = (targets[args[0]], args[1:]) if args[0] in targets else (run_rank, args)
     try:
         result = target(rank, world, port, *args)
@@ -353,10 +379,38 @@ def test_two_ranks_give_the_single_rank_gradient_and_update(tmp_path, tied_model
 
 
 
+def test_fsdp2_ranks_read_their_own_rows_shard_the_reference_and_checkpoint_shards(tmp_path, tied_model):
+    """Two FSDP2 ranks build the model on the meta device and each reads its own rows from the
+    files: the whole model they hold is the one from_pretrained loads (buffers included); the
+    reference is sharded the same way; a checkpoint writes each rank's shards of the moments and
+    the reference (torch.distributed.checkpoint), and learner.pt holds no tensor of either."""
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tmp_path / "ckpt"
+    got = run_ranks(tmp_path, 2, "layout", tied_model, str(ckpt))
+    whole = AutoModelForCausalLM.from_pretrained(tied_model, dtype=torch.float64)
+    assert_close(got["start"], dict(whole.named_parameters()), "loaded by rows", 0.0)
+    assert_close(got["buffers"], dict(whole.named_buffers()), "buffers", 0.0)
+    assert whole.config.vocab_size % 2 == 1  # the embedding splits unevenly: 50 rows and 49
+    for name, (sharded, (first, rows), local_shape, ref_sharded, ref_equal) in got["layout"].items():
+        assert sharded and ref_sharded and ref_equal, name
+        full = whole.get_parameter(name).shape[0]
+        assert (first, rows) == (0, -(-full // 2)) and local_shape[0] == rows, name  # rank 0: the first half
+    shards = sorted(f.name for f in (ckpt / "state").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"], shards
+    meta = torch.load(ckpt / "learner.pt", weights_only=False)
+    assert "optimizer" not in meta and meta["optimizer_steps"] == 1 and meta["reference"] is True
+    assert meta["moments"] == sorted(got["start"])
+    moment_bytes = 2 * 8 * sum(t.numel() for t in got["start"].values())
+    assert (ckpt / "learner.pt").stat().st_size < moment_bytes / 10  # the RNG state and counters only
+    assert (ckpt / "policy" / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
 def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, tied_model, backend, stage):
     """3 steps on 2 sharded ranks, a checkpoint, 3 more on one plain rank == 6 steps on one rank:
-    the checkpoint holds the full optimizer state (moments and step count), not shards."""
+    the checkpoint holds the whole optimizer state (moments and step count), written as the ranks'
+    shards (FSDP2) or whole tensors (ZeRO-3) and read back whole by the one rank."""
     ckpt = tmp_path / "ckpt"
     run_ranks(tmp_path, 2, tied_model, backend, stage, 24, None, str(ckpt))
     assert (ckpt / "policy" / "model.safetensors").is_file()
@@ -384,6 +438,9 @@ def test_moe_aux_losses_on_two_ranks_equal_the_single_rank_ones(tmp_path_factory
     for key in ("loss/moe_load_balance", "loss/moe_z", "loss/total"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-6), key
     assert one["metrics"]["loss/moe_load_balance"] > 1.0  # k = 2 is perfect balance; a real value
+    # Hugging Face fuses the experts' files into one tensor a layer as it loads them, so FSDP2 ranks
+    # cannot read their rows by the parameters' names: each loads the whole model (as ZeRO ranks do)
+    assert two["load_mode"] == "whole"
 
 
 def test_entropy_control_uses_the_global_entropy_of_unequal_ranks(tmp_path, tied_model):

@@ -51,9 +51,27 @@ def test_rank_split_balances_tokens_and_keeps_every_chunk():
 
 def test_micro_batches_bound_tokens_but_keep_a_long_chunk_whole():
     chunks = [chunk(2, 3), chunk(2, 3), chunk(2, 20), chunk(1, 1)]
-    mbs = micro_batches(chunks, max_tokens=10)
-    assert [len(m) for m in mbs] == [2, 1, 1]
-    assert [c for m in mbs for c in m] == chunks
+    for packed in (True, False):
+        mbs = micro_batches(chunks, max_tokens=10, packed=packed)
+        assert [[c.num_tokens for c in m] for m in mbs] == [[22], [5, 5], [2]]
+        assert sorted(id(c) for m in mbs for c in m) == sorted(id(c) for c in chunks)  # each chunk once
+
+
+def test_packed_micro_batches_are_filled_first_fit_longest_first():
+    # 6, 5, 5, 4 into 10: cut in arrival order that is 3 micro-batches ([6], [5, 5], [4]); filled
+    # by length, 2, both full
+    chunks = [chunk(1, n - 1) for n in (6, 5, 5, 4)]
+    mbs = micro_batches(chunks, max_tokens=10, packed=True)
+    assert [[c.num_tokens for c in m] for m in mbs] == [[6, 4], [5, 5]]
+
+
+def test_padded_micro_batches_group_similar_lengths():
+    # padded rows cost (rows x longest): sorted and cut consecutively, 9 | 8 3 | 2 pads to
+    # 9 + 16 + 2 = 27 tokens, where arrival order (2 9 | 3 8) pads to 18 + 16 = 34
+    chunks = [chunk(1, n - 1) for n in (2, 9, 3, 8)]
+    mbs = micro_batches(chunks, max_tokens=12, packed=False)
+    assert [[c.num_tokens for c in m] for m in mbs] == [[9], [8, 3], [2]]
+    assert sum(len(m) * max(c.num_tokens for c in m) for m in mbs) == 27
 
 
 def test_rollout_batch_capacity_synchronous_waits_for_the_last_step():
