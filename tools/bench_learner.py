@@ -4,7 +4,7 @@ shape, length distribution and learner settings.
     python tools/bench_learner.py [--configs torch-1 torch-2 zero2-1 zero2-2 zero3-1 zero3-2]
                                   [--shape tiny|llama|qwen2.5-0.5b|qwen2.5-1.5b|qwen3-4b] [--lengths fixed|rl]
                                   [--variants before packed one-pass-head] [--rounds 2]
-                                  [--activation-checkpointing]
+                                  [--activation-checkpointing] [--checkpoint]
                                   [--budget 1024 --steps 3]
 
 Every configuration runs real `LearnerRank`s in their own processes, joined in a gloo group
@@ -22,7 +22,12 @@ micro-batches, learner/collate.py); `one-pass-head`: packed and learner.recomput
 as the GPU recipes run. Each variant's loss tokens/s is printed against `before`'s, the baseline
 measured in the same run. The last line is JSON: tokens_per_s (loss tokens), padding_frac,
 peak_rss_gib_per_rank, ranks and shape of the first configuration's last variant, and
-`vs_before` (each variant's ratio) when `before` ran.
+`vs_before` (each variant's ratio) when `before` ran, `peak_rss_two_vs_one_rank` when one and two
+ranks of a backend ran (the busier rank's peak over the one rank's, on the same steps), and with
+`--checkpoint` what the checkpoint check found: a save after the timed steps, two steps more, and
+the same two again on fresh ranks resumed from the save (`resumed_loss_equal`: the second step's
+parameters came from an update with the restored Adam moments), with each rank's
+growth of peak memory during the save against the size of the whole optimizer state.
 
 How to read two ranks on a CPU machine: they split the same cores, so they cannot be faster than
 one rank; what the ratio shows is the price of sharding (FSDP2's per-layer all-gathers and
@@ -123,7 +128,10 @@ VARIANTS = {"before": dict(pack_sequences=False, recompute_head=True),
             "one-pass-head": dict(pack_sequences=True, recompute_head=False)}
 
 
-def rank_main(rank: int, world: int, port: int, args, config: str, variant: str, out: str) -> None:
+def rank_main(rank: int, world: int, port: int, args, config: str, variant: str, out: str,
+              resume: str | None = None) -> None:
+    """One rank's timed steps (then, with --checkpoint, a checkpoint and two steps more); `resume`:
+    instead, a fresh rank resumes that checkpoint and runs the step after it."""
     os.environ["DS_ACCELERATOR"] = "cpu"
     from asyncrl.buffer.packing import split_for_ranks
     from asyncrl.config import AlgoConfig, LearnerConfig
@@ -136,44 +144,101 @@ def rank_main(rank: int, world: int, port: int, args, config: str, variant: str,
     cfg = LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, num_threads=args.cores // world,
                         micro_batch_tokens=args.micro_batch_tokens,
                         activation_checkpointing=args.activation_checkpointing, **VARIANTS[variant])
-    learner = LearnerRank(args.model, cfg, AlgoConfig(), rank=rank, world_size=world, group_address=f"127.0.0.1:{port}")
+    learner = LearnerRank(f"{resume}/policy" if resume else args.model, cfg, AlgoConfig(), rank=rank,
+                          world_size=world, group_address=f"127.0.0.1:{port}")
     sender = FrameSender(learner.batch_endpoint())
-    times, tokens, padding = [], 0, []
-    for step in range(1, args.warmup + args.steps + 1):
+
+    def train(step: int):
         chunks = step_chunks(step, args.budget, args.lengths)
         sender.send(encode_batch(Batch(step=step, rank=rank, chunks=split_for_ranks(chunks, world)[rank],
                                        num_loss_tokens_global=args.budget, num_sequences_global=len(chunks),
                                        token_budget=args.budget)))
+        return chunks, learner.train_step(step)
+
+    def after(last: int) -> list[float]:
+        """The losses of the two steps after `last`: the second's parameters come from an update
+        that used the optimizer's moments, which a checkpoint must have kept."""
+        return [train(step)[1].metrics["loss/total"] for step in (last + 1, last + 2)]
+
+    last = args.warmup + args.steps
+    if resume:
+        learner.load_checkpoint(resume)
+        Path(f"{out}.{rank}").write_text(json.dumps({"loss_after": after(last)}))
+        sender.close()
+        learner.shutdown()
+        return
+    times, tokens, padding = [], 0, []
+    for step in range(1, last + 1):
         t0 = time.perf_counter()
-        result = learner.train_step(step)
+        chunks, result = train(step)
         if step > args.warmup:
             times.append(time.perf_counter() - t0)
             tokens += sum(c.num_tokens for c in chunks)
             padding.append(result.metrics["learner/padding_frac"])
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    Path(f"{out}.{rank}").write_text(json.dumps({"times": times, "tokens": tokens, "rss_mib": rss,
-                                                 "padding_frac": sum(padding) / len(padding)}))
+    doc = {"times": times, "tokens": tokens, "rss_mib": peak_rss_mib(), "padding_frac": sum(padding) / len(padding)}
+    if args.checkpoint:
+        t0 = time.perf_counter()
+        learner.save_checkpoint(f"{out}-ckpt")
+        # the high-water mark: it rises only if saving needed more than any step did
+        doc.update(save_s=time.perf_counter() - t0, save_rss_growth_mib=peak_rss_mib() - doc["rss_mib"],
+                   loss_after=after(last))
+    Path(f"{out}.{rank}").write_text(json.dumps(doc))
     sender.close()
     learner.shutdown()
 
 
-def run_config(args, config: str, variant: str, tmp: Path) -> dict:
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def spawn_ranks(world: int, target, *args) -> list[int]:
+    """`target(rank, world, port, *args)` in `world` processes, one gloo group; their exit codes."""
     from asyncrl.sync.wire import free_port
 
-    world = CONFIGS[config][2]
-    out, ctx, port = str(tmp / f"{config}-{variant}"), mp.get_context("spawn"), free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, args, config, variant, out)) for r in range(world)]
+    ctx, port = mp.get_context("spawn"), free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=1800)
-    if any(p.exitcode != 0 for p in procs):
-        return {"config": config, "variant": variant, "error": f"rank exit codes {[p.exitcode for p in procs]}"}
+    return [p.exitcode for p in procs]
+
+
+def checkpoint_check(args, config: str, variant: str, out: str, ranks: list[dict]) -> dict:
+    """The checkpoint the ranks wrote: its files, how much the save raised each rank's peak
+    memory against the optimizer state it would take whole, and the two steps after it resumed
+    by fresh ranks against the same steps uninterrupted."""
+    world, ckpt = CONFIGS[config][2], Path(f"{out}-ckpt")
+    codes = spawn_ranks(world, rank_main, args, config, variant, f"{out}-resumed", str(ckpt))
+    if any(codes):
+        return {"error": f"resumed rank exit codes {codes}"}
+    resumed = json.loads(Path(f"{out}-resumed.0").read_text())["loss_after"]
+    from asyncrl.learner.sharded_load import file_shapes
+
+    params = sum(math.prod(shape) for shape, _ in file_shapes(str(ckpt / "policy")).values())
+    return {"save_s": max(r["save_s"] for r in ranks),
+            "save_rss_growth_mib": [round(r["save_rss_growth_mib"]) for r in ranks],
+            "full_optimizer_state_mib": round(2 * 4 * params / 2 ** 20),
+            "state_files_mib": {f.name: round(f.stat().st_size / 2 ** 20, 1) for f in sorted((ckpt / "state").iterdir())},
+            "learner_pt_kib": round((ckpt / "learner.pt").stat().st_size / 1024, 1),
+            "loss_after_uninterrupted": ranks[0]["loss_after"], "loss_after_resumed": resumed,
+            "resumed_loss_equal": resumed == ranks[0]["loss_after"]}
+
+
+def run_config(args, config: str, variant: str, tmp: Path) -> dict:
+    world = CONFIGS[config][2]
+    out = str(tmp / f"{config}-{variant}")
+    codes = spawn_ranks(world, rank_main, args, config, variant, out)
+    if any(codes):
+        return {"config": config, "variant": variant, "error": f"rank exit codes {codes}"}
     ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
     seconds = sum(ranks[0]["times"])
-    return {"config": config, "variant": variant, "ranks": world, "seconds": seconds, "steps": len(ranks[0]["times"]),
-            "tokens": ranks[0]["tokens"], "padding_frac": ranks[0]["padding_frac"],
-            "peak_rss_mib_per_rank": [round(r["rss_mib"]) for r in ranks]}
+    result = {"config": config, "variant": variant, "ranks": world, "seconds": seconds,
+              "steps": len(ranks[0]["times"]), "tokens": ranks[0]["tokens"], "padding_frac": ranks[0]["padding_frac"],
+              "peak_rss_mib_per_rank": [round(r["rss_mib"]) for r in ranks]}
+    if args.checkpoint:
+        result["checkpoint"] = checkpoint_check(args, config, variant, out, ranks)
+    return result
 
 
 def pooled(runs: list[dict], budget: int) -> dict:
@@ -184,7 +249,8 @@ def pooled(runs: list[dict], budget: int) -> dict:
             "steps_per_s": steps / seconds, "loss_tokens_per_s": budget * steps / seconds,
             "forward_tokens_per_s": sum(r["tokens"] for r in runs) / seconds, "padding_frac": first["padding_frac"],
             "peak_rss_mib_per_rank": [max(r["peak_rss_mib_per_rank"][i] for r in runs) for i in range(first["ranks"])],
-            "round_loss_tokens_per_s": [budget * r["steps"] / r["seconds"] for r in runs]}
+            "round_loss_tokens_per_s": [budget * r["steps"] / r["seconds"] for r in runs],
+            **({"checkpoint": runs[-1]["checkpoint"]} if "checkpoint" in runs[-1] else {})}
 
 
 def main() -> None:
@@ -207,6 +273,9 @@ def main() -> None:
     p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="torch threads in total, per config")
     p.add_argument("--model", help="a Hugging Face model directory (default: build one of --shape)")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="after the timed steps each configuration saves a checkpoint, and fresh ranks resume it: "
+                        "its files, the save's memory, the resumed step's loss against the uninterrupted one")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.model is None:
@@ -238,6 +307,17 @@ def main() -> None:
               f"{r['loss_tokens_per_s']:>11,.0f} {r['forward_tokens_per_s']:>10,.0f} {r['padding_frac']:>8.3f} "
               f"{ratio:>9}  {r['peak_rss_mib_per_rank']}")
     ok = [r for r in results if "error" not in r]
+    for r in ok:
+        if "checkpoint" in r:
+            print(f"checkpoint of {r['config']} {r['variant']}: {json.dumps(r['checkpoint'])}")
+    rss_two_vs_one = {}
+    for one in (r for r in ok if r["ranks"] == 1):  # the same step on two ranks of the same backend
+        two = next((r for r in ok if r["ranks"] == 2 and r["variant"] == one["variant"]
+                    and CONFIGS[r["config"]][:2] == CONFIGS[one["config"]][:2]), None)
+        if two:
+            ratio = max(two["peak_rss_mib_per_rank"]) / one["peak_rss_mib_per_rank"][0]
+            rss_two_vs_one[f"{two['config']}/{one['config']} {one['variant']}"] = ratio
+            print(f"peak RSS per rank, {two['config']} against {one['config']} ({one['variant']}): {ratio:.2f}x")
     summary = {}
     if ok:
         mine = [r for r in ok if r["config"] == ok[0]["config"]]
@@ -245,6 +325,10 @@ def main() -> None:
         summary = {"tokens_per_s": last["loss_tokens_per_s"], "padding_frac": last["padding_frac"],
                    "peak_rss_gib_per_rank": [m / 1024 for m in last["peak_rss_mib_per_rank"]],
                    "ranks": last["ranks"], "shape": args.shape, "lengths": args.lengths, "variant": last["variant"]}
+        if rss_two_vs_one:
+            summary["peak_rss_two_vs_one_rank"] = rss_two_vs_one
+        if "checkpoint" in last:
+            summary["checkpoint"] = last["checkpoint"]
         before = next((r for r in mine if r["variant"] == "before"), None)
         if before:
             summary["vs_before"] = {r["variant"]: r["loss_tokens_per_s"] / before["loss_tokens_per_s"] for r in mine}

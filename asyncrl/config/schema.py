@@ -262,8 +262,26 @@ class SyncConfig(_Section):
     on a loaded machine). Past it the run stops with one line naming this field."""
     probe_every: int = Field(0, ge=0)
     """Check actor/learner logprob parity every this many pushes (0: never)."""
-    probe_tolerance: float = Field(1e-4, gt=0)
-    """Parity tolerance in nats; a larger gap raises."""
+    probe_tolerance: float | None = Field(None, gt=0)
+    """Parity tolerance in nats; a larger gap raises. None: from the learner's and the engines'
+    dtypes, each side's measured rounding floor added up (`parity_tolerance`): 1e-4 with both in
+    float32, 0.28 with one side in bf16, 0.56 with both (a bf16 probe catches a push that did not
+    apply only where it moved some logprob by more than that)."""
+
+
+# The largest per-token gap between a model's logprobs in this dtype and in float32, in nats, as
+# the parity probe scores a sample (teacher-forced, the model's own head), measured with
+# tools/parity_floor.py (docs/guides/sync-modes.md). bfloat16: 0.276 on the tiny agent's model
+# (7,606 tokens of its own samples; 0.080 on the tiny model's 3,432), rounded up. float16 keeps 3
+# more mantissa bits and takes bf16's floor as a bound. float32: two float32 implementations agree
+# to ~1e-6; 5e-5 a side keeps the 1e-4 that every float32 test holds.
+ROUNDING_FLOOR_NATS = {"float32": 5e-5, "bfloat16": 0.28, "float16": 0.28, "float64": 5e-5}
+
+
+def parity_tolerance(learner_dtype: str, engine_dtype: str) -> float:
+    """The parity probe's tolerance between a learner computing in `learner_dtype` and engines in
+    `engine_dtype`: each side's rounding floor, added (each may round the other way)."""
+    return ROUNDING_FLOOR_NATS[learner_dtype] + ROUNDING_FLOOR_NATS[engine_dtype]
 
 
 class ObserveConfig(_Section):
@@ -385,6 +403,11 @@ class Config(_Section):
     @property
     def engine_dtype(self) -> str:
         return self.rollout.dtype or self.model.dtype
+
+    @property
+    def parity_tolerance(self) -> float:
+        """sync.probe_tolerance, else the one the learner's and the engines' dtypes give."""
+        return self.sync.probe_tolerance or parity_tolerance(self.model.dtype, self.engine_dtype)
 
     @property
     def longest_response(self) -> int:

@@ -117,7 +117,8 @@ def start_processes(cfg: Config, model_path: str, base_model: str, endpoint: str
     learner = LearnerGroup(cfg, model_path, locate=locate)
     pool = ActorPool(cfg, base_model, endpoint)
     weight_sync = WeightSync(cfg.sync, learner, pool, fake_engines=cfg.rollout.engine == "fake",
-                             tensor_parallel_size=cfg.rollout.tensor_parallel_size)
+                             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+                             probe_tolerance=cfg.parity_tolerance)
     pool.start(cfg.rollout.num_actors)  # the engines start while the ranks load the model
     return Processes(learner, pool, weight_sync)
 
@@ -150,12 +151,11 @@ def form_weight_sync_group(cfg: Config, weight_sync: WeightSync) -> None:
 
 def check_parity(cfg: Config, weight_sync: WeightSync, probe_ids: list[int] | None, version: int) -> float | None:
     """The logprob-parity probe on a sample's ids, after a push that replaced newer weights (one
-    that silently did not apply would go on from the newer weights). With engines of another
-    dtype than the learner, rounding alone gives gaps of ~1e-3, so the tolerance is wider there."""
+    that silently did not apply would go on from the newer weights), within the tolerance the
+    dtypes allow (Config.parity_tolerance)."""
     if not probe_ids or cfg.rollout.engine == "fake":
         return None
-    same = cfg.engine_dtype == cfg.model.dtype
-    return weight_sync.check_parity(probe_ids, cfg.sync.probe_tolerance if same else 0.05, version)
+    return weight_sync.check_parity(probe_ids, cfg.parity_tolerance, version)
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,9 @@ class WeightSync:
     """Called with the version before each push attempt (tracing; tools/fault_matrix.py injects faults)."""
 
     def __init__(self, cfg: SyncConfig, learner: LearnerGroup, pool: ActorPool, fake_engines: bool = False,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, probe_tolerance: float = 1e-4):
         self.cfg, self.learner, self.pool = cfg, learner, pool
+        self.probe_tolerance = probe_tolerance  # Config.parity_tolerance: sync.probe_tolerance or the dtypes' own
         self.tensor_parallel_size = tensor_parallel_size  # each engine's workers, all in the group
         self.fake_engines = fake_engines  # fake engines load nothing: no group, no bytes
         self.members, self.pushes, self.before_push = [], 0, []
@@ -120,7 +121,7 @@ class WeightSync:
         every = self.cfg.probe_every
         if every and self.pushes % every == 0 and probe_ids and self.pool.ids:
             try:
-                out["sync/probe_max_abs_diff"] = self.check_parity(probe_ids, self.cfg.probe_tolerance, version)
+                out["sync/probe_max_abs_diff"] = self.check_parity(probe_ids, self.probe_tolerance, version)
             except RuntimeError as e:
                 on_parity_failure(str(e))
                 raise

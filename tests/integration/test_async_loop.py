@@ -32,7 +32,7 @@ def finished_run(tmp_path_factory, tiny_model_path):
         probe = orch.driver.probe_ids
         after = {
             "learner_fp": orch.learner.param_fingerprint().result(),
-            "probe_gap": orch.weight_sync.check_parity(probe, orch.cfg.sync.probe_tolerance, orch.version),
+            "probe_gap": orch.weight_sync.check_parity(probe, orch.cfg.parity_tolerance, orch.version),
             "probe": [ray.get(orch.pool.actors[a].prompt_logprobs.remote(probe)) for a in orch.pool.ids],
             "learner_probe": orch.learner.prompt_logprobs(probe).result(),
             "actor_stats": orch.pool.stats(),

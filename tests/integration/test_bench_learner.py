@@ -27,3 +27,20 @@ def test_the_learner_bench_compares_its_variants_and_ends_in_its_json_line(tmp_p
     assert 0 < summary["peak_rss_gib_per_rank"][0] < 8
     padded = next(r for r in json.loads(out.read_text())["results"] if r["variant"] == "before")
     assert padded["padding_frac"] > 0.2  # responses of 1 to 1,024 tokens, four or so to a micro-batch
+
+
+def test_the_checkpoint_check_resumes_two_ranks_on_the_uninterrupted_losses():
+    """--checkpoint on two FSDP2 ranks: each writes its own shard of the moments, the save grows
+    no rank's memory by the whole optimizer state, and fresh ranks resumed from the checkpoint
+    compute the uninterrupted run's next two losses exactly (the second after an Adam update)."""
+    proc = subprocess.run([sys.executable, "tools/bench_learner.py", "--configs", "torch-2", "--shape", "tiny",
+                           "--budget", "256", "--steps", "1", "--warmup", "0", "--cores", "2", "--checkpoint"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ckpt = json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
+    assert sorted(ckpt["state_files_mib"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    halves = [ckpt["state_files_mib"]["__0_0.distcp"], ckpt["state_files_mib"]["__1_0.distcp"]]
+    assert abs(sum(halves) - ckpt["full_optimizer_state_mib"]) <= 0.5 and min(halves) > 0.3 * sum(halves)
+    assert all(growth < ckpt["full_optimizer_state_mib"] for growth in ckpt["save_rss_growth_mib"])
+    assert len(ckpt["loss_after_resumed"]) == 2 and ckpt["loss_after_resumed"][0] != ckpt["loss_after_resumed"][1]
+    assert ckpt["resumed_loss_equal"] and ckpt["loss_after_resumed"] == ckpt["loss_after_uninterrupted"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from asyncrl.config import SyncConfig
+from asyncrl.config.schema import parity_tolerance
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.vllm_engine import VLLMEngine
@@ -245,11 +245,11 @@ def test_an_episode_across_a_push_reproduces_the_engine_logprobs_of_each_turn_in
                 checked += 1
     assert checked > 30 and stops > 6
     # the same ids through the engine's prefill now (version 1) and the trainer's forward agree
-    # within the weight sync's parity tolerance (sync.probe_tolerance): the sample is exactly the
+    # within the weight sync's float32 parity tolerance (Config.parity_tolerance): the sample is exactly the
     # token sequence the engine ran, observations included, with nothing re-tokenized
     for s in samples[:3]:
         ids, n = list(s.prompt_ids) + list(s.response_ids), len(s.prompt_ids)
         engine_lp = torch.tensor(loop.run_until_complete(engine.prompt_logprobs(ids)), dtype=torch.float64)[n - 1:]
         trainer_lp = hf_logprobs(model, ids)[n - 1:]
         model_tokens = torch.tensor(s.loss_mask, dtype=torch.bool)
-        assert (engine_lp - trainer_lp)[model_tokens].abs().max() < SyncConfig().probe_tolerance
+        assert (engine_lp - trainer_lp)[model_tokens].abs().max() < parity_tolerance("float32", "float32")

@@ -65,10 +65,10 @@ def runs(tmp_path_factory, tiny_model_path):
 def test_the_second_run_takes_over_the_processes_and_starts_from_the_base_model(runs):
     first, second, (first_cfg, second_cfg), (ended, base), _ = runs
     start = [e for e in events(second_cfg) if e["event"] == "start"][0]
-    assert start["warm"] is True and start["parity_max_abs_diff"] <= second_cfg.sync.probe_tolerance
+    assert start["warm"] is True and start["parity_max_abs_diff"] <= second_cfg.parity_tolerance
     # the first run moved the policy well past the probe's tolerance: an engine left with its final
     # weights would have failed the probe
-    assert max(abs(a - b) for a, b in zip(ended, base)) > 100 * second_cfg.sync.probe_tolerance
+    assert max(abs(a - b) for a, b in zip(ended, base)) > 100 * second_cfg.parity_tolerance
     assert [row["step"] for row in second.history] == list(range(1, STEPS + 1))
     assert [row["learner/version"] for row in second.history] == list(range(1, STEPS + 1))
     assert events(second_cfg)[-1]["status"] == "finished" and events(first_cfg)[-1]["status"] == "finished"

@@ -154,3 +154,15 @@ def test_decoupled_ppo_caps_its_importance_weight_by_default_and_warns_without_a
     with pytest.warns(UserWarning, match="nothing bounds its update"):
         assert load_config(None, ["algo.decoupled=true", "algo.is_weight_cap=null"]).algo.is_weight_cap is None
     assert load_config(None, []).algo.decoupled is False  # the default: no decoupled weight, no error
+
+
+def test_the_parity_tolerance_adds_each_side_s_rounding_floor_unless_set():
+    from asyncrl.config.schema import ROUNDING_FLOOR_NATS
+
+    assert load_config(DEFAULT_CONFIG).parity_tolerance == pytest.approx(1e-4)  # float32 learner and engines
+    bf16 = ROUNDING_FLOOR_NATS["bfloat16"]
+    both = load_config(DEFAULT_CONFIG, ["model.dtype=bfloat16"])
+    assert both.engine_dtype == "bfloat16" and both.parity_tolerance == pytest.approx(2 * bf16)
+    mixed = load_config(DEFAULT_CONFIG, ["rollout.dtype=bfloat16"])
+    assert mixed.parity_tolerance == pytest.approx(bf16 + 5e-5)
+    assert load_config(DEFAULT_CONFIG, ["model.dtype=bfloat16", "sync.probe_tolerance=0.01"]).parity_tolerance == 0.01
