@@ -17,7 +17,9 @@ Parts, each under its own time limit; a part that fails is recorded and the next
     hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151936, tied
     embeddings) through a real `LearnerRank` (torch backend, policy step, batches over zmq),
     bf16 compute over float32 master weights: loss tokens/s, peak memory, and model FLOPs
-    utilisation against the card's dense bf16 peak (the table below, by device name);
+    utilisation against the card's dense bf16 peak (the table below, by device name); then one
+    step more timed by phase (`phase_s`: body forward, LM head, backward, optimizer;
+    asyncrl/learner/phases.py), which every case of (f) reports too;
 (c) the NCCL sender's packing throughput on the same model's weights (CUDA, cast to bf16 as a
     push to bf16 engines is): the learner's own push path into a group that drops the bytes,
     so it measures packing alone (one GPU cannot hold two NCCL ranks);
@@ -174,6 +176,7 @@ def run_case(case: Case, tmp: Path, cuda: bool, calibrated: float | None = None,
     import torch
 
     from asyncrl.config import AlgoConfig, LearnerConfig
+    from asyncrl.learner.phases import timing_phases
     from asyncrl.learner.rank import LearnerRank
     from asyncrl.transport.codec import encode_batch
     from asyncrl.transport.zmq_stream import FrameSender
@@ -207,6 +210,17 @@ def run_case(case: Case, tmp: Path, cuda: bool, calibrated: float | None = None,
             times.append(time.perf_counter() - start)
             rows.append(metrics)
             flops.append(model_flops(cfg, num_params, [c.num_tokens for c in chunks], loss_tokens))
+    # one step more with its phases timed (each phase synchronizes the device: not in the figures above)
+    step = case.warmup + case.steps + 1
+    chunks_p = step_chunks(step, case.seqs, case.prompt_len, case.response_len, cfg.vocab_size, case.lengths,
+                           case.budget)
+    phase_tokens = sum(c.num_loss_tokens for c in chunks_p)
+    sender.send(encode_batch(Batch(step=step, rank=0, chunks=chunks_p, num_loss_tokens_global=phase_tokens,
+                                   num_sequences_global=len(chunks_p), token_budget=phase_tokens)))
+    start = time.perf_counter()
+    with timing_phases() as phase_s:
+        learner.train_step(step)
+    phases_total = time.perf_counter() - start
     sender.close()
     step_s = sorted(times)[len(times) // 2]
     seconds, total_flops = sum(times), sum(flops)
@@ -234,6 +248,7 @@ def run_case(case: Case, tmp: Path, cuda: bool, calibrated: float | None = None,
         "peak_mem_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None,
         "loss_first_last": [rows[0]["loss/total"], rows[-1]["loss/total"]],
         "grad_norm_last": rows[-1]["learner/grad_norm"],
+        "phase_s": {k: round(v, 4) for k, v in phase_s.items()}, "phase_step_s": round(phases_total, 4),
     }
     if masters != {"torch.float32"}:
         out.update(ok=False, error=f"master weights are {masters}, not float32")

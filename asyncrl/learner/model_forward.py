@@ -15,6 +15,7 @@ import torch
 
 from asyncrl.algo.token_stats import token_logprobs_and_entropy_from_hidden
 from asyncrl.learner.collate import MicroBatch
+from asyncrl.learner.phases import phase
 
 
 @dataclass
@@ -35,11 +36,13 @@ def policy_forward(model: torch.nn.Module, mb: MicroBatch, chunk: int, device: t
     engine, has a `config` of its own, so its learner says). `recompute_head` and `head_fp32`:
     learner.recompute_head and learner.head_dtype (TokenHead)."""
     kwargs = {"output_router_logits": True} if (is_moe(model) if moe is None else moe) else {}
-    out = model(**mb.model_inputs(device), output_hidden_states=True, logits_to_keep=1, **kwargs)
-    hidden = out.hidden_states[-1][mb.rows.to(device), mb.cols.to(device)]  # [T, H], after the final norm
+    with phase("forward"):
+        out = model(**mb.model_inputs(device), output_hidden_states=True, logits_to_keep=1, **kwargs)
+        hidden = out.hidden_states[-1][mb.rows.to(device), mb.cols.to(device)]  # [T, H], after the final norm
     token_head = getattr(model, "token_head", None) or TokenHead(model.get_output_embeddings())
-    logp, entropy = token_head(hidden, mb.targets.to(device), mb.temperatures.to(device), chunk,
-                               recompute=recompute_head, fp32=head_fp32)
+    with phase("head"):
+        logp, entropy = token_head(hidden, mb.targets.to(device), mb.temperatures.to(device), chunk,
+                                   recompute=recompute_head, fp32=head_fp32)
     return TokenForward(logp, entropy, getattr(out, "router_logits", None) if kwargs else None)
 
 

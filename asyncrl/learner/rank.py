@@ -50,6 +50,7 @@ from asyncrl.learner.hf_files import meta_params, save_hf_model
 from asyncrl.learner.sharded_load import load_own_rows, meta_model, missing_from_files
 from asyncrl.learner.model_forward import packing_is_exact
 from asyncrl.learner.packed_attention import use_packed_attention
+from asyncrl.learner.phases import phase
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.learner.routers import use_fp32_routers
 from asyncrl.learner.step import PolicyStep, moe_shape
@@ -160,7 +161,8 @@ class LearnerRank:
         reset the reference if a trigger fires (`reset_reference`: a request from the operator)."""
         t0 = time.monotonic()
         metrics = self._accumulate(step)
-        grad_norm = self.backend.step(self.cfg.grad_clip)
+        with phase("optimizer"):
+            grad_norm = self.backend.step(self.cfg.grad_clip)
         self.version += 1
         metrics.update({
             "learner/grad_norm": grad_norm,
@@ -256,10 +258,11 @@ class LearnerRank:
         return float(sum(p.double().abs().sum() for _, p in self.backend.named_full_params()))
 
     def answer_storage_probe(self, probe: str, answer: str, token: str) -> str:
-        """Rank 0: if the file `probe` (the driver's) holds `token`, write it to `answer`; this
-        node's address either way (the storage contract, orchestrator/checkpoint.py)."""
-        if self.rank == 0 and Path(probe).is_file() and Path(probe).read_text() == token:
-            Path(answer).write_text(token)
+        """If the file `probe` (the driver's) holds `token`, write it to `<answer>.<rank>`; this
+        node's address either way (the storage contract, orchestrator/checkpoint.py: every rank
+        writes its own shards of a checkpoint)."""
+        if Path(probe).is_file() and Path(probe).read_text() == token:
+            Path(f"{answer}.{self.rank}").write_text(token)
         return own_address()
 
     def save(self, path: str) -> str:

@@ -28,6 +28,7 @@ from asyncrl.learner.model_forward import is_moe, policy_forward
 from asyncrl.learner.policy_step import (MoeStep, forward_backward, fractions, m2po_log_ratios, measure_pass, padding_loss,
                                          routed_positions)
 from asyncrl.learner.proximal import ProximalLogprobs
+from asyncrl.learner.phases import phase
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.types import Batch
 
@@ -113,13 +114,17 @@ class PolicyStep:
         self._padding(pad, grad=True, moe=moe)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
                                    ref_logprobs=self._reference_logprobs if self.reference else None,
-                                   proximal=proximal, moe=moe, backward=self.backend.backward,
+                                   proximal=proximal, moe=moe, backward=self._backward,
                                    reduce=collectives.all_reduce_tally if self.distributed else None, m2po_cut=cut,
                                    version=version if self.cfg.offpolicy_metrics else None,
                                    max_response_tokens=self.max_response_tokens)
         self.entropy.observe(metrics["entropy/learner"], metrics["learner/loss_tokens"])
         return {**metrics, **ctl_metrics, **self._rank_metrics(batch.chunks, mbs),
                 "entropy/coef": alpha, "learner/opens_rollout_batch": float(batch.role != "continue")}
+
+    def _backward(self, loss) -> None:
+        with phase("backward"):
+            self.backend.backward(loss)
 
     # -- forwards -------------------------------------------------------------------------------
 
@@ -155,7 +160,7 @@ class PolicyStep:
             if grad and self.reference is not None and self.reference.sharded:
                 self._reference_logprobs(mb)  # a real micro-batch's gathers come in this order
             if grad:
-                self.backend.backward(padding_loss(out, self.algo, moe))
+                self._backward(padding_loss(out, self.algo, moe))
 
     # -- the no-grad passes -----------------------------------------------------------------------
 

@@ -6,7 +6,8 @@
                             stage tracker, pass rates, online-filter exclusions, metrics history
         config.yaml         the resolved config the run had
         learner/policy/     the policy in Hugging Face format (loads in transformers and vLLM)
-        learner/learner.pt  optimizer, reference policy, algorithm state, version, torch RNG
+        learner/state/      Adam's moments and the reference policy, each learner rank's shards
+        learner/learner.pt  optimizer step count, algorithm state, version, torch RNG
         COMPLETE            written last, with the step: a directory without it is not a checkpoint
 
 A checkpoint is assembled in `.tmp_step_<N>/` and renamed into place once complete, so a crash
@@ -14,10 +15,10 @@ while writing leaves a temporary directory (removed by the next writer), never a
 under a real name. Only the newest `keep` are kept. Nothing here knows Ray: the orchestrator has
 the learner write its part into `learner/` of the temporary directory, then calls `commit`.
 
-The storage contract: the run directory is one directory that the driver and learner rank 0
-both see (the same machine, or storage every node mounts at the same path). The learner writes
+The storage contract: the run directory is one directory that the driver and every learner rank
+see (the same machine, or storage every node mounts at the same path). The learner writes
 its checkpoint part, `final/` and its logs there and the driver renames, prunes and resumes from
-it, so a run checks at start that rank 0 reads a probe the driver wrote (`check_shared`, exit 2
+it, so a run checks at start that every rank reads a probe the driver wrote (`check_shared`, exit 2
 with the requirement otherwise); `commit` refuses a checkpoint whose learner part is not there,
 and `resume=auto` over checkpoints none of which is whole is an error, never a fresh start.
 """
@@ -74,24 +75,29 @@ def snapshot(state: dict[str, Any]) -> dict[str, Any]:
     return msgpack.unpackb(msgpack.packb(state, use_bin_type=True), raw=False, strict_map_key=False)
 
 
-def check_shared(run_dir: Path, answer: Callable[[str, str, str], str]) -> None:
-    """ConfigError unless learner rank 0 sees this run directory: the driver writes a probe, and
-    `answer(probe, answer_path, token)` (rank 0's, returning its node address) must read it and
-    write the token to the answer file, which the driver must then read."""
+def check_shared(run_dir: Path, answer: Callable[[str, str, str], list[str]]) -> None:
+    """ConfigError unless every learner rank sees this run directory: the driver writes a probe,
+    and `answer(probe, answer_prefix, token)` (every rank's, returning their node addresses in rank
+    order) must read it and write the token to `<answer_prefix>.<rank>`, which the driver must then
+    read. Rank 0 writes the policy files and `learner.pt`; every rank writes its shards of the
+    optimizer state and the reference (`learner/state/`)."""
     token = os.urandom(8).hex()
     probe, reply = run_dir / PROBE_FILE, run_dir / PROBE_ANSWER
     run_dir.mkdir(parents=True, exist_ok=True)
     probe.write_text(token)
-    reply.unlink(missing_ok=True)
     try:
-        node = answer(str(probe), str(reply), token)
-        answered = reply.is_file() and reply.read_text() == token
+        nodes = answer(str(probe), str(reply), token)
+        seen = [Path(f"{reply}.{rank}") for rank in range(len(nodes))]
+        blind = [(rank, node) for rank, (node, path) in enumerate(zip(nodes, seen))
+                 if not (path.is_file() and path.read_text() == token)]
     finally:
         probe.unlink(missing_ok=True)
-        reply.unlink(missing_ok=True)
-    if not answered:
-        raise ConfigError(f"the run directory {run_dir} is not shared with learner rank 0's node ({node}): the "
-                          "learner writes checkpoints, final/ and its logs there and the driver must see them, or "
+        for path in run_dir.glob(f"{PROBE_ANSWER}.*"):
+            path.unlink(missing_ok=True)
+    if blind:
+        who = ", ".join(f"rank {rank} ({node})" for rank, node in blind)
+        raise ConfigError(f"the run directory {run_dir} is not shared with the node of learner {who}: the "
+                          "learner ranks write checkpoints, final/ and logs there and the driver must see them, or "
                           "resume would silently lose the run. Put observe.output_dir on storage every node mounts "
                           "at the same path (NFS, a shared volume), or run the learner on the driver's node "
                           "(learner.resources)")

@@ -150,11 +150,14 @@ class LearnerGroup:
 
     # -- files ----------------------------------------------------------------------------------
 
-    def answer_storage_probe(self, probe: str, answer: str, token: str) -> str:
-        """Rank 0 copies `token` from the file `probe` to `answer` if it sees it; its node address.
-        The run's first wait on the ranks: one that could not start is a one-line RunFailed here."""
+    def answer_storage_probe(self, probe: str, answer: str, token: str) -> list[str]:
+        """Every rank copies `token` from the file `probe` to `<answer>.<rank>` if it sees it; their
+        node addresses, in rank order. The run's first wait on the ranks: one that could not start
+        is a one-line RunFailed here."""
         try:
-            return self._all("answer_storage_probe", probe, answer, token).result()
+            call = self._all("answer_storage_probe", probe, answer, token)
+            call.result()
+            return ray.get(call.refs)
         except ray.exceptions.RayError as e:
             raise RunFailed(f"a learner rank could not start: {start_failure(e)}") from None
 

@@ -4,6 +4,7 @@ is the JSON the benchmark page quotes (packed: no padding; before: the padding R
 lengths makes)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,20 @@ def test_the_checkpoint_check_resumes_two_ranks_on_the_uninterrupted_losses():
     assert all(growth < ckpt["full_optimizer_state_mib"] for growth in ckpt["save_rss_growth_mib"])
     assert len(ckpt["loss_after_resumed"]) == 2 and ckpt["loss_after_resumed"][0] != ckpt["loss_after_resumed"][1]
     assert ckpt["resumed_loss_equal"] and ckpt["loss_after_resumed"] == ckpt["loss_after_uninterrupted"]
+
+
+def test_the_baseline_variant_runs_the_learner_of_the_checkout_it_is_given(tmp_path):
+    """--baseline-src: the ranks of the variant `baseline` import asyncrl from that checkout (here
+    a copy of this one's package), the other variants from this one, and ratios are against it."""
+    shutil.copytree(ROOT / "asyncrl", tmp_path / "base" / "asyncrl", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "tools/bench_learner.py", "--configs", "torch-1", "--shape", "tiny",
+                           "--variants", "baseline", "packed", "--baseline-src", str(tmp_path / "base"),
+                           "--budget", "256", "--steps", "1", "--warmup", "0", "--cores", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    srcs = {r["variant"]: r["src"] for r in json.loads(out.read_text())["results"]}
+    assert srcs == {"baseline": str(tmp_path / "base"), "packed": str(ROOT)}
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["vs_baseline"]["baseline"] == 1.0 and summary["vs_baseline"]["packed"] > 0
+    assert "vs baseline" in proc.stdout

@@ -22,6 +22,10 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     assert learner["param_dtypes"] == ["torch.float32"] and learner["compute_dtype"] == "bfloat16"
     assert learner["loss_tokens_per_step"] == 4 * 16 and learner["steps_timed"] == 2
     assert learner["loss_tokens_per_s"] > 0 and learner["mfu"] is None  # no peak on CPU
+    # a step more, timed by phase: each phase took time, and together no more than the step
+    assert set(learner["phase_s"]) == {"forward", "head", "backward", "optimizer"}
+    assert all(t > 0 for t in learner["phase_s"].values())
+    assert sum(learner["phase_s"].values()) <= learner["phase_step_s"]
     assert packing["engine_dtype"] == "torch.bfloat16"
     assert packing["num_bytes"] == 2 * learner["params"]  # every parameter once, cast to bf16
     assert (tmp_path / "gpu_check_pytest.txt").is_file()

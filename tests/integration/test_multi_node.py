@@ -172,7 +172,7 @@ def test_a_learner_node_without_the_run_directory_stops_the_run_at_start(cluster
                      "learner.resources={private_node: 1}", "rollout.resources={rollout_node: 1}")
     orch = Orchestrator(cfg)
     try:
-        with pytest.raises(ConfigError, match="is not shared with learner rank 0's node"):
+        with pytest.raises(ConfigError, match="is not shared with the node of learner rank 0"):
             orch.run()
     finally:
         orch.shutdown()

@@ -81,19 +81,23 @@ def test_resume_auto_over_only_broken_checkpoints_is_an_error_not_a_fresh_start(
     assert said[-1].startswith("resume=auto: no checkpoint in")
 
 
-def test_the_storage_probe_passes_when_rank_0_sees_the_run_directory_and_names_the_node_when_not(tmp_path):
+def test_the_storage_probe_passes_when_every_rank_sees_the_run_directory_and_names_those_that_do_not(tmp_path):
     from pathlib import Path
 
-    def shared(probe, answer, token):  # rank 0 on the driver's filesystem
-        Path(answer).write_text(Path(probe).read_text())
-        return "10.0.0.7"
+    def ranks(sees):  # learner ranks on the driver's filesystem (True) or a node with its own disk
+        def answer(probe, prefix, token):
+            for rank, shared in enumerate(sees):
+                if shared and Path(probe).read_text() == token:
+                    Path(f"{prefix}.{rank}").write_text(token)
+            return [f"10.0.0.{7 + rank}" for rank in range(len(sees))]
+        return answer
 
-    checkpoint.check_shared(tmp_path / "run", shared)
+    checkpoint.check_shared(tmp_path / "run", ranks([True, True]))
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == []  # the probe files are gone
-
-    def private(probe, answer, token):  # rank 0 on a node with its own disk: sees no probe
-        return "10.0.0.7"
-
-    with pytest.raises(ConfigError, match=f"the run directory {tmp_path / 'run'} is not shared with learner rank 0's "
-                                          "node \\(10.0.0.7\\): .* Put observe.output_dir on storage every node mounts"):
-        checkpoint.check_shared(tmp_path / "run", private)
+    with pytest.raises(ConfigError, match=f"the run directory {tmp_path / 'run'} is not shared with the node of "
+                                          "learner rank 0 \\(10.0.0.7\\): .* Put observe.output_dir on storage"):
+        checkpoint.check_shared(tmp_path / "run", ranks([False]))
+    # rank 1 alone on another node: rank 0 writes the policy, but rank 1's optimizer shards would be lost
+    with pytest.raises(ConfigError, match="learner rank 1 \\(10.0.0.8\\):"):
+        checkpoint.check_shared(tmp_path / "run", ranks([True, False]))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == []
