@@ -5,6 +5,7 @@ shape, length distribution and learner settings.
                                   [--shape tiny|llama|qwen2.5-0.5b|qwen2.5-1.5b|qwen3-4b] [--lengths fixed|rl]
                                   [--variants before packed one-pass-head] [--rounds 2]
                                   [--activation-checkpointing] [--checkpoint]
+                                  [--variants baseline packed --baseline-src DIR]
                                   [--budget 1024 --steps 3]
 
 Every configuration runs real `LearnerRank`s in their own processes, joined in a gloo group
@@ -18,16 +19,19 @@ uses `--cores` torch threads, each of two ranks half of them. Warm-up steps are 
 `--variants` are settings of the same learner, each run in every round, in alternating order:
 `before`: the learner as it was before packing and the one-pass head (padded micro-batches, the
 head recomputed in backward: learner.pack_sequences=false); `packed`: the default config (packed
-micro-batches, learner/collate.py); `one-pass-head`: packed and learner.recompute_head=false,
-as the GPU recipes run. Each variant's loss tokens/s is printed against `before`'s, the baseline
-measured in the same run. The last line is JSON: tokens_per_s (loss tokens), padding_frac,
-peak_rss_gib_per_rank, ranks and shape of the first configuration's last variant, and
-`vs_before` (each variant's ratio) when `before` ran, `peak_rss_two_vs_one_rank` when one and two
-ranks of a backend ran (the busier rank's peak over the one rank's, on the same steps), and with
-`--checkpoint` what the checkpoint check found: a save after the timed steps, two steps more, and
-the same two again on fresh ranks resumed from the save (`resumed_loss_equal`: the second step's
-parameters came from an update with the restored Adam moments), with each rank's
-growth of peak memory during the save against the size of the whole optimizer state.
+micro-batches, learner/collate.py); `one-pass-head`: packed and learner.recompute_head=false, as
+the GPU recipes run; `baseline`: another commit's learner with that commit's defaults, from a
+checkout of it (`--baseline-src`, e.g. `git worktree add ../base COMMIT`): the honest "before",
+every other change of the learner included. Each variant's loss tokens/s is printed against
+`baseline`'s when it ran, else `before`'s: a baseline measured in the same run. The last line is
+JSON: tokens_per_s (loss tokens), padding_frac, peak_rss_gib_per_rank, ranks and shape of the
+first configuration's last variant; `vs_before` / `vs_baseline` (each variant's ratio, and its
+rounds) when that variant ran; `peak_rss_two_vs_one_rank` when one and two ranks of a backend ran
+(the busier rank's peak over the one rank's, on the same steps); and with `--checkpoint` what the
+checkpoint check found: a save after the timed steps, two steps more, and the same two again on
+fresh ranks resumed from the save (`resumed_loss_equal`: the second step's parameters came from
+an update with the restored Adam moments), with each rank's growth of peak memory during the
+save against the size of the whole optimizer state.
 
 How to read two ranks on a CPU machine: they split the same cores, so they cannot be faster than
 one rank; what the ratio shows is the price of sharding (FSDP2's per-layer all-gathers and
@@ -45,6 +49,7 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -125,7 +130,8 @@ def step_chunks(step: int, budget: int, kind: str = "fixed"):
 
 VARIANTS = {"before": dict(pack_sequences=False, recompute_head=True),
             "packed": dict(pack_sequences=True, recompute_head=True),
-            "one-pass-head": dict(pack_sequences=True, recompute_head=False)}
+            "one-pass-head": dict(pack_sequences=True, recompute_head=False),
+            "baseline": {}}  # --baseline-src's learner, with that commit's defaults
 
 
 def rank_main(rank: int, world: int, port: int, args, config: str, variant: str, out: str,
@@ -141,9 +147,11 @@ def rank_main(rank: int, world: int, port: int, args, config: str, variant: str,
     from asyncrl.types import Batch
 
     backend, stage, _ = CONFIGS[config]
-    cfg = LearnerConfig(backend=backend, num_ranks=world, deepspeed={"stage": stage}, num_threads=args.cores // world,
-                        micro_batch_tokens=args.micro_batch_tokens,
-                        activation_checkpointing=args.activation_checkpointing, **VARIANTS[variant])
+    fields = dict(backend=backend, num_ranks=world, deepspeed={"stage": stage}, num_threads=args.cores // world,
+                  micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
+                  **VARIANTS[variant])
+    # another commit's learner (--baseline-src) may not know this one's newer fields: they are left out
+    cfg = LearnerConfig(**{k: v for k, v in fields.items() if k in LearnerConfig.model_fields})
     learner = LearnerRank(f"{resume}/policy" if resume else args.model, cfg, AlgoConfig(), rank=rank,
                           world_size=world, group_address=f"127.0.0.1:{port}")
     sender = FrameSender(learner.batch_endpoint())
@@ -174,8 +182,12 @@ def rank_main(rank: int, world: int, port: int, args, config: str, variant: str,
         if step > args.warmup:
             times.append(time.perf_counter() - t0)
             tokens += sum(c.num_tokens for c in chunks)
-            padding.append(result.metrics["learner/padding_frac"])
-    doc = {"times": times, "tokens": tokens, "rss_mib": peak_rss_mib(), "padding_frac": sum(padding) / len(padding)}
+            padding.append(result.metrics.get("learner/padding_frac"))  # absent before the metric was
+    known = [x for x in padding if x is not None]
+    import asyncrl
+
+    doc = {"times": times, "tokens": tokens, "rss_mib": peak_rss_mib(), "src": str(Path(asyncrl.__file__).parents[1]),
+           "padding_frac": sum(known) / len(known) if known else None}
     if args.checkpoint:
         t0 = time.perf_counter()
         learner.save_checkpoint(f"{out}-ckpt")
@@ -228,14 +240,20 @@ def checkpoint_check(args, config: str, variant: str, out: str, ranks: list[dict
 def run_config(args, config: str, variant: str, tmp: Path) -> dict:
     world = CONFIGS[config][2]
     out = str(tmp / f"{config}-{variant}")
-    codes = spawn_ranks(world, rank_main, args, config, variant, out)
+    if variant == "baseline":  # the ranks import asyncrl from that checkout: spawned children get this sys.path
+        sys.path.insert(0, args.baseline_src)
+    try:
+        codes = spawn_ranks(world, rank_main, args, config, variant, out)
+    finally:
+        if variant == "baseline":
+            sys.path.remove(args.baseline_src)
     if any(codes):
         return {"config": config, "variant": variant, "error": f"rank exit codes {codes}"}
     ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
     seconds = sum(ranks[0]["times"])
     result = {"config": config, "variant": variant, "ranks": world, "seconds": seconds,
               "steps": len(ranks[0]["times"]), "tokens": ranks[0]["tokens"], "padding_frac": ranks[0]["padding_frac"],
-              "peak_rss_mib_per_rank": [round(r["rss_mib"]) for r in ranks]}
+              "peak_rss_mib_per_rank": [round(r["rss_mib"]) for r in ranks], "src": ranks[0]["src"]}
     if args.checkpoint:
         result["checkpoint"] = checkpoint_check(args, config, variant, out, ranks)
     return result
@@ -250,7 +268,7 @@ def pooled(runs: list[dict], budget: int) -> dict:
             "forward_tokens_per_s": sum(r["tokens"] for r in runs) / seconds, "padding_frac": first["padding_frac"],
             "peak_rss_mib_per_rank": [max(r["peak_rss_mib_per_rank"][i] for r in runs) for i in range(first["ranks"])],
             "round_loss_tokens_per_s": [budget * r["steps"] / r["seconds"] for r in runs],
-            **({"checkpoint": runs[-1]["checkpoint"]} if "checkpoint" in runs[-1] else {})}
+            "src": first["src"], **({"checkpoint": runs[-1]["checkpoint"]} if "checkpoint" in runs[-1] else {})}
 
 
 def main() -> None:
@@ -273,10 +291,18 @@ def main() -> None:
     p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="torch threads in total, per config")
     p.add_argument("--model", help="a Hugging Face model directory (default: build one of --shape)")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--baseline-src", help="a checkout of another asyncrl commit (git worktree add DIR COMMIT): "
+                                          "the variant `baseline` runs these steps on that commit's learner")
     p.add_argument("--checkpoint", action="store_true",
                    help="after the timed steps each configuration saves a checkpoint, and fresh ranks resume it: "
                         "its files, the save's memory, the resumed step's loss against the uninterrupted one")
     args = p.parse_args()
+    if ("baseline" in args.variants) != bool(args.baseline_src):
+        p.error("the variant `baseline` and --baseline-src go together")
+    if args.baseline_src:
+        args.baseline_src = str(Path(args.baseline_src).resolve())
+        if not (Path(args.baseline_src) / "asyncrl" / "learner" / "rank.py").is_file():
+            p.error(f"--baseline-src {args.baseline_src}: not an asyncrl checkout")
     with tempfile.TemporaryDirectory() as tmp:
         if args.model is None:
             args.model = str(Path(tmp) / "model")
@@ -294,18 +320,20 @@ def main() -> None:
                     runs.setdefault((config, variant), []).append(run_config(args, config, variant, Path(tmp)))
     results = [pooled(r, args.budget) if all("error" not in x for x in r) else
                next(x for x in r if "error" in x) for r in runs.values()]
+    against = "baseline" if args.baseline_src else "before"  # what each variant's ratio is against
     print(f"\n{'config':<9} {'variant':<13} {'ranks':>5} {'steps/s':>8} {'loss tok/s':>11} {'fwd tok/s':>10} "
-          f"{'padding':>8} {'vs before':>9}  peak RSS MiB/rank")
+          f"{'padding':>8} {'vs ' + against:>11}  peak RSS MiB/rank")
     for r in results:
         if "error" in r:
             print(f"{r['config']:<9} {r['variant']:<13} failed: {r['error']}")
             continue
-        before = next((b for b in results if b["config"] == r["config"] and b["variant"] == "before"
-                       and "error" not in b), None)
-        ratio = f"{r['loss_tokens_per_s'] / before['loss_tokens_per_s']:.2f}x" if before else "-"
+        ref = next((b for b in results if b["config"] == r["config"] and b["variant"] == against
+                    and "error" not in b), None)
+        ratio = f"{r['loss_tokens_per_s'] / ref['loss_tokens_per_s']:.2f}x" if ref else "-"
+        padding = "-" if r["padding_frac"] is None else f"{r['padding_frac']:.3f}"
         print(f"{r['config']:<9} {r['variant']:<13} {r['ranks']:>5} {r['steps_per_s']:>8.3f} "
-              f"{r['loss_tokens_per_s']:>11,.0f} {r['forward_tokens_per_s']:>10,.0f} {r['padding_frac']:>8.3f} "
-              f"{ratio:>9}  {r['peak_rss_mib_per_rank']}")
+              f"{r['loss_tokens_per_s']:>11,.0f} {r['forward_tokens_per_s']:>10,.0f} {padding:>8} "
+              f"{ratio:>11}  {r['peak_rss_mib_per_rank']}")
     ok = [r for r in results if "error" not in r]
     for r in ok:
         if "checkpoint" in r:
@@ -329,9 +357,11 @@ def main() -> None:
             summary["peak_rss_two_vs_one_rank"] = rss_two_vs_one
         if "checkpoint" in last:
             summary["checkpoint"] = last["checkpoint"]
-        before = next((r for r in mine if r["variant"] == "before"), None)
-        if before:
-            summary["vs_before"] = {r["variant"]: r["loss_tokens_per_s"] / before["loss_tokens_per_s"] for r in mine}
+        for name in ("before", "baseline"):
+            ref = next((r for r in mine if r["variant"] == name), None)
+            if ref:
+                summary[f"vs_{name}"] = {r["variant"]: r["loss_tokens_per_s"] / ref["loss_tokens_per_s"] for r in mine}
+                summary[f"rounds_vs_{name}"] = {r["variant"]: r["round_loss_tokens_per_s"] for r in mine}
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "summary": summary}, indent=2))
     print(json.dumps(summary))
