@@ -231,7 +231,8 @@ def checkpoint_check(args, config: str, variant: str, out: str, ranks: list[dict
     return {"save_s": max(r["save_s"] for r in ranks),
             "save_rss_growth_mib": [round(r["save_rss_growth_mib"]) for r in ranks],
             "full_optimizer_state_mib": round(2 * 4 * params / 2 ** 20),
-            "state_files_mib": {f.name: round(f.stat().st_size / 2 ** 20, 1) for f in sorted((ckpt / "state").iterdir())},
+            "state_files_mib": {f.name: round(f.stat().st_size / 2 ** 20, 1)
+                                for f in sorted((ckpt / "state").iterdir())},
             "learner_pt_kib": round((ckpt / "learner.pt").stat().st_size / 1024, 1),
             "loss_after_uninterrupted": ranks[0]["loss_after"], "loss_after_resumed": resumed,
             "resumed_loss_equal": resumed == ranks[0]["loss_after"]}

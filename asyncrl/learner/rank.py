@@ -47,12 +47,12 @@ from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import make_backend
 from asyncrl.learner.backend import MOMENTS, init_process_group
 from asyncrl.learner.hf_files import meta_params, save_hf_model
-from asyncrl.learner.sharded_load import load_own_rows, meta_model, missing_from_files
 from asyncrl.learner.model_forward import packing_is_exact
 from asyncrl.learner.packed_attention import use_packed_attention
 from asyncrl.learner.phases import phase
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.learner.routers import use_fp32_routers
+from asyncrl.learner.sharded_load import load_own_rows, meta_model, missing_from_files
 from asyncrl.learner.step import PolicyStep, moe_shape
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.sync.protocol import WeightSyncError

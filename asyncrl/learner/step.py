@@ -25,10 +25,10 @@ from asyncrl.learner.collate import MicroBatch, collate, empty_chunk
 from asyncrl.learner.entropy_schedule import EntropySchedule, sampled_nll_sum
 from asyncrl.learner.micro_batches import micro_batches
 from asyncrl.learner.model_forward import is_moe, policy_forward
+from asyncrl.learner.phases import phase
 from asyncrl.learner.policy_step import (MoeStep, forward_backward, fractions, m2po_log_ratios, measure_pass, padding_loss,
                                          routed_positions)
 from asyncrl.learner.proximal import ProximalLogprobs
-from asyncrl.learner.phases import phase
 from asyncrl.learner.reference import ReferencePolicy
 from asyncrl.types import Batch
 
@@ -242,8 +242,9 @@ class PolicyStep:
         """pi_ref <- pi_theta and a fresh optimizer state (ProRL section 3.3.1). Collective."""
         if self.reference is None:
             raise ValueError("no reference policy to reset: set algo.kl.coef > 0 or algo.kl.track=true")
-        shards = self.reference.sharded  # shard to shard, nothing gathered (reference.py)
-        self.reference.reset_from(self.backend.module.named_parameters() if shards else self.backend.named_full_params())
+        # shard to shard where both are sharded, nothing gathered (reference.py)
+        source = self.backend.module.named_parameters() if self.reference.sharded else self.backend.named_full_params()
+        self.reference.reset_from(source)
         self.backend.reset_optimizer()
 
     def state_dict(self) -> dict[str, Any]:

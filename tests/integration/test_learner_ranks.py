@@ -264,8 +264,9 @@ def run_layout_rank(rank, world, port, model, ckpt):
     assert learner.load_mode == "own rows"
     policy = dict(learner.model.named_parameters())
     reference = dict(learner.step.reference.model.named_parameters())
-    layout = {name: (isinstance(p, DTensor), shard_rows(p), tuple(p.to_local().shape), isinstance(reference[name], DTensor),
-                     torch.equal(p.to_local(), reference[name].to_local())) for name, p in policy.items()}
+    layout = {name: (isinstance(p, DTensor), shard_rows(p), tuple(p.to_local().shape),
+                     isinstance(reference[name], DTensor), torch.equal(p.to_local(), reference[name].to_local()))
+              for name, p in policy.items()}
     start = {n: t.cpu().clone() for n, t in learner.backend.named_full_params()}
     buffers = {n: b.cpu().clone() for n, b in learner.model.named_buffers()}
     sender = FrameSender(learner.batch_endpoint())
