@@ -18,5 +18,6 @@ def test_phases_add_up_only_while_timed():
     with phase("forward"):
         time.sleep(0.01)  # after the timing: the clock it returned stays as it was
     assert set(clock) == set(PHASES)
-    assert 0.04 <= clock["forward"] < 0.2 and 0.01 <= clock["optimizer"] < 0.1
+    # at least the sleeps; the untimed ones (0.02 s) are not in it, whatever a loaded machine adds
+    assert 0.04 <= clock["forward"] < 0.04 + 1.0 and 0.01 <= clock["optimizer"] < 0.01 + 1.0
     assert clock["head"] == clock["backward"] == 0.0
