@@ -27,7 +27,8 @@ every other change of the learner included. Each variant's loss tokens/s is prin
 JSON: tokens_per_s (loss tokens), padding_frac, peak_rss_gib_per_rank, ranks and shape of the
 first configuration's last variant; `vs_before` / `vs_baseline` (each variant's ratio, and its
 rounds) when that variant ran; `peak_rss_two_vs_one_rank` when one and two ranks of a backend ran
-(the busier rank's peak over the one rank's, on the same steps); and with `--checkpoint` what the
+(the busier rank's peak over the one rank's, on the same steps; the table also prints each rank's
+resident memory between steps); and with `--checkpoint` what the
 checkpoint check found: a save after the timed steps, two steps more, and the same two again on
 fresh ranks resumed from the save (`resumed_loss_equal`: the second step's parameters came from
 an update with the restored Adam moments), with each rank's growth of peak memory during the
@@ -186,7 +187,8 @@ def rank_main(rank: int, world: int, port: int, args, config: str, variant: str,
     known = [x for x in padding if x is not None]
     import asyncrl
 
-    doc = {"times": times, "tokens": tokens, "rss_mib": peak_rss_mib(), "src": str(Path(asyncrl.__file__).parents[1]),
+    doc = {"times": times, "tokens": tokens, "rss_mib": peak_rss_mib(), "rss_now_mib": rss_now_mib(),
+           "src": str(Path(asyncrl.__file__).parents[1]),
            "padding_frac": sum(known) / len(known) if known else None}
     if args.checkpoint:
         t0 = time.perf_counter()
@@ -201,6 +203,11 @@ def rank_main(rank: int, world: int, port: int, args, config: str, variant: str,
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_now_mib() -> float:
+    """Resident memory now (Linux): after the last step, what the rank holds between steps."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
 def spawn_ranks(world: int, target, *args) -> list[int]:
@@ -254,7 +261,8 @@ def run_config(args, config: str, variant: str, tmp: Path) -> dict:
     seconds = sum(ranks[0]["times"])
     result = {"config": config, "variant": variant, "ranks": world, "seconds": seconds,
               "steps": len(ranks[0]["times"]), "tokens": ranks[0]["tokens"], "padding_frac": ranks[0]["padding_frac"],
-              "peak_rss_mib_per_rank": [round(r["rss_mib"]) for r in ranks], "src": ranks[0]["src"]}
+              "peak_rss_mib_per_rank": [round(r["rss_mib"]) for r in ranks],
+              "rss_between_steps_mib_per_rank": [round(r["rss_now_mib"]) for r in ranks], "src": ranks[0]["src"]}
     if args.checkpoint:
         result["checkpoint"] = checkpoint_check(args, config, variant, out, ranks)
     return result
@@ -268,6 +276,7 @@ def pooled(runs: list[dict], budget: int) -> dict:
             "steps_per_s": steps / seconds, "loss_tokens_per_s": budget * steps / seconds,
             "forward_tokens_per_s": sum(r["tokens"] for r in runs) / seconds, "padding_frac": first["padding_frac"],
             "peak_rss_mib_per_rank": [max(r["peak_rss_mib_per_rank"][i] for r in runs) for i in range(first["ranks"])],
+            "rss_between_steps_mib_per_rank": runs[-1]["rss_between_steps_mib_per_rank"],
             "round_loss_tokens_per_s": [budget * r["steps"] / r["seconds"] for r in runs],
             "src": first["src"], **({"checkpoint": runs[-1]["checkpoint"]} if "checkpoint" in runs[-1] else {})}
 
@@ -345,8 +354,11 @@ def main() -> None:
                     and CONFIGS[r["config"]][:2] == CONFIGS[one["config"]][:2]), None)
         if two:
             ratio = max(two["peak_rss_mib_per_rank"]) / one["peak_rss_mib_per_rank"][0]
+            between = max(two["rss_between_steps_mib_per_rank"]) / one["rss_between_steps_mib_per_rank"][0]
             rss_two_vs_one[f"{two['config']}/{one['config']} {one['variant']}"] = ratio
-            print(f"peak RSS per rank, {two['config']} against {one['config']} ({one['variant']}): {ratio:.2f}x")
+            print(f"peak RSS per rank, {two['config']} against {one['config']} ({one['variant']}): {ratio:.2f}x; "
+                  f"between steps {two['rss_between_steps_mib_per_rank']} against "
+                  f"{one['rss_between_steps_mib_per_rank']} MiB: {between:.2f}x")
     summary = {}
     if ok:
         mine = [r for r in ok if r["config"] == ok[0]["config"]]
