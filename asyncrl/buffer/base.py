@@ -33,7 +33,8 @@ class BufferStats:
     trained whole counts 1): with tokens_out it gives the mean length of what was trained."""
     tokens_beyond_bound: int = 0
     """Tokens trained that entered training more than max_staleness versions behind: 0 but under
-    buffer.stale_policy "ess", which relaxes the bound while the batch's estimated ESS allows."""
+    buffer.stale_policy "ess", which relaxes the bound while the batch's estimated ESS allows,
+    and "train", which trains them all."""
 
     @property
     def length_bias(self) -> float:

@@ -9,7 +9,8 @@ each costs, and where each acts (docs/design/versions.md):
   ask `at_risk` of the oldest group in flight or still generating (orchestrator/stale_gate.py);
 - `ess` (the token buffer) keeps a stale response if `keep_stale` says the batch's estimated
   effective sample size allows it, from the learner's ratio moments per staleness bucket
-  (`RatioMoments`, algo/batch_ess.py).
+  (`RatioMoments`, algo/batch_ess.py);
+- `train` (the token buffer) keeps every stale token: eta bounds admission only, as in AReaL.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from asyncrl.algo.batch_ess import Moments, estimated_ess
 
-STALE_POLICIES = ("discard", "wait", "pace", "ess")
+STALE_POLICIES = ("discard", "wait", "pace", "ess", "train")
 MOMENTS_WEIGHT = 0.5
 """Weight of the newest step's moments in their exponential average."""
 

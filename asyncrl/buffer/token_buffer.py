@@ -130,7 +130,9 @@ class TokenBuffer:
         returns how many. Only the head of the queue is looked at: past its first response,
         responses are in order of their first (oldest) token's version, so the first one that is
         young enough ends the scan. The rest of a split response (at the head) entered training
-        already and is kept."""
+        already and is kept. Under "train" nothing is dropped."""
+        if self.stale_policy == "train":
+            return 0
         oldest_ok = learner_version - (self.ess_max_lag if self.stale_policy == "ess" else self.max_staleness)
         dropped, emptied = 0, []
         for i, p in enumerate(self._queue):

@@ -161,7 +161,12 @@ class RolloutConfig(_Section):
     enforce_eager: bool | None = None
     """vLLM's enforce_eager (no CUDA graphs); None: on for CPU engines, off on GPU (graphs decode faster)."""
     max_in_flight_prompts: int = Field(64, ge=1)
-    """Cap on prompts an actor generates at once, on top of admission control."""
+    """Cap on prompts an actor generates at once, on top of admission control (unless
+    max_in_flight_requests is set)."""
+    max_in_flight_requests: int | None = Field(None, ge=1)
+    """Cap on requests (samples still generating) per actor instead: a group's finished samples free
+    their slots for new prompts while its longest one runs; a prompt is handed to an actor below the
+    cap. Set it to what the engine runs at once (rollout.max_num_seqs) to keep the engine full."""
 
     @field_validator("group_size")
     @classmethod
@@ -200,7 +205,7 @@ class BufferConfig(_Section):
     Phi in budget mode). None: each step takes exactly Phi loss tokens of the rollout batch."""
     num_reuse: int = Field(1, ge=1)
     """N_reuse: passes over each rollout batch (each pass shuffled); 1 uses every token once."""
-    stale_policy: Literal["discard", "wait", "pace", "ess"] = "discard"
+    stale_policy: Literal["discard", "wait", "pace", "ess", "train"] = "discard"
     """Streaming only: what to do about work that would be more than max_staleness behind when it
     enters training. Discarding it biases the batch towards short answers (long responses go stale
     first; `buffer/length_bias` < 0); each alternative pays for that elsewhere
@@ -215,7 +220,10 @@ class BufferConfig(_Section):
     stale is dropped);
     `ess` trains a stale response anyway while the batch's effective sample size, estimated from
     the learner's ratio moments per staleness bucket, stays >= `ess_min`, and never beyond
-    `ess_max_lag` (costs gradient variance; relaxes the bound by design)."""
+    `ess_max_lag` (costs gradient variance; relaxes the bound by design);
+    `train` drops nothing: max_staleness bounds admission only (AReaL's rule) and what arrives later
+    than that is trained under the run's off-policy correction (algo.decoupled, a TIS or IcePop
+    weight), `staleness/*` and the offpolicy/ ESS reporting what it costs (relaxes the bound by design)."""
     ess_min: float = Field(0.9, gt=0, le=1)
     """`stale_policy: ess`: the least estimated normalized ESS of a batch that a stale response may
     join."""
@@ -252,6 +260,11 @@ class SyncConfig(_Section):
     mode: Literal["drain", "inflight"] = "inflight"
     """inflight: abort running requests, load, resume each from the tokens it had (a response's
     tokens carry the version that generated each); drain: let running requests finish, then load."""
+    keep_kv: bool = False
+    """inflight only: pause the running requests with their KV cache instead of aborting them, and
+    decode on with the new weights after the load (no prefill of prompt and prefix again). The
+    tokens after the load are the new policy's samples, computed over keys and values the old one
+    wrote: a mismatch the per-token metrics measure (docs/guides/sync-modes.md)."""
     bucket_mb: int = Field(256, gt=0)
     """Largest bucket of parameters broadcast at once."""
     timeout_s: float = Field(120.0, gt=0)
@@ -429,6 +442,13 @@ class Config(_Section):
         if self.learner.backend == "deepspeed" and params != "float32":
             raise ValueError("learner.param_dtype must be float32 with learner.backend=deepspeed (its bf16 mode "
                              "always keeps float32 master weights)")
+        return self
+
+    @model_validator(mode="after")
+    def _keep_kv_is_inflight(self) -> "Config":
+        if self.sync.keep_kv and self.sync.mode != "inflight":
+            raise ValueError("sync.keep_kv keeps running requests across an in-flight update: set sync.mode=inflight "
+                             "(drain lets them finish first)")
         return self
 
     @model_validator(mode="after")

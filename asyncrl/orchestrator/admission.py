@@ -14,11 +14,14 @@ def prompts_per_step(token_budget: int, tokens_per_kept_group: float | None, gro
     return max(token_budget / max(per_group, 1.0), 1.0)
 
 
-def assign_prompts(num_prompts: int, in_flight: dict[int, int], max_per_actor: int) -> dict[int, int]:
-    """How many of `num_prompts` each actor (id -> prompts it is generating; only live actors are
-    listed) gets: always to the least-loaded (the lowest id among equals), none beyond its cap;
-    actors that get none are left out. A heap of loads: the driver asks every loop turn, and a
-    large cluster has hundreds of actors."""
+def assign_prompts(num_prompts: int, in_flight: dict[int, int], max_per_actor: int,
+                   per_prompt: int = 1) -> dict[int, int]:
+    """How many of `num_prompts` each actor (id -> its load; only live actors are listed) gets:
+    always to the least-loaded (the lowest id among equals), while its load is below the cap;
+    actors that get none are left out. A prompt adds `per_prompt` to the load: 1 where the load
+    counts prompts, the group size where it counts requests (an actor just below the cap takes one
+    more prompt, so its engine is never short of work). A heap of loads: the driver asks every loop
+    turn, and a large cluster has hundreds of actors."""
     heap = [(load, actor) for actor, load in in_flight.items() if load < max_per_actor]
     heapq.heapify(heap)
     share: dict[int, int] = {}
@@ -27,8 +30,8 @@ def assign_prompts(num_prompts: int, in_flight: dict[int, int], max_per_actor: i
             break
         load, actor = heap[0]
         share[actor] = share.get(actor, 0) + 1
-        if load + 1 < max_per_actor:
-            heapq.heapreplace(heap, (load + 1, actor))
+        if load + per_prompt < max_per_actor:
+            heapq.heapreplace(heap, (load + per_prompt, actor))
         else:
             heapq.heappop(heap)
     return share

@@ -213,15 +213,20 @@ class Driver:
                                     step_running=step_running, verifiers_behind=self.rewards.num_queued > 0)
 
     def admit(self, version: int, actor_ids: list[int], step_running: bool) -> list[Grant]:
-        """The prompts to hand out now (requeued groups first), to the least-loaded actors."""
+        """The prompts to hand out now (requeued groups first), to the least-loaded actors, by
+        prompts or, with rollout.max_in_flight_requests, by samples still generating."""
         capacity = self.capacity(version, step_running)
         if capacity == 0:
             return []
-        stage = self.stages.current
-        load = self.ledger.generating_by_actor(actor_ids)
-        spec = SamplingSpec(stage.temperature, self.cfg.rollout.top_p, stage.max_tokens)
+        stage, ro = self.stages.current, self.cfg.rollout
+        if ro.max_in_flight_requests is None:
+            load, cap, per_prompt = self.ledger.generating_by_actor(actor_ids), ro.max_in_flight_prompts, 1
+        else:  # a group's finished samples free their slots
+            load, cap, per_prompt = (self.ledger.requests_by_actor(actor_ids), ro.max_in_flight_requests,
+                                     stage.group_size)
+        spec = SamplingSpec(stage.temperature, ro.top_p, stage.max_tokens)
         grants = []
-        for actor, k in assign_prompts(capacity, load, self.cfg.rollout.max_in_flight_prompts).items():
+        for actor, k in assign_prompts(capacity, load, cap, per_prompt).items():
             records = [self.ledger.readmit(r, actor, version=version) for r in self.ledger.take_requeued(k)]
             records += [self.ledger.admit(p, stage.index, spec, stage.group_size, actor, version=version)
                         for p in self.stages.take(k - len(records))]

@@ -165,6 +165,7 @@ class GroupLedger:
         # ~0.5 ms a turn with 64 actors' groups in flight
         self._generating: dict[int, int] = {}
         self._generating_total = 0
+        self._requests: dict[int, int] = {}  # samples still to arrive, per actor (rollout.max_in_flight_requests)
         # the learner versions the groups in flight, and those generating, were admitted at (for
         # buffer.stale_policy wait and pace, orchestrator/stale_gate.py), kept likewise
         self.in_flight_versions = VersionTally()
@@ -175,6 +176,11 @@ class GroupLedger:
     def generating_by_actor(self, actor_ids: list[int]) -> dict[int, int]:
         """Groups each of these actors is still generating (the dispatch load)."""
         return {a: self._generating.get(a, 0) for a in actor_ids}
+
+    def requests_by_actor(self, actor_ids: list[int]) -> dict[int, int]:
+        """Samples each of these actors still has to send, of the groups it is generating (the
+        dispatch load under a cap on requests)."""
+        return {a: self._requests.get(a, 0) for a in actor_ids}
 
     def capacity(self, learner_version: int, token_budget: int, group_size: int, max_tokens: int,
                  step_running: bool, verifiers_behind: bool) -> int:
@@ -226,6 +232,7 @@ class GroupLedger:
             change = 1 if to is GroupState.GENERATING else -1
             self._generating[r.actor] = self._generating.get(r.actor, 0) + change
             self._generating_total += change
+            self._requests[r.actor] = self._requests.get(r.actor, 0) + change * (r.group_size - r.generated)
             self.generating_versions.add(r.admitted_at, change)
         if to in (GroupState.KEPT, GroupState.REJECTED, GroupState.REQUEUED):  # out of flight
             del self.records[r.group_id]
@@ -254,6 +261,7 @@ class GroupLedger:
             self.counts.samples_orphaned += 1
             return None
         record.versions[s.sample_index] = s.versions[0] if s.versions else -1
+        self._requests[record.actor] -= 1
         if record.generated == record.group_size:
             self._move(record, GroupState.SCORING)
         return record
@@ -371,7 +379,7 @@ class GroupLedger:
         self.counts = LedgerCounts(**state["counts"])
         self._next_seq = state["next_seq"]
         self.records = {}
-        self._generating, self._generating_total = {}, 0
+        self._generating, self._generating_total, self._requests = {}, 0, {}
         self.in_flight_versions, self.generating_versions = VersionTally(), VersionTally()
         self.requeued = deque(_record_from_state(d) for d in state["requeued"])
         self.assembler.load_state_dict(state["assembler"])

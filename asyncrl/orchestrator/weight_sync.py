@@ -31,6 +31,9 @@ from asyncrl.sync.protocol import WeightSyncError
 from asyncrl.types import RunFailed
 
 
+SUMMED = ("sync/aborted_requests", "sync/kept_requests")  # per actor, added up in a push's row
+
+
 class PushFailed(RunFailed):
     """A push did not reach every actor, or failed on the learner; `dead` names the actors that
     caused it. Uncaught, it ends the run with its one line (RunFailed)."""
@@ -176,8 +179,12 @@ class WeightSync:
                                  f"{_cause(e)} (sync.timeout_s={timeout_s:g})", []) from None
         for r in results:
             for k, v in (r or {}).items():
-                # counts add up; for times the slowest actor is what the step waited for
-                out[k] = out.get(k, 0) + v if k == "sync/aborted_requests" else max(out.get(k, 0.0), v)
+                # counts add up; occupancy is the actors' mean; for times the slowest actor is what
+                # the step waited for
+                if k in SUMMED or k == "rollout/occupancy":
+                    out[k] = out.get(k, 0) + (v if k in SUMMED else v / len(results))
+                else:
+                    out[k] = max(out.get(k, 0.0), v)
         return out
 
     def _remove_lost(self, ids: list[int], refs: list[Any], waiting: list[Any]) -> dict[int, str]:

@@ -16,10 +16,12 @@ gets idle is `sync_mode`:
   long as the load, not the longest response. Evaluation requests are never aborted: they drain,
   so each evaluation sample comes from one version.
 
-Why abort-and-resume rather than freezing requests in the engine across the load (vLLM's
-pause mode "keep"): the number of tokens each frozen request had produced before the load is
-not exposed by the engine, so per-token versions would need its internals; and a reset prefix
-cache recomputes the KV of kept requests anyway, which costs the same prefill as a resume.
+With `keep_kv` (sync.keep_kv, inflight only) the running requests are not aborted: the engine
+pauses them in place with their KV cache (vLLM's pause mode "keep"), loads, and they decode on
+under the new weights with no prefill (PipelineRL's choice). The engine labels each token with the
+weights that sampled it (vLLM's per-request weight-version spans), so versions stay exact; the
+tokens after the load are sampled over keys and values the old weights wrote, a mismatch the
+learner's per-token metrics measure. Evaluation requests still finish before the pause.
 
 With `scorer` (reward.placement: actor) a finished training sample goes to the actor's own reward
 pool first and leaves with its reward (rollout/local_rewards.py).
@@ -51,15 +53,27 @@ log = logging.getLogger(__name__)
 ABORT_RETRY_S = 0.05
 
 
+def token_versions(labels: list[int | None] | None, start: int, num_tokens: int) -> list[int]:
+    """Each token's version in a request that may have been kept across loads (keep_kv): the
+    request's first stretch is the version it started with (the engine's label there may be a
+    previous run's, or none), each later stretch the version of the load that began it, as the
+    engine labelled it."""
+    if not labels:
+        return [start] * num_tokens
+    return [start if v == labels[0] else v for v in labels]
+
+
 class RolloutActor:
     def __init__(self, actor_id: int, engine_factory: Callable[[], InferenceEngine],
                  spec: SamplingSpec, group_size: int, emit: Callable[[Sample], None] | str,
                  seed: int = 0, sync_mode: str = "inflight",
                  scorer: Callable[[Callable[[Sample], None]], Any] | None = None,
-                 episodes: Callable[[], Episodes] | None = None):
+                 episodes: Callable[[], Episodes] | None = None, keep_kv: bool = False):
         if sync_mode not in ("drain", "inflight"):
             raise ValueError(f"sync_mode must be 'drain' or 'inflight', got {sync_mode!r}")
-        self.sync_mode = sync_mode
+        if keep_kv and sync_mode != "inflight":
+            raise ValueError("keep_kv keeps requests across an in-flight update: it needs sync_mode 'inflight'")
+        self.sync_mode, self.keep_kv = sync_mode, keep_kv
         self.actor_id = actor_id
         self._engine_factory = engine_factory
         self.engine: InferenceEngine | None = None
@@ -79,6 +93,10 @@ class RolloutActor:
         self._idle = asyncio.Event()
         self._idle.set()
         self._active_requests = 0
+        self._occupancy = (time.monotonic(), 0.0, time.monotonic())  # last change, request-seconds, since
+        self._evaluating = 0  # running evaluation requests: a keep_kv update waits for them
+        self._no_evaluation = asyncio.Event()
+        self._no_evaluation.set()
         self._abortable: set[str] = set()  # running training requests (evaluation ones drain)
         self._aborted: set[str] = set()    # aborted by a weight update: to be resumed
         self._tasks: set[asyncio.Task] = set()
@@ -199,7 +217,8 @@ class RolloutActor:
             out, version, aborted = await self._request(prompt_ids + tokens, spec, request_id, abortable)
             tokens += out.token_ids
             logprobs += out.logprobs
-            versions += [version] * len(out.token_ids)
+            versions += token_versions(out.versions, version, len(out.token_ids)) if self.keep_kv \
+                else [version] * len(out.token_ids)
             if not aborted or len(tokens) >= base.max_tokens:
                 break
             self.stats["resumed"] += 1
@@ -210,17 +229,26 @@ class RolloutActor:
         """One engine request once the gate is open: its completion, the version that generated
         it and whether a weight update aborted it."""
         await self._gate.wait()
+        self._count_occupancy()
         self._active_requests += 1
         self._idle.clear()
         if abortable:
             self._abortable.add(request_id)
+        else:
+            self._evaluating += 1
+            self._no_evaluation.clear()
         version = self.version
         try:
             out = await self.engine.generate(prompt_ids, spec, request_id)
         finally:
+            if not abortable:
+                self._evaluating -= 1
+                if self._evaluating == 0:
+                    self._no_evaluation.set()
             self._abortable.discard(request_id)
             aborted = request_id in self._aborted
             self._aborted.discard(request_id)
+            self._count_occupancy()
             self._active_requests -= 1
             if self._active_requests == 0:
                 self._idle.set()
@@ -265,7 +293,8 @@ class RolloutActor:
         await self.engine.init_weight_sync(host, port, rank, world_size, timeout_s)
 
     async def update_weights(self, metadata: dict[str, Any], version: int, rewind: bool = False) -> dict[str, float]:
-        """Close the gate, get the engine idle (drain or abort, per sync_mode), load, reopen.
+        """Close the gate, get the engine idle (drain or abort, per sync_mode; with keep_kv,
+        paused with its requests in place), load, reopen.
 
         The same version may come again: after a group rebuild every member takes part in the
         push that brings a new actor up to date. An older one only with `rewind` (a learner
@@ -276,15 +305,36 @@ class RolloutActor:
             raise ValueError(f"actor {self.actor_id}: push of version {version} after {self.version}")
         t0 = time.monotonic()
         self._gate.clear()
-        aborted = await self._abort_running() if self.sync_mode == "inflight" else 0
-        await self._idle.wait()
+        kept = 0
+        if self.keep_kv:
+            await self._no_evaluation.wait()  # an evaluation sample comes from one version
+            await self.engine.pause()
+            aborted, kept = 0, self._active_requests
+        else:
+            aborted = await self._abort_running() if self.sync_mode == "inflight" else 0
+            await self._idle.wait()
         t1 = time.monotonic()
         stats = await self.engine.load_weights(metadata, version)
         self.version = version
         self.stats["updates"] += 1
+        if self.keep_kv:
+            await self.engine.resume()
         self._gate.set()
-        return {**stats, "sync/pause_s": t1 - t0, "sync/aborted_requests": aborted,
-                "sync/actor_update_s": time.monotonic() - t0}
+        return {**stats, "sync/pause_s": t1 - t0, "sync/aborted_requests": aborted, "sync/kept_requests": kept,
+                "sync/actor_update_s": time.monotonic() - t0, **self._take_occupancy()}
+
+    def _count_occupancy(self) -> None:
+        """Request-seconds the engine ran (at most max_num_seqs at once; the rest wait in its queue)."""
+        now, (last, area, since) = time.monotonic(), self._occupancy
+        self._occupancy = (now, area + min(self._active_requests, self.engine.max_num_seqs) * (now - last), since)
+
+    def _take_occupancy(self) -> dict[str, float]:
+        """`rollout/occupancy` since the last update: mean requests running over max_num_seqs. Unlike
+        busy time, it shows an engine that computes all the time at a fraction of its batch."""
+        self._count_occupancy()
+        now, area, since = self._occupancy
+        self._occupancy = (now, 0.0, now)
+        return {"rollout/occupancy": area / max((now - since) * self.engine.max_num_seqs, 1e-9)}
 
     async def _abort_running(self) -> int:
         """Abort every running training request until none is left; returns how many. A request

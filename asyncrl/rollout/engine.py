@@ -28,6 +28,10 @@ class Completion:
     """Behaviour logprob of each generated token, after temperature (what the sampler used)."""
     finish_reason: str
     """stop | length | abort"""
+    versions: list[int | None] | None = None
+    """The weight version that sampled each token as the engine labels it (a request kept across a
+    load, `pause`, changes version mid-request); None where it has no label (before the first load):
+    the version the request started with."""
 
 
 class EngineFailed(RuntimeError):
@@ -36,6 +40,9 @@ class EngineFailed(RuntimeError):
 
 
 class InferenceEngine(Protocol):
+    max_num_seqs: int
+    """Requests it runs at once (more wait in its queue): the actor's occupancy is over this."""
+
     async def start(self) -> None: ...
 
     async def generate(self, prompt_ids: list[int], spec: SamplingSpec, request_id: str) -> Completion: ...
@@ -49,11 +56,20 @@ class InferenceEngine(Protocol):
         """log p(token_i | tokens_<i) for i >= 1 under the engine's current weights (T = 1)."""
         ...
 
+    async def pause(self) -> None:
+        """Stop stepping after the running step, every request kept in place with its KV cache
+        (sync.keep_kv); a load may follow, then `resume`. Tokens sampled after the load carry its
+        version in their Completion's `versions`."""
+        ...
+
+    async def resume(self) -> None: ...
+
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
                                timeout_s: float) -> None: ...
 
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
-        """Receive one push (the learner broadcasts concurrently) and apply it in place."""
+        """Receive one push (the learner broadcasts concurrently) and apply it in place: with no
+        request running, or all of them paused."""
         ...
 
     async def shutdown(self) -> None: ...

@@ -77,12 +77,25 @@ def one_engine_process_on_cpu() -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+def token_versions(spans, num_tokens: int) -> list[int | None] | None:
+    """Each token's weight version from vLLM's spans (`CompletionOutput.weight_versions`, labelled
+    by finish_weight_update with the pushed version); None for tokens sampled before any labelled
+    load (vLLM's label "default"), and None altogether when vLLM gave no spans."""
+    if not spans:
+        return None
+    out: list[int | None] = [None] * num_tokens
+    for span in spans:
+        label = int(span.version) if str(span.version).isdecimal() else None
+        out[span.start:span.end] = [label] * (span.end - span.start)
+    return out
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 128,
                  max_num_seqs: int = 256, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5,
                  sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0,
                  enforce_eager: bool | None = None, num_gpus: float | None = None, locate: Locate | None = None,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, stat_loggers: list | None = None):
         # enforce_eager None: on for CPU engines, off on GPU (rollout.enforce_eager); num_gpus: what
         # the actor asked Ray for, checked against what it sees at start (None: not checked)
         self.model_path, self.locate = model_path, locate  # resolved at start, on the engine's node
@@ -96,11 +109,13 @@ class VLLMEngine:
         self.seed = seed
         self.enforce_eager, self.num_gpus = enforce_eager, num_gpus
         self.tensor_parallel_size = tensor_parallel_size
+        self.stat_loggers = stat_loggers  # vLLM stat-logger factories (its statistics are off without one)
         self.llm = None
         self._templates: dict[tuple, Any] = {}
         self._rpc_dir: str | None = None
         self._rpc_env_before: str | None = None
         self._joined = False  # in a weight-sync group
+        self._paused = False  # requests kept in place for a load (pause)
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
@@ -125,7 +140,7 @@ class VLLMEngine:
 
         args = AsyncEngineArgs(**self.engine_kwargs(), **vllm_receiver.engine_kwargs(self.sync_type))
         os.environ[owner.ENV] = owner.owner_token()  # the engine's processes end with this one (owner.py)
-        self.llm = AsyncLLM.from_engine_args(args)
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """vLLM engine arguments without the weight receiver: what a bare `vllm.LLM` of the same
@@ -137,7 +152,7 @@ class VLLMEngine:
                       max_num_seqs=self.max_num_seqs, enforce_eager=eager, seed=self.seed,
                       tensor_parallel_size=self.tensor_parallel_size,
                       gpu_memory_utilization=self.gpu_memory_utilization,
-                      logprobs_mode="processed_logprobs", disable_log_stats=True)
+                      logprobs_mode="processed_logprobs", disable_log_stats=not self.stat_loggers)
         if current_platform.is_cpu():
             # Every request carries a seed. When chunked prefill splits a prompt across scheduler
             # steps, vLLM rewinds that request's generator with set_offset, which CPU generators
@@ -161,7 +176,17 @@ class VLLMEngine:
         token_ids = list(seq.token_ids)
         logprobs = [pos[tok].logprob for tok, pos in zip(token_ids, seq.logprobs)]
         reason = seq.finish_reason if seq.finish_reason in ("stop", "length") else "abort"
-        return Completion(token_ids, logprobs, reason)
+        return Completion(token_ids, logprobs, reason, token_versions(seq.weight_versions, len(token_ids)))
+
+    async def pause(self) -> None:
+        # "keep": running requests stay scheduled with their KV blocks; clear_cache False, or vLLM
+        # would free them (and the prefix cache is not reset after the load either: see load_weights)
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        self._paused = True
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+        self._paused = False
 
     async def abort(self, request_ids: list[str]) -> None:
         await self.llm.abort(request_ids)  # each generate() gets a final output, reason "abort"
@@ -213,7 +238,10 @@ class VLLMEngine:
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
         from asyncrl.sync import vllm_receiver
 
-        return await vllm_receiver.receive_weights(self.llm, metadata, version)
+        # kept requests hold their KV blocks, and vLLM resets the prefix cache only by preempting
+        # them (a prefill again, what keeping them avoids): with requests paused it stays, and new
+        # requests may reuse prefix blocks the old weights wrote, the mismatch keep_kv accepts
+        return await vllm_receiver.receive_weights(self.llm, metadata, version, reset_prefix_cache=not self._paused)
 
     async def shutdown(self) -> None:
         if self.llm is not None:

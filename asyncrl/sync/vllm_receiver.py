@@ -70,7 +70,7 @@ async def init_receiver(llm, host: str, port: int, rank: int, world_size: int,
 
 async def receive_weights(llm, metadata: dict, version: int,
                           reset_running_requests: bool = True,
-                          timeout_s: float | None = None) -> dict:
+                          timeout_s: float | None = None, reset_prefix_cache: bool = True) -> dict:
     """Receive one push described by `metadata` (from `sender.metadata`) and apply it.
 
     Runs start / update / finish of vLLM's weight-update API, then resets the prefix cache
@@ -78,7 +78,8 @@ async def receive_weights(llm, metadata: dict, version: int,
     paused or drained by the caller. Requests kept across the update (pause mode "keep")
     hold KV blocks, and vLLM can only reset the cache by preempting them: with
     `reset_running_requests` they are recomputed with the new weights on resume; without it
-    a reset blocked by running requests raises. Returns `sync/...` stats.
+    a reset blocked by running requests raises. `reset_prefix_cache` False skips the reset: the
+    kept requests decode on with their KV (sync.keep_kv). Returns `sync/...` stats.
 
     gloo receivers time out by themselves (the group's timeout_s, per collective); NCCL has
     no timeout, so pass `timeout_s` there: the call then fails with WeightSyncError instead
@@ -99,7 +100,7 @@ async def receive_weights(llm, metadata: dict, version: int,
                               f"complete within {timeout_s:.0f}s") from exc
     received = time.perf_counter()
     await llm.finish_weight_update(weight_version=str(version))
-    if not await llm.reset_prefix_cache(reset_running_requests=reset_running_requests):
+    if reset_prefix_cache and not await llm.reset_prefix_cache(reset_running_requests=reset_running_requests):
         raise RuntimeError(f"weights version {version} loaded but the prefix cache could not "
                            "be reset: requests still hold KV blocks")
     end = time.perf_counter()

@@ -2,7 +2,9 @@
 aborts its running requests for a gloo push and resumes each from its prefix. Every token of a
 response whose versions change from 0 to 1 must carry the behaviour logprob of the weights that
 sampled it: transformers' log-softmax of version 0 for the tokens tagged 0, of version 1 for the
-rest, each computed in float64 over the prompt plus the response."""
+rest, each computed in float64 over the prompt plus the response. With sync.keep_kv the requests
+are paused in place instead: the engine prefills nothing after the push (its own statistics say
+so) and labels each token with the weights that sampled it."""
 
 import asyncio
 import copy
@@ -41,14 +43,40 @@ class Lent:
         return getattr(self.engine, name)
 
 
+class EngineCounts:
+    """vLLM's own statistics of the shared engine, summed: prompt tokens prefilled by new requests
+    and requests preempted (whose KV is then computed again)."""
+
+    prefill_tokens = 0
+    preempted = 0
+
+
+def counting_logger(vllm_config, engine_index=0):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class Counting(StatLoggerBase):
+        def __init__(self, *_):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, *args, **kwargs):
+            if iteration_stats is not None:
+                EngineCounts.prefill_tokens += iteration_stats.num_prompt_tokens
+                EngineCounts.preempted += iteration_stats.num_preempted_reqs
+
+        def log_engine_initialized(self):
+            pass
+
+    return Counting()
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    """One event loop and one started engine (of build_tiny_model's weights) for both tests here:
-    an engine start is ~25 s on 2 cores, and both tests use the same engine settings."""
+    """One event loop and one started engine (of build_tiny_model's weights) for every test here:
+    an engine start is ~25 s on 2 cores, and they all use the same engine settings."""
     path = tmp_path_factory.mktemp("model")
     build_tiny_model(path)
     loop = asyncio.new_event_loop()
-    engine = VLLMEngine(str(path), max_model_len=128, max_num_seqs=256)
+    engine = VLLMEngine(str(path), max_model_len=128, max_num_seqs=256, stat_loggers=[counting_logger])
     loop.run_until_complete(engine.start())
     yield loop, engine, path
     loop.run_until_complete(engine.shutdown())
@@ -67,10 +95,11 @@ async def push_perturbed(sender: GlooWeightSender, actor: RolloutActor, model, s
     return stats
 
 
-async def generate_across_a_push(engine, model, prompts: list[list[int]]) -> tuple[list, dict, RolloutActor]:
+async def generate_across_a_push(engine, model, prompts: list[list[int]],
+                                 keep_kv: bool = False) -> tuple[list, dict, RolloutActor]:
     samples = []
     actor = RolloutActor(0, lambda: Lent(engine), SamplingSpec(1.0, 1.0, MAX_TOKENS), group_size=4,
-                         emit=samples.append, sync_mode="inflight")
+                         emit=samples.append, sync_mode="inflight", keep_kv=keep_kv)
     await actor.start()
     port = free_port()
     sender = GlooWeightSender("127.0.0.1", port, world_size=2, timeout_s=60)
@@ -81,7 +110,9 @@ async def generate_across_a_push(engine, model, prompts: list[list[int]]) -> tup
         await actor.submit([PromptItem(f"p{i}", ids, {}) for i, ids in enumerate(prompts)])
         while actor.engine is not None and actor.stats["samples"] < 8:
             await asyncio.sleep(0.01)  # generation is under way; most requests still run
+        counts_before = (EngineCounts.prefill_tokens, EngineCounts.preempted)
         stats = await push_perturbed(sender, actor, model, seed=1)
+        stats["prefill_before_push"] = counts_before
         while len(samples) < len(prompts) * 4:
             await asyncio.sleep(0.05)
     finally:
@@ -100,6 +131,8 @@ def test_resumed_tokens_carry_the_logprobs_of_the_weights_that_sampled_them(shar
     model.double()
 
     assert stats["sync/aborted_requests"] > 0 and actor.stats["resumed"] > 0
+    # each resumed request prefills its prompt and prefix again (what keep_kv avoids, below)
+    assert EngineCounts.prefill_tokens > stats["prefill_before_push"][0]
     mixed = [s for s in samples if 0 in s.versions and 1 in s.versions]
     assert len(mixed) >= 4, [s.versions for s in samples]
     for s in mixed[:16]:
@@ -115,6 +148,42 @@ def test_resumed_tokens_carry_the_logprobs_of_the_weights_that_sampled_them(shar
         assert (got[k:] - v1[k:]).abs().max() < NATS, (got[k:] - v1[k:]).abs().max()
         # the versions differ enough that the check above can tell them apart
         assert (v0[k:] - v1[k:]).abs().mean() > 20 * NATS
+
+
+def test_keep_kv_prefills_nothing_after_a_push_and_labels_each_token_with_its_weights(shared):
+    """sync.keep_kv: the requests running at the push are paused with their KV cache and decode
+    on under the new weights. No request is aborted or started again, vLLM prefills no prompt
+    token and preempts no request after the push (its own statistics), and each token carries the
+    version that sampled it: the tokens before the load have version 0's logprobs exactly; the
+    ones after are the new weights' samples over the old keys and values, so they differ from
+    version 0's and are not version 1's full forward either (the mismatch keep_kv accepts)."""
+    loop, engine, path = shared
+    model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32).eval().double()
+    before = copy.deepcopy(model)
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
+    prompts = [tok(f"{a} minus {b} is")["input_ids"] for a in range(8) for b in range(4)]
+    samples, stats, actor = loop.run_until_complete(
+        generate_across_a_push(engine, model.float(), prompts, keep_kv=True))
+    model.double()
+    prefill_before, preempted_before = stats["prefill_before_push"]
+
+    assert stats["sync/aborted_requests"] == 0 and stats["sync/kept_requests"] > 8 and actor.stats["resumed"] == 0
+    assert EngineCounts.prefill_tokens == prefill_before > 0  # every request had started before the push
+    assert EngineCounts.preempted == preempted_before
+    mixed = [s for s in samples if 0 in s.versions and 1 in s.versions]
+    assert len(mixed) >= 4, [s.versions for s in samples]
+    after = []
+    for s in mixed[:16]:
+        s.validate()
+        k = s.versions.index(1)
+        assert s.versions == [0] * k + [1] * (len(s.versions) - k)
+        ids, n = s.prompt_ids + s.response_ids, len(s.prompt_ids)
+        got = torch.tensor(s.logprobs, dtype=torch.float64)
+        v0, v1 = hf_logprobs(before, ids)[n - 1:], hf_logprobs(model, ids)[n - 1:]
+        assert (got[:k] - v0[:k]).abs().max() < NATS, (got[:k] - v0[:k]).abs().max()
+        after.append((got[k:] - v0[k:]).abs().mean())
+        assert torch.isfinite(got[k:]).all() and (got[k:] - v1[k:]).abs().max() > 0
+    assert min(after) > 20 * NATS  # the new weights sample the tokens after the load
 
 
 async def resume_burst(engine, num_requests: int, prefix_len: int) -> list:

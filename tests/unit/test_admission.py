@@ -34,6 +34,13 @@ def test_assignment_goes_to_least_loaded_and_respects_the_cap():
     assert assign_prompts(3, {}, max_per_actor=10) == {}
 
 
+def test_assignment_by_requests_adds_a_group_a_prompt_and_fills_an_actor_just_below_its_cap():
+    # loads in requests, 4 a prompt, cap 16: actor 0 (13 running) takes one prompt and goes to
+    # 17; actor 1 (2) takes prompts at 2, 6, 10, 14 and stops at 18
+    assert assign_prompts(10, {0: 13, 1: 2}, max_per_actor=16, per_prompt=4) == {0: 1, 1: 4}
+    assert assign_prompts(10, {0: 16}, max_per_actor=16, per_prompt=4) == {}
+
+
 def chunk(n_prompt, n_resp):
     return SequenceChunk("g", 0, [1] * n_prompt, [2] * n_resp, 0, [0.0] * n_resp, [0] * n_resp, 1.0)
 

@@ -128,6 +128,18 @@ def test_stale_tokens_are_never_trained_and_are_counted():
         assert all(2 - v <= 1 for v in c.versions)
 
 
+def test_stale_policy_train_trains_stale_tokens_and_counts_them_beyond_the_bound():
+    """`train`: eta bounds admission only; a response 2 versions behind is trained whole, and the
+    cut reports its tokens beyond the bound (staleness/* then say what that costs)."""
+    buf = TokenBuffer(token_budget=8, max_staleness=1, stale_policy="train")
+    buf.add_group(make_group("old", [3], version=0))
+    buf.add_group(make_group("new", [5], version=2))
+    batch = buf.next_batch(learner_version=2)
+    assert [(c.group_id, c.versions) for c in batch] == [("old", [0, 0, 0]), ("new", [2] * 5)]
+    assert buf.stats.tokens_dropped_stale == 0 and buf.stats.tokens_beyond_bound == 3
+    assert buf.stats.tokens_in == buf.stats.tokens_out == 8
+
+
 def test_mixed_version_response_keeps_only_its_fresh_suffix():
     buf = TokenBuffer(token_budget=2, max_staleness=0)
     s = make_sample("g", 0, 4)

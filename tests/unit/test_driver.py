@@ -208,3 +208,20 @@ def test_a_stopping_run_is_granted_nothing_and_starts_no_step(driver):
     assert acts.bookkeeping and acts.grants == [] and acts.batch is None and driver.in_flight() == 0
     learner.state = StepState.DONE  # the running step still ends
     assert driver.turn(101.0, [], learner).step_done
+
+
+def test_admission_by_requests_hands_a_new_prompt_to_an_actor_whose_group_is_half_done(tmp_path):
+    """rollout.max_in_flight_requests: the cap counts samples still generating (here 2, one group
+    of N = 2), so an actor whose group has sent one of its samples takes another prompt though the
+    group is not done; by prompts it would hold its group count."""
+    d = make_driver(tmp_path, "rollout.max_in_flight_requests=2", "buffer.token_budget=64")
+    try:
+        first = d.admit(version=0, actor_ids=[0], step_running=False)
+        assert [len(g.prompts) for g in first] == [1] and d.ledger.requests_by_actor([0]) == {0: 2}
+        assert d.admit(version=0, actor_ids=[0], step_running=False) == []  # 2 of 2 running
+        d.ingest(respond(first[0], 0)[:1])  # one of its two samples is back
+        assert d.ledger.requests_by_actor([0]) == {0: 1} and d.ledger.generating_by_actor([0]) == {0: 1}
+        more = d.admit(version=0, actor_ids=[0], step_running=False)
+        assert [len(x.prompts) for x in more] == [1] and d.ledger.requests_by_actor([0]) == {0: 3}
+    finally:
+        d.rewards.close()

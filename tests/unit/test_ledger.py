@@ -176,6 +176,9 @@ def test_generating_counts_kept_as_groups_move_equal_a_scan_of_the_records():
             for r in led.take_requeued(2):
                 led.readmit(r, rng.choice(actors), version=rng.randrange(4))
         assert led.generating_by_actor(actors) == scanned()
+        # samples still to arrive per actor (admission by requests), against a scan of the records
+        assert led.requests_by_actor(actors) == {a: sum(3 - r.generated for r in led.records.values()
+                                                        if r.actor == a and r.state == "generating") for a in actors}
         # the admission versions the stale gate reads, likewise
         live = led.records.values()
         assert led.in_flight_versions.oldest == min((r.admitted_at for r in live), default=None)

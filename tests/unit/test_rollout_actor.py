@@ -1,5 +1,7 @@
 import asyncio
 
+import pytest
+
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.fake_engine import FakeEngine
@@ -10,9 +12,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def make_actor(emitted, delay_s=0.002, sync_mode="drain", vocab_size=16):
+def make_actor(emitted, delay_s=0.002, sync_mode="drain", vocab_size=16, keep_kv=False):
     return RolloutActor(0, lambda: FakeEngine(vocab_size=vocab_size, delay_s=delay_s), SamplingSpec(1.0, 1.0, 8),
-                        group_size=4, emit=emitted.append, seed=1, sync_mode=sync_mode)
+                        group_size=4, emit=emitted.append, seed=1, sync_mode=sync_mode, keep_kv=keep_kv)
 
 
 def test_every_sample_of_every_prompt_is_emitted_once_with_consistent_fields():
@@ -173,9 +175,11 @@ def test_inflight_resume_continues_from_the_prefix_and_keeps_the_prompt():
         assert s.prompt_ids == [7, 8] and ids == [7, 8] + s.response_ids[:k] and n == 8 - k
 
 
-def test_inflight_update_lets_evaluation_requests_finish_on_one_version():
+@pytest.mark.parametrize("keep_kv", [False, True])
+def test_an_inflight_update_lets_evaluation_requests_finish_on_one_version(keep_kv):
+    """Neither aborted nor kept across the load: a push waits for evaluation requests."""
     async def main():
-        actor = make_actor([], delay_s=0.01, sync_mode="inflight", vocab_size=1000)
+        actor = make_actor([], delay_s=0.01, sync_mode="inflight", vocab_size=1000, keep_kv=keep_kv)
         await actor.start()
         evaluation = asyncio.create_task(actor.evaluate([PromptItem("eval-0", [1], {})], SamplingSpec(1.0, 1.0, 8), n=2))
         await asyncio.sleep(0.015)
@@ -183,5 +187,72 @@ def test_inflight_update_lets_evaluation_requests_finish_on_one_version():
         return await evaluation, stats
 
     samples, stats = run(main())
-    assert stats["sync/aborted_requests"] == 0
+    assert stats["sync/aborted_requests"] == 0 and stats["sync/kept_requests"] == 0
     assert all(s.versions == [0] * 8 for s in samples)
+
+
+def test_keep_kv_pauses_requests_in_place_and_tags_each_token_by_the_weights_that_sampled_it():
+    """sync.keep_kv: no request is aborted or resumed (one engine request a sample, never a
+    prefix prefilled again); the tokens after the load carry its version, from the engine's labels."""
+    requests = []
+
+    async def main():
+        out = []
+        actor = make_actor(out, delay_s=0.01, sync_mode="inflight", vocab_size=1000, keep_kv=True)
+        await actor.start()
+        real = actor.engine.generate
+
+        async def recording(prompt_ids, spec, request_id):
+            requests.append(request_id)
+            return await real(prompt_ids, spec, request_id)
+
+        actor.engine.generate = recording
+        await actor.submit([PromptItem("p", [7, 8], {})])
+        await asyncio.sleep(0.015)  # every request has some tokens and not all of them
+        stats = await actor.update_weights({}, version=1)  # the fake engine refuses a load unless paused
+        while len(out) < 4:
+            await asyncio.sleep(0.01)
+        return out, stats, actor
+
+    out, stats, actor = run(main())
+    assert stats["sync/aborted_requests"] == 0 and stats["sync/kept_requests"] == 4
+    assert sorted(requests) == [f"p-{i}-a0" for i in range(4)] and actor.stats["resumed"] == 0
+    for s in out:
+        s.validate()
+        assert len(s.response_ids) == 8
+        k = s.versions.index(1)
+        assert 0 < k < 8 and s.versions == [0] * k + [1] * (8 - k)
+        assert s.logprobs == [actor.engine.logprob_at(v) for v in s.versions]
+
+
+def test_token_versions_of_a_kept_request():
+    from asyncrl.rollout.actor import token_versions
+
+    assert token_versions(None, 3, 4) == [3, 3, 3, 3]
+    # the first stretch is the start's whatever its label (none before a labelled load, or a
+    # previous run's in a warm study); later stretches are the loads' own versions
+    assert token_versions([None, None, 4, 4, 5], 3, 5) == [3, 3, 4, 4, 5]
+    assert token_versions([300, 300, 1], 0, 3) == [0, 0, 1]
+    try:
+        make_actor([], sync_mode="drain", keep_kv=True)
+    except ValueError as e:
+        assert "inflight" in str(e)
+    else:
+        raise AssertionError("keep_kv with drain must be refused")
+
+
+def test_occupancy_is_requests_running_over_the_engines_batch_since_the_last_update():
+    """4 requests run from the submit until the drain before the load ends them (vocab 1000: 8
+    tokens of ~5 ms each): an engine of max_num_seqs 2 is full but for the last request's tail,
+    one of 8 at most half full (4 of 8), less as the requests end one by one."""
+    async def main(max_num_seqs):
+        actor = RolloutActor(0, lambda: FakeEngine(vocab_size=1000, delay_s=0.01, max_num_seqs=max_num_seqs),
+                             SamplingSpec(1.0, 1.0, 8), group_size=4, emit=lambda s: None, sync_mode="drain")
+        await actor.start()
+        await actor.update_weights({}, version=1)  # the window starts here: nothing ran before
+        await actor.submit([PromptItem("p", [1], {})])
+        await asyncio.sleep(0.025)
+        return (await actor.update_weights({}, version=2))["rollout/occupancy"]
+
+    full, half = run(main(2)), run(main(8))
+    assert full > 0.7 and 0.25 < half <= 0.5 and half < full
