@@ -7,7 +7,10 @@ closes the gate to new requests and gets the engine idle by its sync mode:
 - drain: the running requests finish (the engine idles for the longest of them);
 - inflight: they are aborted at the end of the engine's step, keep their tokens (each tagged with
   the version that generated it) and resume after the load as requests whose context is the
-  prompt plus that prefix (prefilled again: the prefix cache is reset by a load).
+  prompt plus that prefix (prefilled again: the prefix cache is reset by a load);
+- inflight with keep_kv (sync.keep_kv): the engine pauses at the end of its step with every
+  request and its KV cache in place and decodes on after the load, no prefill; the tokens after
+  the load carry the new version.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ class _Draw:
 class SimActor:
     def __init__(self, actor_id: int, engine: SimEngine, sync_mode: str, prompt_tokens: int,
                  lengths: Lengths, rewards: PassRates, deliver: Callable[[bytes, int, float], None],
-                 scored: bool = False):
+                 scored: bool = False, keep_kv: bool = False):
         self.actor_id, self.engine, self.sync_mode, self.prompt_tokens = actor_id, engine, sync_mode, prompt_tokens
+        self.keep_kv = keep_kv and sync_mode == "inflight"
+        self._kept: list[Request] = []  # paused in the engine for a load (keep_kv)
         self.lengths, self.rewards, self.deliver, self.scored = lengths, rewards, deliver, scored
         self.version = 0
         self.gate_open = True
@@ -95,7 +100,9 @@ class SimActor:
     def begin_update(self, t: float, ready: Callable[[float], None]) -> None:
         """Close the gate and get the engine idle; `ready(t)` once it is (the load can start)."""
         self.gate_open, self._ready = False, ready
-        if self.sync_mode == "inflight" and not self.engine.empty:
+        if self.keep_kv and not self.engine.empty:
+            self.engine.pause(t, self._paused)
+        elif self.sync_mode == "inflight" and not self.engine.empty:
             self.engine.abort(t, self._aborted)
         elif self.engine.empty:
             self._idle(t)
@@ -109,9 +116,19 @@ class SimActor:
                 d.runs.append((d.version, r.generated))
                 self.resumed += 1
             self.aborted += 1
-            resumed.append(Request(r.context, r.remaining, d))  # from its prefix, after the load
+            resumed.append(Request(r.context, r.remaining, d, resumed=True))  # from its prefix, after the load
         self._held[:0] = resumed  # ahead of anything submitted since: they are older
         self._idle(t)
+
+    def _paused(self, requests: list[Request], t: float) -> None:
+        for r in requests:  # the tokens so far are the old version's; the rest the new one's
+            d: _Draw = r.owner
+            if r.generated:
+                d.runs.append((d.version, r.generated))
+                r.generated = 0
+        self._kept = requests
+        ready, self._ready = self._ready, None
+        ready(t)
 
     def _idle(self, t: float) -> None:
         if self._ready is not None and not self.gate_open and self.engine.empty:
@@ -121,6 +138,11 @@ class SimActor:
     def end_update(self, version: int, t: float) -> None:
         """The new weights are loaded: reopen, resume what was aborted, start what was held."""
         self.version, self.gate_open = version, True
+        kept, self._kept = self._kept, []
+        for r in kept:
+            r.owner.version = version
+        if kept:
+            self.engine.resume(t)
         held, self._held = self._held, []
         if held:
             self._start(held, t)

@@ -1,22 +1,28 @@
-"""A scenario's modes side by side: the synchronous baseline, drain and in-flight asynchronous
-runs of the real driver in the twin, a table, the summary JSON and a utilisation figure
-(`asyncrl twin`)."""
+"""A scenario's modes side by side: the two synchronous baselines (colocated, decoupled), drain
+and in-flight asynchronous runs on the split and the colocated asynchronous layout, all with the
+real driver in the twin; a table, the summary JSON and a utilisation figure (`asyncrl twin`).
+
+Each ratio in the summary names its baseline: `async_over_sync` is against the colocated
+synchronous step (verl's and TRL's placement), `async_over_decoupled` against the synchronous step
+on the same split as the asynchronous run (AReaL's synchronous variant, the baseline of its 2.77x)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from asyncrl.twin.cluster import MODES, Twin
+from asyncrl.twin.cluster import MODES, SYNC_MODES, Twin
 from asyncrl.twin.scenario import Scenario
 
 COLUMNS = [("steps_per_s", "steps/s", ".4f"), ("trained_tokens_per_s", "trained tok/s", ",.0f"),
-           ("fraction_of_ideal", "of ideal", ".2f"), ("gen_util", "gen util", ".2f"), ("train_util", "train util", ".2f"),
+           ("fraction_of_ideal", "of ideal", ".2f"), ("gen_util", "gen busy", ".2f"),
+           ("gen_occupancy", "gen occupancy", ".2f"), ("train_util", "train util", ".2f"),
            ("staleness_mean", "stale mean", ".2f"), ("staleness_max", "stale max", ".0f"),
            ("length_bias", "len bias", "+.3f"), ("push_s_mean", "push s", ".2f"),
            ("driver_core_frac", "driver cores", ".3f")]
 
-SUMMARY_KEYS = ["trained_tokens_per_s", "ideal_tokens_per_s", "fraction_of_ideal", "gen_util", "train_util",
+SUMMARY_KEYS = ["trained_tokens_per_s", "ideal_tokens_per_s", "fraction_of_ideal", "gen_util", "gen_occupancy",
+                "reprefill_frac", "train_util",
                 "staleness_mean", "staleness_max", "length_bias", "driver_core_frac", "steps_per_s", "keep_frac",
                 "stale_dropped_frac", "push_s_mean"]
 
@@ -31,22 +37,26 @@ def run_modes(sc: Scenario, modes: list[str] = list(MODES), charge_driver: bool 
 
 
 def summary(sc: Scenario, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The last line: the scenario's own asynchronous mode against the synchronous baseline."""
-    main = results.get(sc.run.sync_mode) or next(r for m, r in results.items() if m != "sync")
+    """The last line: the scenario's own asynchronous mode against each synchronous baseline run."""
+    main = results.get(sc.run.sync_mode) or next(r for m, r in results.items() if m not in SYNC_MODES)
     out: dict[str, Any] = {"scenario": sc.name, "mode": main["mode"], "gen_gpus": sc.split.gen_gpus,
                            "train_gpus": sc.split.train_gpus, "max_staleness": sc.run.max_staleness,
                            **{k: main[k] for k in SUMMARY_KEYS}}
-    if "sync" in results:
+    rate = main["trained_tokens_per_s"]
+    if "sync" in results:  # colocated
         sync = results["sync"]["trained_tokens_per_s"]
-        out.update(sync_trained_tokens_per_s=sync, async_over_sync=main["trained_tokens_per_s"] / sync)
+        out.update(sync_trained_tokens_per_s=sync, async_over_sync=rate / sync)
+    if "sync_decoupled" in results:
+        out["async_over_decoupled"] = rate / results["sync_decoupled"]["trained_tokens_per_s"]
     for mode, r in results.items():
         out[f"{mode}_trained_tokens_per_s"] = r["trained_tokens_per_s"]
     return out
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    head = f"{'mode':<9}" + "".join(f"{title:>14}" for _, title, _ in COLUMNS)
-    rows = [f"{mode:<9}" + "".join(f"{format(r[key], fmt):>14}" for key, _, fmt in COLUMNS) for mode, r in results.items()]
+    head = f"{'mode':<15}" + "".join(f"{title:>14}" for _, title, _ in COLUMNS)
+    rows = [f"{mode:<15}" + "".join(f"{format(r[key], fmt):>14}" for key, _, fmt in COLUMNS)
+            for mode, r in results.items()]
     return "\n".join([head, *rows])
 
 

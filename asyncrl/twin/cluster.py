@@ -13,11 +13,19 @@ prompts and a learner waiting for batches. Without it the run is a pure function
 scenario (what the determinism test compares); its CPU time is measured either way
 (`driver_core_frac`).
 
-Modes: `inflight` and `drain` are asyncrl's asynchronous loop with that sync.mode and the
-scenario's max_staleness; `sync` is the baseline TRL and verl users run: a rollout batch of
-`sync_prompts` prompts, one optimizer step on all of it, a push, repeat
-(buffer.rollout_batch_prompts = minibatch_prompts, max_staleness 0; tools/bench_async_vs_sync.py
-runs the same on the real system), on every GPU for both phases (colocated, Scenario.for_mode).
+Modes (MODES), each labelled by its layout:
+
+- `sync`: the baseline TRL and verl users run, colocated: every GPU generates a rollout batch of
+  `sync_prompts` prompts, then every GPU trains one optimizer step on all of it, a push, repeat
+  (buffer.rollout_batch_prompts = minibatch_prompts, max_staleness 0; tools/bench_async_vs_sync.py
+  runs the same on the real system). Offload and reload between the phases are not charged.
+- `sync_decoupled`: the same schedule on the asynchronous split (AReaL's synchronous variant:
+  generation GPUs wait while training GPUs train, and the other way round).
+- `drain`, `inflight`: asyncrl's asynchronous loop on the split, with that sync.mode and the
+  scenario's max_staleness.
+- `colocate_async`: the asynchronous loop on one set of GPUs (verl's colocated asynchronous
+  layout): generation and training interleave with one step of overlap (max_staleness 1), each
+  slowed by `run.colocate_slowdown` while the other computes.
 
 `trained_tokens_per_s` counts the loss tokens with a non-zero advantage: the asynchronous modes
 drop zero-variance groups before training (dynamic sampling), the synchronous step trains them
@@ -43,7 +51,8 @@ from asyncrl.twin.learner import SimLearner
 from asyncrl.twin.rewards import TwinRewardPool
 from asyncrl.twin.scenario import Scenario
 
-MODES = ("sync", "drain", "inflight")
+MODES = ("sync", "sync_decoupled", "drain", "inflight", "colocate_async")
+SYNC_MODES = ("sync", "sync_decoupled")
 
 
 def sync_prompts(sc: Scenario, mean_len: float) -> int:
@@ -63,10 +72,11 @@ def driver_overrides(sc: Scenario, mode: str, mean_len: float, workdir: Path) ->
            f"reward.num_workers={r.reward_workers}", "eval.every_steps=0",
            f"rollout.num_actors={sc.split.engines}", f"rollout.group_size={w.group_size}",
            f"rollout.max_tokens={w.max_tokens}", f"rollout.max_in_flight_prompts={per_actor}",
+           *([f"rollout.max_in_flight_requests={r.max_in_flight_requests}"] if r.max_in_flight_requests else []),
            f"model.max_model_len={w.max_tokens + 512}", f"buffer.token_budget={r.token_budget}",
            "observe.tensorboard=false", "observe.console=off", f"observe.output_dir={workdir}", *r.overrides]
     given = {o.split("=", 1)[0].strip() for o in r.overrides}
-    if mode == "sync":
+    if mode in SYNC_MODES:
         n = sync_prompts(sc, mean_len)
         # a rollout batch trained whole, zero-variance groups too (no dynamic sampling: its
         # replacement groups would start late and lengthen the step; they carry no gradient,
@@ -74,7 +84,10 @@ def driver_overrides(sc: Scenario, mode: str, mean_len: float, workdir: Path) ->
         return [*out, "buffer.max_staleness=0", f"buffer.rollout_batch_prompts={n}", f"buffer.minibatch_prompts={n}",
                 "sync.mode=drain", *(["algo.drop_zero_variance_groups=false"]
                                      if "algo.drop_zero_variance_groups" not in given else [])]
-    return [*out, f"buffer.max_staleness={r.max_staleness}", f"sync.mode={mode}"]
+    sync_mode = r.sync_mode if mode == "colocate_async" else mode
+    keep_kv = ["sync.keep_kv=true"] if r.keep_kv and sync_mode == "inflight" else []
+    return [*out, f"buffer.max_staleness={r.max_staleness}", f"sync.mode={sync_mode}", *keep_kv,
+            f"buffer.stale_policy={r.stale_policy}"]
 
 
 @dataclass
@@ -114,7 +127,7 @@ class Twin:
                                   on_busy=lambda busy, t: self.learner.engine_busy(busy, t))
                         for _ in range(sc.split.engines)]
         self.actors = [SimActor(i, e, self.cfg.sync.mode, sc.workload.prompt_tokens, self.lengths, pass_rates,
-                                self._deliver, scored=sc.run.reward_placement == "actor")
+                                self._deliver, scored=sc.run.reward_placement == "actor", keep_kv=self.cfg.sync.keep_kv)
                        for i, e in enumerate(self.engines)]
         self.actor_ids = list(range(len(self.actors)))
         # the driver's thread
@@ -265,6 +278,7 @@ class Twin:
         b0, b1 = math.ceil(t0 / self.bin_s), math.floor(last.t / self.bin_s)
         span = max(b1 - b0, 1) * self.bin_s
         gen_busy = sum(e.stats.busy_by_bin.get(b, 0.0) for e in self.engines for b in range(b0, b1))
+        running = sum(e.stats.running_by_bin.get(b, 0.0) for e in self.engines for b in range(b0, b1))
         train_busy = sum(self.learner.busy.by_bin.get(b, 0.0) for b in range(b0, b1))
         tokens = sum(r.loss_tokens * r.staleness_mean for r in measured)
         stats = self.driver.buffer_stats()
@@ -276,6 +290,12 @@ class Twin:
             "ideal_tokens_per_s": ideal, "fraction_of_ideal": rate / ideal,
             "gen_capacity_tokens_per_s": gen_cap, "train_capacity_tokens_per_s": train_cap, "keep_frac": keep,
             "gen_util": gen_busy / (len(self.engines) * span), "train_util": train_busy / span,
+            # running requests over max_num_seqs, time-weighted: an engine busy all the time at a
+            # fraction of its batch has gen_util 1 and a low occupancy
+            "gen_occupancy": running / (len(self.engines) * span * sc.engine.max_num_seqs),
+            # engine time spent prefilling again what in-flight updates aborted (whole run)
+            "reprefill_frac": (sum(e.stats.reprefill_s for e in self.engines)
+                               / max(sum(e.stats.busy_s for e in self.engines), 1e-12)),
             "staleness_mean": tokens / loss_tokens if loss_tokens else 0.0,
             "staleness_max": max(r.staleness_max for r in measured),
             "length_bias": stats.length_bias,

@@ -13,7 +13,13 @@ can start, an abort).
 
 Abort: at the end of the running step every request, running or waiting, is handed back with the
 tokens it generated, as vLLM's abort returns a partial completion (the actor resumes them after a
-weight load, rollout/actor.py's in-flight update).
+weight load, rollout/actor.py's in-flight update). Pause (sync.keep_kv): at the end of the running
+step the engine stops with every request in place, its KV cache kept, until `resume`; the
+requests then go on decoding with no prefill (vLLM's pause mode "keep").
+
+Utilisation is measured two ways: busy time (a step is running) and occupancy (running requests
+over `max_num_seqs`, time-weighted). An engine can be busy all the time at a fraction of its
+batch, which only the second shows.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ class Request:
     """Tokens still to generate."""
     owner: Any = None
     generated: int = 0
-    """Tokens this request generated (since it was submitted)."""
+    """Tokens this request generated (since it was submitted, or since the last pause)."""
+    resumed: bool = False
+    """It continues an aborted request: its first prefill recomputes a prefix (EngineStats.reprefill_s)."""
 
 
 @dataclass
@@ -59,7 +67,13 @@ class EngineStats:
     tokens: int = 0
     prefill_tokens: int = 0
     preemptions: int = 0
+    reprefill_tokens: int = 0
+    """Context prefilled again by requests resumed after an abort (prompt plus their prefix)."""
+    reprefill_s: float = 0.0
+    """The share of step time those prefills cost (their c_prefill_s and c_request_s)."""
     busy_by_bin: dict[int, float] = field(default_factory=dict)
+    running_by_bin: dict[int, float] = field(default_factory=dict)
+    """Request-seconds per bin: running requests times time (occupancy = this / (max_num_seqs x bin))."""
 
 
 class SimEngine:
@@ -75,7 +89,8 @@ class SimEngine:
         self.context = 0  # of the running requests
         self.stretch: _Stretch | None = None
         self._token = 0
-        self._abort: Callable[[list[Request], float], None] | None = None
+        self._stop: tuple[str, Callable[..., None]] | None = None  # ("abort" | "pause", callback) at the next boundary
+        self.paused = False
         self.slowdown = 1.0  # on the costs of the stretches planned from now on (set_slowdown)
         self.stats = EngineStats()
 
@@ -108,21 +123,39 @@ class SimEngine:
 
     def abort(self, t: float, on_aborted: Callable[[list[Request], float], None]) -> None:
         """At the end of the running step (now, if idle): every request comes back to `on_aborted`."""
-        self._abort = on_aborted
+        self._stop_at_boundary(t, "abort", on_aborted)
+
+    def pause(self, t: float, on_paused: Callable[[list[Request], float], None]) -> None:
+        """At the end of the running step (now, if idle): stop stepping, every request kept in place
+        with its KV cache; `on_paused` gets them (running first) until `resume`."""
+        self._stop_at_boundary(t, "pause", on_paused)
+
+    def resume(self, t: float) -> None:
+        """Step again after a pause: kept requests decode on, with no prefill."""
+        self.paused = False
         if self.stretch is None:
-            self._hand_back(t)
+            self._plan(t)
+
+    def _stop_at_boundary(self, t: float, kind: str, callback: Callable[[list[Request], float], None]) -> None:
+        self._stop = (kind, callback)
+        if self.stretch is None:
+            self._stopped(t)
         else:
             self._cut(t)
 
     # -- stretches ------------------------------------------------------------------------------
 
     def _plan(self, t: float) -> None:
-        prefill = started = 0
+        if self.paused:
+            return
+        prefill = started = resumed = resumed_n = 0
         while (self.waiting and len(self.running) < self.max_num_seqs
                and self.context + prefill + self.waiting[0].context + len(self.running) + 1 <= self.kv_tokens):
             r = self.waiting.popleft()
             prefill += r.context
             started += 1
+            if r.resumed:
+                resumed, resumed_n, r.resumed = resumed + r.context, resumed_n + 1, False
             self.running.append(r)
         if not self.running:
             self.stretch = None
@@ -139,6 +172,9 @@ class SimEngine:
         self.stretch = _Stretch(t, cost, batch, self.context, prefill, started, max(1, min(by_finish, by_cache)),
                                 self._token)
         self.stats.prefill_tokens += prefill
+        if resumed:
+            self.stats.reprefill_tokens += resumed
+            self.stats.reprefill_s += cost.c_prefill_s * resumed + cost.c_request_s * resumed_n
         self._schedule()
         self._notify(t)
 
@@ -187,16 +223,20 @@ class SimEngine:
         self.stretch = None
         if finished:
             self.on_finished(finished, t)
-        if self._abort is not None:
-            self._hand_back(t)
+        if self._stop is not None:
+            self._stopped(t)
         elif self.stretch is None:  # on_finished may have submitted (and planned) already
             self._plan(t)
 
-    def _hand_back(self, t: float) -> None:
-        back, self.running, self.waiting, self.context = [*self.running, *self.waiting], [], deque(), 0
-        self.stretch, (callback, self._abort) = None, (self._abort, None)
+    def _stopped(self, t: float) -> None:
+        (kind, callback), self._stop, self.stretch = self._stop, None, None
+        requests = [*self.running, *self.waiting]
+        if kind == "abort":
+            self.running, self.waiting, self.context = [], deque(), 0
+        else:
+            self.paused = True
         self._notify(t)
-        callback(back, t)
+        callback(requests, t)
 
     def _account(self, t0: float, t1: float, steps: int, batch: int) -> None:
         st = self.stats
@@ -204,7 +244,8 @@ class SimEngine:
         st.steps += steps
         st.tokens += steps * batch
         b, w = int(t0 // self.bin_s), self.bin_s
-        while t0 < t1:  # busy time per bin of the utilisation timeline
+        while t0 < t1:  # busy time and occupancy per bin of the utilisation timeline
             end = min(t1, (b + 1) * w)
             st.busy_by_bin[b] = st.busy_by_bin.get(b, 0.0) + end - t0
+            st.running_by_bin[b] = st.running_by_bin.get(b, 0.0) + (end - t0) * batch
             t0, b = end, b + 1

@@ -120,6 +120,9 @@ class LengthSpec(_Section):
     """kind empirical: a real run's samples.jsonl (its completions' response_tokens)."""
     values: list[int] = []
     """kind empirical: the lengths themselves (tools/validate_twin.py writes those it measured)."""
+    group_share: float = Field(0.0, ge=0, le=1)
+    """Share of the variance of log length that a prompt's samples have in common (the intraclass
+    correlation of log lengths: a hard prompt makes every answer long). 0: independent draws."""
 
 
 class PassRateSpec(_Section):
@@ -146,11 +149,19 @@ class Run(_Section):
     sync_mode: Literal["inflight", "drain"] = "inflight"
     max_in_flight_prompts: int | None = Field(None, ge=1)
     """Per actor; default: enough to keep its engine's max_num_seqs busy twice over."""
+    max_in_flight_requests: int | None = Field(None, ge=1)
+    """Per actor, samples still generating (rollout.max_in_flight_requests): admission by requests,
+    which replaces the cap on prompts. None: by prompts."""
+    keep_kv: bool = False
+    """sync.keep_kv: in-flight updates pause requests with their KV cache instead of aborting and
+    re-prefilling them."""
+    stale_policy: Literal["discard", "wait", "pace", "ess", "train"] = "discard"
+    """buffer.stale_policy of the asynchronous modes (the synchronous ones have nothing stale)."""
+    colocate_slowdown: float = Field(2.0, ge=1)
+    """colocate_async: each side's work takes this many times longer while the other computes on
+    the same GPUs (2: an even time share; assumed)."""
     sync_prompts: int | None = Field(None, ge=1)
     """Prompts per synchronous step (the baseline); default: Phi's worth at the mean length."""
-    sync_colocated: bool = True
-    """The synchronous baseline on every GPU for both phases (verl's and TRL's colocated
-    placement: all GPUs generate, then all train); false: on the asynchronous split."""
     steps: int = Field(12, ge=1)
     warmup_steps: int = Field(2, ge=0)
     reward_placement: Literal["driver", "actor"] = "driver"
@@ -175,12 +186,19 @@ class Scenario(_Section):
     run: Run
 
     def for_mode(self, mode: str) -> "Scenario":
-        """The scenario a mode runs: the synchronous baseline, colocated, has every GPU on both sides."""
-        if mode != "sync" or not self.run.sync_colocated:
+        """The scenario a mode runs (cluster.MODES): the colocated ones have every GPU on both
+        sides; colocate_async slows each side while the other computes, at a staleness of 1."""
+        if mode not in ("sync", "colocate_async"):
             return self
         total = self.split.gen_gpus + self.split.train_gpus
         split = Split(gen_gpus=total - total % self.split.tp, train_gpus=total, tp=self.split.tp, colocated=True)
-        return self.model_copy(update={"split": split})
+        update: dict[str, Any] = {"split": split}
+        if mode == "colocate_async":
+            f = self.run.colocate_slowdown
+            update.update(engine=self.engine.model_copy(update={"slowdown_while_training": f}),
+                          learner=self.learner.model_copy(update={"slowdown_while_generating": f}),
+                          run=self.run.model_copy(update={"max_staleness": 1}))
+        return self.model_copy(update=update)
 
     @property
     def nodes(self) -> int:
@@ -219,7 +237,7 @@ class Scenario(_Section):
     def lengths(self) -> Lengths:
         ls, w = self.workload.lengths, self.workload
         hist = lengths_of_run(ls.samples) if ls.kind == "empirical" and ls.samples else ls.values
-        return Lengths(ls.kind, w.max_tokens, self.seed, ls.mean, ls.sigma, hist)
+        return Lengths(ls.kind, w.max_tokens, self.seed, ls.mean, ls.sigma, hist, ls.group_share)
 
     def pass_rates(self) -> PassRates:
         p = self.workload.pass_rate

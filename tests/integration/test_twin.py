@@ -48,6 +48,44 @@ def test_sync_step_is_one_batch_generated_then_trained_then_pushed():
     assert r["staleness_max"] == 0 and r["stale_dropped_frac"] == 0
 
 
+def test_the_decoupled_baseline_trains_on_the_split_and_the_colocated_one_on_every_gpu():
+    """A learner whose compute scales with its GPUs (6 FLOPs x 1 param x 3840 tokens at 38,400
+    FLOP/s: 0.6 s on one GPU, 0.2 s on three) beside 0.5 s fixed, a push of 0.2 s, generation
+    1 s (100 steps of 10 ms on the engines, two or three, every request at once): colocated a step
+    is 1 + 0.5 + 0.2 + 0.2 = 1.9 s; decoupled, on the split's one training GPU, 1 + 0.5 + 0.6 + 0.2."""
+    per_gpu = {"learner.per_token_s": 0.0, "hardware.peak_flops": 38_400.0}
+    colocated = Twin(scenario(per_gpu), "sync", charge_driver=False).run()
+    decoupled = Twin(scenario(per_gpu), "sync_decoupled", charge_driver=False).run()
+    assert colocated["engines"] == 3 and decoupled["engines"] == 2
+    assert colocated["steps_per_s"] == pytest.approx(1 / 1.9, rel=0.01)
+    assert decoupled["steps_per_s"] == pytest.approx(1 / 2.3, rel=0.01)
+
+
+def test_colocate_async_shares_every_gpu_at_a_staleness_of_one():
+    """With no contention (colocate_slowdown 1) the colocated asynchronous layout is the in-flight
+    loop at eta 1 with every GPU on both sides; sharing the GPUs slows it."""
+    fast = {"learner.fixed_s": 0.05, "learner.per_token_s": 0.0, "push.fixed_s": 0.0}
+    shared = Twin(scenario(fast), "colocate_async", charge_driver=False).run()
+    alone = Twin(scenario(fast, colocate_slowdown=1.0), "colocate_async", charge_driver=False).run()
+    split = Twin(scenario({**fast, "split.gen_gpus": 3, "split.train_gpus": 3}, max_staleness=1), "inflight",
+                 charge_driver=False).run()
+    assert shared["engines"] == alone["engines"] == 3
+    assert alone["trained_tokens_per_s"] == split["trained_tokens_per_s"]
+    assert alone["staleness_max"] == split["staleness_max"] <= 2  # eta 1, plus a split rest
+    assert shared["trained_tokens_per_s"] < 0.97 * alone["trained_tokens_per_s"]
+
+
+def test_keep_kv_resumes_nothing_and_prefills_nothing_again():
+    """In-flight updates with a prefill cost: aborting re-prefills each request's prompt and prefix
+    (reprefill_frac > 0); with keep_kv the requests pause in place and nothing is prefilled again."""
+    prefill = {"engine.c_prefill_s": 1e-4, "learner.fixed_s": 0.3}
+    aborted = Twin(scenario(prefill, overrides=[]), "inflight", charge_driver=False).run()
+    kept = Twin(scenario(prefill, keep_kv=True, overrides=[]), "inflight", charge_driver=False).run()
+    assert aborted["resumed_requests"] > 0 and aborted["reprefill_frac"] > 0.001
+    assert kept["resumed_requests"] == 0 and kept["reprefill_frac"] == 0.0
+    assert kept["trained_tokens_per_s"] > aborted["trained_tokens_per_s"]
+
+
 def test_async_is_the_min_of_generation_and_training_rates():
     # generation-bound: 2 engines x 64 tokens per 10 ms = 12,800 tokens/s, against a learner that
     # would take 3200 tokens in 0.05 s + a free push
@@ -56,6 +94,8 @@ def test_async_is_the_min_of_generation_and_training_rates():
     r = Twin(scenario(fast_learner, steps=16, warmup_steps=4), "inflight", charge_driver=False).run()
     assert r["all_trained_tokens_per_s"] == pytest.approx(12_800, rel=0.03)
     assert r["gen_util"] > 0.97
+    # occupancy: 64 requests running of max_num_seqs 64 whenever the engines are busy
+    assert r["gen_occupancy"] == pytest.approx(r["gen_util"], rel=0.02)
     # training-bound: a step of 1 s and a push of 0.2 s a step, 3200 tokens each
     slow_learner = {"learner.fixed_s": 1.0, "learner.per_token_s": 0.0}
     r = Twin(scenario(slow_learner), "inflight", charge_driver=False).run()
@@ -115,14 +155,16 @@ def test_asyncrl_twin_prints_the_summary_json_and_draws_the_figure(tmp_path, cap
 
     path = tmp_path / "hand.yaml"
     path.write_text(yaml.safe_dump(scenario({}, steps=8, warmup_steps=2).model_dump(exclude_none=True)))
-    assert main([str(path), "learner.fixed_s=1.0", "--modes", "sync", "inflight", "--no-charge",
+    assert main([str(path), "learner.fixed_s=1.0", "--modes", "sync", "sync_decoupled", "inflight", "--no-charge",
                  "--out", str(tmp_path / "out")]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in ("trained_tokens_per_s", "sync_trained_tokens_per_s", "async_over_sync", "ideal_tokens_per_s",
-                "fraction_of_ideal", "gen_util", "train_util", "staleness_mean", "staleness_max", "length_bias",
-                "driver_core_frac"):
+    for key in ("trained_tokens_per_s", "sync_trained_tokens_per_s", "async_over_sync", "async_over_decoupled",
+                "ideal_tokens_per_s", "fraction_of_ideal", "gen_util", "gen_occupancy", "reprefill_frac", "train_util",
+                "staleness_mean", "staleness_max", "length_bias", "driver_core_frac"):
         assert isinstance(last[key], float), key
     assert last["async_over_sync"] == pytest.approx(last["trained_tokens_per_s"] / last["sync_trained_tokens_per_s"])
+    assert last["async_over_decoupled"] == pytest.approx(
+        last["trained_tokens_per_s"] / last["sync_decoupled_trained_tokens_per_s"])
     assert (tmp_path / "out" / "utilisation.png").stat().st_size > 10_000
     # a field the scenario does not have: one line naming it, exit 2
     assert main([str(path), "run.max_stalenes=2"]) == 2

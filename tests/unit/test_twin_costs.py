@@ -116,3 +116,32 @@ def test_the_engine_reports_when_it_starts_and_stops_computing():
     events.at(10.5, lambda t: e.abort(t, lambda rs, t: None))
     run_engine(e, events)
     assert changes == [(True, 0.0), (False, 3.0), (True, 10.0), (False, 11.0)]
+
+
+def test_pause_keeps_requests_and_their_context_and_resume_decodes_on_with_no_prefill():
+    """c_prefill 1 s a token: a prefill would show. Two requests of 4 prompt tokens start at t 0
+    (8 s of prefill + 1 s step), pause at the end of the step running at 10.5 s (t 11, 3 tokens
+    each), resume at 20 and finish their last 7 steps by 27, with nothing prefilled again."""
+    events, paused, done = EventQueue(), [], []
+    e = SimEngine(EngineCost(1.0, 0.0, 0.0, 1.0), 8, 100, events, on_finished=lambda rs, t: done.append(t))
+    e.submit([Request(context=4, remaining=10), Request(context=4, remaining=10)], 0.0)
+    events.at(10.5, lambda t: e.pause(t, lambda rs, t: paused.append((t, [(r.generated, r.context) for r in rs]))))
+    events.at(20.0, lambda t: e.resume(t))
+    run_engine(e, events)
+    assert paused == [(11.0, [(3, 7), (3, 7)])] and not e.paused
+    assert done == [27.0] and e.stats.prefill_tokens == 8 and e.stats.reprefill_tokens == 0
+    # busy 0-11 and 20-27; occupancy: 2 requests running over those 18 s
+    assert e.stats.busy_s == pytest.approx(18.0)
+    assert sum(e.stats.running_by_bin.values()) == pytest.approx(36.0)
+
+
+def test_a_resumed_request_prefilling_its_prefix_is_counted_as_reprefill():
+    events = EventQueue()
+    e = SimEngine(EngineCost(1.0, 0.0, 0.0, 0.5, c_request_s=0.25), 8, 100, events, on_finished=lambda rs, t: None)
+    e.submit([Request(context=4, remaining=2), Request(context=9, remaining=2, resumed=True)], 0.0)
+    run_engine(e, events)
+    # the first step prefills 13 tokens and starts 2 requests; the resumed one's share is its 9
+    # tokens at 0.5 s and its start at 0.25 s
+    assert e.stats.prefill_tokens == 13 and e.stats.reprefill_tokens == 9
+    assert e.stats.reprefill_s == pytest.approx(9 * 0.5 + 0.25)
+    assert e.stats.busy_s == pytest.approx(13 * 0.5 + 2 * 0.25 + 2 * 1.0)
