@@ -173,9 +173,28 @@ class Run(_Section):
     timeline_bin_s: float | None = Field(None, gt=0)
 
 
+class Anchor(_Section):
+    """A published speedup the scenario reproduces (configs/twin/published/, twin/published.py)."""
+
+    anchor: str
+    """What was published and where: paper, table or figure, row."""
+    published: float = Field(gt=0)
+    """The published ratio (hours, step time or throughput, as the source gives it)."""
+    baseline: Literal["sync", "sync_decoupled"]
+    """The twin's mode matching the source's baseline: colocated (verl, TRL, NeMo-RL's
+    synchronous GRPO) or on the asynchronous split (AReaL's synchronous variant, its eta 0)."""
+    mode: Literal["drain", "inflight", "colocate_async"] = "inflight"
+    overrides: list[str] = []
+    """This row's changes to the scenario (a GPU count, eta), section.field=value."""
+    reason: str | None = None
+    """Why the twin is not expected to reproduce it (the row stays in the table, counted apart)."""
+
+
 class Scenario(_Section):
     name: str
     seed: int = 0
+    published: list[Anchor] = []
+    """Published results this scenario stands for (configs/twin/published/)."""
     hardware: Hardware = Hardware()
     model: Model
     split: Split
