@@ -173,7 +173,7 @@ def balanced(orch) -> bool:
 NUM_CPUS = 4
 
 
-def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) -> dict:
+def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str, extra_all: list[str] = ()) -> dict:
     from asyncrl.config import load_config
     from asyncrl.orchestrator.checkpointer import LearnerDied
     from asyncrl.orchestrator.orchestrator import Orchestrator
@@ -183,6 +183,7 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str) 
             "buffer.token_budget=128", "observe.console=off", "observe.tensorboard=false", "save_final=false",
             f"observe.output_dir={out_dir}", "checkpoint.every_steps=0", "reward.num_workers=2",
             "algo.drop_zero_variance_groups=false", f"ray.num_cpus={NUM_CPUS}"]
+    extra = [e for e in extra_all if e.split("=", 1)[0] not in {x.split("=", 1)[0] for x in extra}] + list(extra)
     given = {e.split("=", 1)[0] for e in extra}  # a field may be given once: the scenario's wins
     base = [b for b in base if b.split("=", 1)[0] not in given] + extra
     state: dict = {}
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
     p.add_argument("--out", type=Path, default=Path("runs/fault_matrix"))
     p.add_argument("--json", action="store_true", help="print one JSON line per scenario")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a config override for every scenario (repeatable), e.g. rollout.max_in_flight_requests=8")
     args = p.parse_args(argv)
     from asyncrl.compat import hide_broken_torch_extras
     from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             try:
-                rows.append(run_scenario(name, args.engine, args.steps, args.out.resolve(), model))
+                rows.append(run_scenario(name, args.engine, args.steps, args.out.resolve(), model, args.set))
             except Exception as e:  # a scenario that crashes is a row that failed, not the end of the matrix
                 traceback.print_exc()
                 rows.append({"scenario": name, "outcome": f"crashed: {e!r}"[:80], "ok": False})

@@ -1,14 +1,17 @@
 """`asyncrl twin`: a scenario of a GPU cluster (configs/twin/*.yaml) in the digital twin, the real
-driver deciding: the synchronous baseline, drain and in-flight asynchronous modes, a table, a
-utilisation figure and, last, one line of JSON (asyncrl/twin/).
+driver deciding: the synchronous baselines (colocated `sync`, `sync_decoupled` on the split),
+drain and in-flight asynchronous modes and `colocate_async`, a table, a utilisation figure and,
+last, one line of JSON (asyncrl/twin/).
 
     asyncrl twin configs/twin/areal_math_1p5b_1node.yaml
     asyncrl twin configs/twin/short_response_1p5b.yaml split.gen_gpus=5 split.train_gpus=3 --modes sync inflight
     asyncrl twin SCENARIO --no-charge         the driver's CPU time not charged: a pure function of the scenario
 
-The JSON holds trained_tokens_per_s, sync_trained_tokens_per_s, async_over_sync,
-ideal_tokens_per_s, fraction_of_ideal, gen_util, train_util, staleness_mean, staleness_max,
-length_bias and driver_core_frac (the driver's real CPU seconds per simulated second).
+The JSON holds trained_tokens_per_s, sync_trained_tokens_per_s, async_over_sync (against the
+colocated step), async_over_decoupled, ideal_tokens_per_s, fraction_of_ideal, gen_util (busy
+time), gen_occupancy (running requests over max_num_seqs), reprefill_frac, train_util,
+staleness_mean, staleness_max, length_bias and driver_core_frac (the driver's real CPU seconds
+per simulated second).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-SUMMARY = "a GPU cluster's sync, drain and in-flight modes in the digital twin (real driver)"
+SUMMARY = "a GPU cluster's synchronous baselines and asynchronous modes in the digital twin (real driver)"
 
 
 def scenario_parser(prog: str, doc: str | None, example: str) -> argparse.ArgumentParser:

@@ -77,7 +77,7 @@ def one_engine_process_on_cpu() -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
-def token_versions(spans, num_tokens: int) -> list[int | None] | None:
+def span_versions(spans, num_tokens: int) -> list[int | None] | None:
     """Each token's weight version from vLLM's spans (`CompletionOutput.weight_versions`, labelled
     by finish_weight_update with the pushed version); None for tokens sampled before any labelled
     load (vLLM's label "default"), and None altogether when vLLM gave no spans."""
@@ -176,7 +176,7 @@ class VLLMEngine:
         token_ids = list(seq.token_ids)
         logprobs = [pos[tok].logprob for tok, pos in zip(token_ids, seq.logprobs)]
         reason = seq.finish_reason if seq.finish_reason in ("stop", "length") else "abort"
-        return Completion(token_ids, logprobs, reason, token_versions(seq.weight_versions, len(token_ids)))
+        return Completion(token_ids, logprobs, reason, span_versions(seq.weight_versions, len(token_ids)))
 
     async def pause(self) -> None:
         # "keep": running requests stay scheduled with their KV blocks; clear_cache False, or vLLM

@@ -67,7 +67,8 @@ def predict(path: Path, anchor: Anchor, run: Callable[[Any, str], dict[str, Any]
             cache[key] = run(sc, mode)["trained_tokens_per_s"]
         return cache[key]
 
-    return Row(anchor.anchor, sc.name, anchor.baseline, anchor.published, rate(anchor.mode) / rate(anchor.baseline),
+    mode = anchor.mode or sc.run.sync_mode
+    return Row(anchor.anchor, sc.name, anchor.baseline, anchor.published, rate(mode) / rate(anchor.baseline),
                anchor.reason)
 
 

@@ -183,7 +183,8 @@ class Anchor(_Section):
     baseline: Literal["sync", "sync_decoupled"]
     """The twin's mode matching the source's baseline: colocated (verl, TRL, NeMo-RL's
     synchronous GRPO) or on the asynchronous split (AReaL's synchronous variant, its eta 0)."""
-    mode: Literal["drain", "inflight", "colocate_async"] = "inflight"
+    mode: Literal["drain", "inflight", "colocate_async"] | None = None
+    """The asynchronous mode measured; None: the scenario's run.sync_mode."""
     overrides: list[str] = []
     """This row's changes to the scenario (a GPU count, eta), section.field=value."""
     reason: str | None = None
