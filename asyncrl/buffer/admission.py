@@ -7,13 +7,14 @@ eta and B prompts consumed per step, at most (eta + v + 1) * B prompts may have 
 therefore lands in a batch at most eta versions after the weights that generate it. B is not
 fixed under a token budget (a step takes Phi tokens, however many prompts that is), so it is
 estimated from the tokens per kept group seen so far (orchestrator/admission.py). The token
-buffer enforces the bound exactly whatever the estimate; a wrong estimate only costs dropped
-tokens or idle time. A group whose tokens the buffer drops as stale stays counted as accepted, so
+buffer enforces the bound exactly whatever the estimate (but under stale_policy ess and train,
+which relax it by design); a wrong estimate only costs dropped tokens or idle time. A group whose tokens the buffer drops as stale stays counted as accepted, so
 every drop tightens the bound for the rest of the run: under stale_policy discard admission
 settles where little goes stale (the feedback that keeps the length bias small), at the price of
 engines that run below their batch after a start that admitted too much (the twin's
-`gen_occupancy`). Under stale_policy train nothing is dropped and the bound is AReaL's exactly. The bound depends only on counts a checkpoint restores (v, accepted groups),
-so it holds after a resume exactly as before it.
+`gen_occupancy`). Under stale_policy train nothing is dropped: the bound then limits admission
+alone, as AReaL's does. The bound depends only on counts a checkpoint restores (v, accepted
+groups), so it holds after a resume exactly as before it.
 """
 
 from __future__ import annotations
