@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, (path, anchor) in enumerate(todo, 1):
         print(f"[{time.monotonic() - t0:6.0f}s] {i}/{len(todo)} {anchor.anchor} ...", flush=True)
         rows.append(predict(path, anchor, cache=cache))
+        r = rows[-1]  # as it comes: a long table's early rows are not lost to a stopped run
+        print(f"  published {r.published:.2f}x, twin {r.predicted:.2f}x ({r.error:+.0%})", flush=True)
     print(table(rows))
     print(json.dumps(summary(rows)))
     return 0
