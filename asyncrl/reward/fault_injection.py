@@ -8,7 +8,7 @@ a run survives hangs and crashes (they never reach a real run unless a config na
   tests of the pool.
 - `hang_on_some` / `crash_on_some`: the math verifier, except that one sample in `EVERY`
   (chosen by a hash of the response, so the same sample always misbehaves) hangs for an hour or
-  kills its process.
+  kills its process. `hang_on_few`: the same hang at one sample in `FEW_EVERY`.
 - `crafted_report_on_some`: the math verifier, except that one sample in `CRAFTED_EVERY` is
   scored by the real code verifier on a program whose report is built to make a verifier raise
   (a 400-digit number against a float within a tolerance; a number where the driver writes a
@@ -24,6 +24,7 @@ import zlib
 from typing import Any
 
 EVERY = 32
+FEW_EVERY = 128
 CRAFTED_EVERY = 10
 _math = None
 _code = None
@@ -51,8 +52,8 @@ def scripted(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, 
     return float(metadata.get("reward", 1.0)), {"outcome": "scripted"}
 
 
-def _selected(response: str, metadata: dict[str, Any]) -> bool:
-    return zlib.crc32(f"{metadata.get('record_key')}/{response}".encode("utf-8", "replace")) % EVERY == 0
+def _selected(response: str, metadata: dict[str, Any], every: int = EVERY) -> bool:
+    return zlib.crc32(f"{metadata.get('record_key')}/{response}".encode("utf-8", "replace")) % every == 0
 
 
 def _math_reward(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -66,6 +67,14 @@ def _math_reward(response: str, metadata: dict[str, Any]) -> tuple[float, dict[s
 
 def hang_on_some(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     if _selected(response, metadata):
+        time.sleep(3600)
+    return _math_reward(response, metadata)
+
+
+def hang_on_few(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """`hang_on_some` at one sample in `FEW_EVERY`: for a loop fast enough that one in EVERY would
+    keep more hangs in flight than a small pool has workers."""
+    if _selected(response, metadata, FEW_EVERY):
         time.sleep(3600)
     return _math_reward(response, metadata)
 
