@@ -108,6 +108,10 @@ class Push(_Section):
     bucket_mb: int = Field(256, gt=0)
     load_bytes_per_s: float = Field(100e9, gt=0)
     fixed_s: float = Field(0.0, ge=0)
+    switch_s: float = Field(0.0, ge=0)
+    """Colocated layouts only (`sync`, `colocate_async`), per push: the GPUs' switch between training
+    and generation beyond the weights' transfer (verl's: the trainer offloads, vLLM wakes and
+    reallocates its KV cache, the weights are resharded, and back)."""
     link: Literal["auto", "intra_node", "inter_node"] = "auto"
     """auto: inter_node when generation and training span more than one node."""
 
@@ -189,6 +193,9 @@ class Anchor(_Section):
     """This row's changes to the scenario (a GPU count, eta), section.field=value."""
     reason: str | None = None
     """Why the twin is not expected to reproduce it (the row stays in the table, counted apart)."""
+    published_tokens_per_s: tuple[float, float] | None = None
+    """The source's own throughputs (asynchronous, baseline), where it prints them: set beside the
+    twin's, they show which side a miss is on."""
 
 
 class Scenario(_Section):
@@ -196,6 +203,9 @@ class Scenario(_Section):
     seed: int = 0
     published: list[Anchor] = []
     """Published results this scenario stands for (configs/twin/published/)."""
+    assumed: dict[str, tuple[float, float]] = {}
+    """The values no source fixes, `section.field` -> the low and high end of what is plausible:
+    `tools/twin_published.py --sensitivity` reruns each published row at both ends."""
     hardware: Hardware = Hardware()
     model: Model
     split: Split
@@ -252,7 +262,8 @@ class Scenario(_Section):
             link = "inter_node" if self.nodes > 1 else "intra_node"
         ln: Link = getattr(self.hardware, link)
         return PushCost(self.model.weight_bytes, self.push.bucket_mb * 2**20, ln.alpha_s, ln.beta_bytes_per_s,
-                        self.push.load_bytes_per_s, self.push.fixed_s)
+                        self.push.load_bytes_per_s,
+                        self.push.fixed_s + (self.push.switch_s if self.split.colocated else 0.0))
 
     def lengths(self) -> Lengths:
         ls, w = self.workload.lengths, self.workload
