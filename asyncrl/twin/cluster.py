@@ -18,7 +18,8 @@ Modes (MODES), each labelled by its layout:
 - `sync`: the baseline TRL and verl users run, colocated: every GPU generates a rollout batch of
   `sync_prompts` prompts, then every GPU trains one optimizer step on all of it, a push, repeat
   (buffer.rollout_batch_prompts = minibatch_prompts, max_staleness 0; tools/bench_async_vs_sync.py
-  runs the same on the real system). Offload and reload between the phases are not charged.
+  runs the same on the real system). Offload and reload between the phases cost
+  `push.switch_s` a push (0 unless the scenario gives it: verl measured 74 s for a 7B).
 - `sync_decoupled`: the same schedule on the asynchronous split (AReaL's synchronous variant:
   generation GPUs wait while training GPUs train, and the other way round).
 - `drain`, `inflight`: asyncrl's asynchronous loop on the split, with that sync.mode and the

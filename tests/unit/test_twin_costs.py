@@ -41,6 +41,19 @@ def test_costs_from_hardware():
     assert pc.push_s() == pytest.approx(0.1 + 12 * 1e-5 + 3e9 / 5e10 + 3e9 / 1e11)
 
 
+def test_a_colocated_layout_pays_its_switch_on_every_push_and_a_split_one_does_not():
+    from pathlib import Path
+
+    from asyncrl.twin.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "twin" / "areal_math_1p5b_1node.yaml"
+    sc = load_scenario(path, ["push.fixed_s=0.5", "push.switch_s=74"])
+    split, colocated = sc.push_cost(), sc.for_mode("sync").push_cost()
+    assert split.fixed_s == 0.5 and colocated.fixed_s == 74.5
+    assert sc.for_mode("colocate_async").push_cost().fixed_s == 74.5
+    assert colocated.push_s() - split.push_s() == pytest.approx(74.0)  # one node: the same link either way
+
+
 def test_capacity_formulas():
     c = EngineCost(0.01, 0.0, 0.0, 0.0)
     # constant lengths: context prompt + L/2; batch min(8, 10_000 // 150) = 8; 2 engines of 8 tokens per 10 ms
