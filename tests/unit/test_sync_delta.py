@@ -1,0 +1,102 @@
+"""Sparse weight deltas and push checksums (asyncrl/sync/delta.py): bit-exact after many pushes,
+whole buckets when a delta would not be smaller, and every single flipped bit detected."""
+
+import struct
+
+import pytest
+import torch
+
+from asyncrl.sync.delta import Delta, apply, bits, checksum, delta_nbytes, encode
+
+
+def rl_step(master: torch.Tensor, gen: torch.Generator, kind: str) -> None:
+    """An update of the fp32 master weights: none, tiny (an lr-1e-6 step: most elements round away
+    in 16 bits), medium (a few in ten change) or large (every element changes), relative to each
+    element's magnitude (1e-6 to 1e3)."""
+    if kind == "none":
+        return
+    scale = {"tiny": 1e-6, "medium": 3e-4, "large": 1.0}[kind]
+    master += torch.randn(master.shape, generator=gen, dtype=torch.float64).to(torch.float32) * scale * master.abs()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fifty_deltas_leave_the_engine_equal_to_a_full_push_bit_for_bit(dtype):
+    gen = torch.Generator().manual_seed(0)
+    magnitudes = 10.0 ** torch.randint(-6, 4, (5000,), generator=gen).to(torch.float32)
+    master = torch.randn(5000, generator=gen) * magnitudes
+    master[:3] = torch.tensor([0.0, -0.0, 1e-8])  # signed zeros and a value below fp16's smallest normal
+    shadow = master.to(dtype)  # what the learner knows the engines hold
+    engine = shadow.clone()
+    kinds = ["none", "tiny", "large"] + ["tiny", "tiny", "medium"] * 15 + ["tiny", "none"]
+    wholes, changed = 0, 0
+    for step, kind in enumerate(kinds):
+        rl_step(master, gen, kind)
+        new = master.to(dtype)
+        delta = encode(shadow, new)
+        if delta is None:  # a delta would be no smaller: the tensor goes whole
+            wholes += 1
+            engine.copy_(new)
+        else:
+            assert delta.nbytes < new.numel() * new.element_size()
+            changed += delta.indices.numel()
+            apply(engine, delta)
+        assert torch.equal(bits(engine), bits(new)), step
+        assert checksum(engine) == checksum(new)
+        shadow = new
+    assert wholes == 1  # the step that changed everything went whole; "none" was an empty delta
+    assert changed > 2000  # the deltas carried thousands of elements over the run, not a handful
+
+
+def test_a_delta_holds_exactly_the_changed_bits_and_goes_whole_when_not_smaller():
+    old = torch.tensor([1.0, 2.0, 0.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], dtype=torch.float16)
+    new = old.clone()
+    new[3], new[2] = 4.5, -0.0  # -0.0 equals 0.0 as a value but not as bits
+    d = encode(old, new)
+    assert d.indices.tolist() == [2, 3] and d.indices.dtype == torch.int32
+    assert d.values.tolist() == [struct.unpack("<h", struct.pack("<e", v))[0] for v in (-0.0, 4.5)]
+    assert d.nbytes == delta_nbytes(2, 2) == 12  # two int32 indices and two 16-bit values, < 20 bytes whole
+    assert encode(old, old).indices.numel() == 0
+    # 4 of 10 changed: 24 bytes against 20 whole
+    four = old.clone()
+    four[:4] += 1
+    assert encode(old, four) is None
+    with pytest.raises(ValueError, match="delta between"):
+        encode(old, new.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="applied to"):
+        apply(torch.zeros(10, dtype=torch.float32), d)
+
+
+def test_the_checksum_is_the_position_weighted_sum_of_32_bit_words():
+    t = torch.tensor([1, 2, 3], dtype=torch.int32)
+    assert checksum(t) == 1 * 1 + 2 * 3 + 3 * 5
+    # 6 bytes: padded to two words; the second word is bytes 4, 5 and two zero bytes
+    b = torch.tensor([1, 0, 0, 0, 7, 1], dtype=torch.uint8)
+    assert checksum(b) == 1 * 1 + (7 + 256) * 3
+    # negative words count as their signed value (wrapping int64, as a GPU sums them)
+    assert checksum(torch.tensor([-1], dtype=torch.int32)) == -1
+    # moving words changes it
+    assert checksum(torch.tensor([2, 1], dtype=torch.int32)) != checksum(torch.tensor([1, 2], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_every_single_flipped_bit_changes_the_checksum(dtype):
+    t = torch.randn(37, generator=torch.Generator().manual_seed(2)).to(dtype)
+    want = checksum(t)
+    raw = t.view(torch.uint8)
+    for byte in range(raw.numel()):
+        for bit in range(8):
+            flipped = raw.clone()
+            flipped[byte] ^= 1 << bit
+            assert checksum(flipped.view(dtype)) != want, (byte, bit)
+
+
+def test_a_delta_from_a_slice_of_a_bucket_applies_to_the_same_slice_elsewhere():
+    bucket = torch.zeros(64, dtype=torch.uint8)
+    view = bucket[16:48].view(torch.float16)  # 16 elements at a 16-byte aligned offset, as buckets.py places them
+    new = torch.zeros(16, dtype=torch.float16)
+    new[3], new[9] = 1.5, -2.0
+    delta = encode(view, new)
+    assert isinstance(delta, Delta) and delta.indices.tolist() == [3, 9]
+    other = torch.zeros(64, dtype=torch.uint8)
+    apply(other[16:48].view(torch.float16), delta)
+    assert torch.equal(other[16:48].view(torch.float16), new) and not other[:16].any() and not other[48:].any()
