@@ -11,7 +11,7 @@ memory-bound in the weights (c0: one read of the weights) and the KV cache (c_ct
 that is compute-bound (2 FLOPs a parameter a token); a calibrated machine (the CPU one) gives them
 directly. Learner step: 6 FLOPs a parameter a token (forward and backward; 8 with the proximal
 policy's extra forward) at an MFU, plus fixed costs. Weight push: an alpha-beta broadcast of the
-weights in buckets, then each engine loads them.
+weights in buckets (or of a sparse delta's indices and values), then each engine loads them.
 """
 
 from __future__ import annotations
@@ -119,18 +119,30 @@ class PushCost:
     """How fast an engine copies received weights into its model."""
     fixed_s: float = 0.0
     """Per push: the engines' pause and resume calls, a prefix-cache reset."""
+    changed_frac: float = 1.0
+    """`sync.transfer: delta`: the share of the weights' elements a step changes in the engine's
+    dtype (1: every push is whole). A delta carries a 4-byte index beside each changed element
+    (asyncrl/sync/delta.py) and goes whole when that is no smaller."""
+    bytes_per_param: float = 2.0
 
-    @property
-    def buckets(self) -> int:
-        return max(1, math.ceil(self.weight_bytes / self.bucket_bytes))
+    def payload_bytes(self, full: bool = False) -> float:
+        """What a push moves and the engines load: the weights, or a delta's indices and values."""
+        if full:
+            return self.weight_bytes
+        per_element = (4 + self.bytes_per_param) / self.bytes_per_param
+        return min(self.weight_bytes, self.weight_bytes * self.changed_frac * per_element)
 
-    def transfer_s(self) -> float:
+    def buckets(self, full: bool = False) -> int:
+        return max(1, math.ceil(self.payload_bytes(full) / self.bucket_bytes))
+
+    def transfer_s(self, full: bool = False) -> float:
         """The learner's broadcast of every bucket (the engines receive it together)."""
-        return self.buckets * self.alpha_s + self.weight_bytes / self.beta_bytes_per_s
+        return self.buckets(full) * self.alpha_s + self.payload_bytes(full) / self.beta_bytes_per_s
 
-    def load_s(self) -> float:
-        return self.weight_bytes / self.load_bytes_per_s
+    def load_s(self, full: bool = False) -> float:
+        return self.payload_bytes(full) / self.load_bytes_per_s
 
-    def push_s(self) -> float:
-        """From the moment every engine is ready to receive until every engine computes with the new weights."""
-        return self.fixed_s + self.transfer_s() + self.load_s()
+    def push_s(self, full: bool = False) -> float:
+        """From the moment every engine is ready to receive until every engine computes with the
+        new weights; `full`: the whole weights whatever `changed_frac` is."""
+        return self.fixed_s + self.transfer_s(full) + self.load_s(full)

@@ -100,7 +100,8 @@ class SimLearner:
         left, last = self._ready
         self._ready = (left - 1, max(last, t))
         if left == 1:
-            self.events.at(self._ready[1] + self.push_cost.push_s(), self._push_done)
+            self.events.at(self._ready[1] + self.push_cost.push_s(self.sc.full_push(self._version)),
+                           self._push_done)
 
     def _push_done(self, t: float) -> None:
         self.push_s.append(t - self._t0)
