@@ -73,12 +73,17 @@ def apply(target: torch.Tensor, delta: Delta) -> None:
     flat[delta.indices.long()] = delta.values
 
 
-def checksum(t: torch.Tensor) -> int:
+def checksum(t: torch.Tensor, chunk_words: int = 1 << 22) -> int:
     """Position-weighted sum of the tensor's bytes as 32-bit words, wrapping int64 (padded with zero
-    bytes to a whole word)."""
+    bytes to a whole word). Summed `chunk_words` at a time, so a bucket of any size needs at most
+    2 x 8 x chunk_words bytes of scratch (64 MiB by default); wrapping makes the chunking exact."""
     raw = t.reshape(-1).view(torch.uint8)
     if raw.numel() % 4:
         raw = torch.cat([raw, raw.new_zeros(4 - raw.numel() % 4)])
-    words = raw.view(torch.int32).to(torch.int64)
-    weights = torch.arange(1, 2 * words.numel(), 2, dtype=torch.int64, device=words.device)
-    return int((words * weights).sum())
+    words = raw.view(torch.int32)
+    total = 0
+    for start in range(0, words.numel(), chunk_words):
+        chunk = words[start:start + chunk_words].to(torch.int64)
+        weights = torch.arange(2 * start + 1, 2 * (start + chunk.numel()), 2, dtype=torch.int64, device=chunk.device)
+        total += int((chunk * weights).sum())
+    return (total + 2**63) % 2**64 - 2**63

@@ -74,6 +74,15 @@ def test_the_checksum_is_the_position_weighted_sum_of_32_bit_words():
     assert checksum(b) == 1 * 1 + (7 + 256) * 3
     # negative words count as their signed value (wrapping int64, as a GPU sums them)
     assert checksum(torch.tensor([-1], dtype=torch.int32)) == -1
+    # summed in chunks it is the same number, wrapping included: 2**20 words of 2**31 - 1 sum to
+    # (2**31 - 1) x (the first 2**20 odd numbers: 2**40), about 2**71, past int64
+    n = 1 << 20
+    big = torch.full((n,), 2**31 - 1, dtype=torch.int32)
+    want = ((2**31 - 1) * n * n + 2**63) % 2**64 - 2**63
+    assert checksum(big) == checksum(big, chunk_words=1000) == checksum(big, chunk_words=7) == want
+    mixed = torch.randint(-2**31, 2**31, (5000,), generator=torch.Generator().manual_seed(3)).to(torch.int32)
+    exact = sum(int(w) * (2 * i + 1) for i, w in enumerate(mixed.tolist()))
+    assert checksum(mixed, chunk_words=64) == checksum(mixed) == (exact + 2**63) % 2**64 - 2**63
     # moving words changes it
     assert checksum(torch.tensor([2, 1], dtype=torch.int32)) != checksum(torch.tensor([1, 2], dtype=torch.int32))
 
