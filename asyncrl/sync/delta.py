@@ -12,6 +12,11 @@ A delta is not always smaller: k changed elements cost k * (4 + itemsize) bytes 
 numel * itemsize for the whole bucket, so past about a third (2-byte dtypes) of the elements
 changing the bucket goes whole (`encode` returns None).
 
+A bucket's push (`encode_bucket` on the learner, `decode_bucket` on each engine) is a prefix of two
+int64, [changed elements or WHOLE, checksum], then one payload: the bucket's bytes, or the delta's
+int32 indices followed by its values. A bucket's padding bytes (between aligned tensors) take part
+like any others, so a sender must write them the same way every push or they show as changes.
+
 The checksum is what an engine verifies after applying a push: a position-weighted sum of the
 bucket's 32-bit words in wrapping int64 arithmetic (exact and order-free, so a GPU and a CPU
 reduction give the same number). Each word is weighted by an odd number, so any single flipped bit
@@ -23,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from asyncrl.sync.buckets import dtype_from_str
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 INDEX_BYTES = 4  # int32 indices: a bucket has fewer than 2**31 elements (buckets.py bounds it far below)
@@ -87,3 +94,49 @@ def checksum(t: torch.Tensor, chunk_words: int = 1 << 22) -> int:
         weights = torch.arange(2 * start + 1, 2 * (start + chunk.numel()), 2, dtype=torch.int64, device=chunk.device)
         total += int((chunk * weights).sum())
     return (total + 2**63) % 2**64 - 2**63
+
+
+WHOLE = -1
+"""A bucket prefix's count when the bucket travels whole."""
+
+
+class ChecksumMismatch(ValueError):
+    """What an engine applied differs from what the learner sent (a corrupted or misapplied push)."""
+
+
+def bucket_word(bucket: dict) -> int:
+    """The element size a bucket's delta is taken in: its tensors' common dtype size (a bucket's
+    offsets are aligned to 16 bytes, so its bytes divide into such words), else single bytes."""
+    sizes = {dtype_from_str(e["dtype"]).itemsize for e in bucket["tensors"]}
+    word = sizes.pop() if len(sizes) == 1 else 1
+    return word if bucket["nbytes"] % word == 0 else 1
+
+
+def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int) -> tuple[list[int], torch.Tensor]:
+    """What one bucket's push sends: the prefix [changed elements or WHOLE, checksum of `new`] and
+    the payload, `new` itself or the delta's int32 indices then values, as one uint8 tensor.
+    `shadow`: the bytes the engines hold (None: unknown, so whole); both are uint8 of one size."""
+    new_words = new.view(_BITS[word])
+    delta = None if shadow is None else encode(shadow.view(_BITS[word]), new_words)
+    if delta is None:
+        return [WHOLE, checksum(new)], new
+    payload = torch.cat([delta.indices.view(torch.uint8), delta.values.view(torch.uint8)])
+    return [delta.indices.numel(), checksum(new)], payload
+
+
+def payload_nbytes(prefix: list[int], bucket_nbytes: int, word: int) -> int:
+    """The size of the payload that follows `prefix` (what a receiver allocates before it arrives)."""
+    return bucket_nbytes if prefix[0] == WHOLE else prefix[0] * (INDEX_BYTES + word)
+
+
+def decode_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor, word: int) -> None:
+    """Apply one bucket's push to `target` (uint8: the engine's bytes of the bucket, in place) and
+    verify it against the sender's checksum; ChecksumMismatch if it differs."""
+    changed, want = prefix
+    if changed == WHOLE:
+        target.copy_(payload)
+    else:
+        split = changed * INDEX_BYTES
+        apply(target.view(_BITS[word]), Delta(payload[:split].view(torch.int32), payload[split:].view(_BITS[word])))
+    if (got := checksum(target)) != want:
+        raise ChecksumMismatch(f"bucket checksum {got} after applying the push, the learner sent {want}")

@@ -109,3 +109,50 @@ def test_a_delta_from_a_slice_of_a_bucket_applies_to_the_same_slice_elsewhere():
     other = torch.zeros(64, dtype=torch.uint8)
     apply(other[16:48].view(torch.float16), delta)
     assert torch.equal(other[16:48].view(torch.float16), new) and not other[:16].any() and not other[48:].any()
+
+
+def test_buckets_pushed_as_deltas_arrive_bit_exact_and_a_flipped_bit_is_caught_and_healed_by_a_whole_push():
+    from asyncrl.sync.buckets import pack_bucket, plan_buckets, specs_of
+    from asyncrl.sync.delta import ChecksumMismatch, WHOLE, bucket_word, decode_bucket, encode_bucket, payload_nbytes
+
+    gen = torch.Generator().manual_seed(4)
+    master = {"a": torch.randn(300, 7, generator=gen), "b": torch.randn(5, generator=gen),
+              "c": torch.randn(64, generator=gen), "d": torch.randn(2000, generator=gen)}
+    dtypes = {"a": torch.bfloat16, "b": torch.float32, "c": torch.float16, "d": torch.bfloat16}
+
+    def engine_dtype():
+        return [(k, v.to(dtypes[k])) for k, v in master.items()]
+
+    plan = plan_buckets(specs_of(engine_dtype()), bucket_bytes=4096, direct_bytes=2048)
+    assert sorted(bucket_word(b) for b in plan) == [1, 2, 2]  # the bucket mixing fp32 and fp16 goes bytewise
+    packed = lambda: [pack_bucket(b, [dict(engine_dtype())[e["name"]] for e in b["tensors"]],  # noqa: E731
+                                  out=torch.zeros(b["nbytes"], dtype=torch.uint8)).clone() for b in plan]
+    shadows = [None] * len(plan)  # the learner's: unknown at first, so the first push is whole
+    engine = [torch.zeros(b["nbytes"], dtype=torch.uint8) for b in plan]
+    kinds = []
+    for step in range(12):
+        for v in master.values():
+            v += torch.randn(v.shape, generator=gen) * (1e-2 if step % 4 == 3 else 1e-5) * v.abs()
+        new = packed()
+        for i, b in enumerate(plan):
+            prefix, payload = encode_bucket(shadows[i], new[i], bucket_word(b))
+            assert payload.numel() == payload_nbytes(prefix, b["nbytes"], bucket_word(b))
+            kinds.append(prefix[0] == WHOLE)
+            decode_bucket(prefix, payload.clone(), engine[i], bucket_word(b))
+            assert torch.equal(engine[i], new[i])
+            shadows[i] = new[i]
+    assert kinds[:len(plan)] == [True] * len(plan) and not all(kinds[len(plan):])  # deltas after the first
+    # one flipped bit in a delta on the way: the engine's checksum catches it
+    for v in master.values():
+        v += torch.randn(v.shape, generator=gen) * 1e-5 * v.abs()
+    new = packed()
+    prefix, payload = encode_bucket(shadows[0], new[0], bucket_word(plan[0]))
+    assert prefix[0] > 0
+    corrupted = payload.clone()
+    corrupted[-1] ^= 4
+    with pytest.raises(ChecksumMismatch, match="learner sent"):
+        decode_bucket(prefix, corrupted, engine[0], bucket_word(plan[0]))
+    # and a whole push (the learner's shadow forgotten for that engine) heals it
+    prefix, payload = encode_bucket(None, new[0], bucket_word(plan[0]))
+    decode_bucket(prefix, payload, engine[0], bucket_word(plan[0]))
+    assert torch.equal(engine[0], new[0])
