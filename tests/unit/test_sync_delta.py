@@ -6,7 +6,7 @@ import struct
 import pytest
 import torch
 
-from asyncrl.sync.delta import Delta, apply, bits, checksum, delta_nbytes, encode
+from asyncrl.sync.delta import Delta, apply, bits, checksum, delta_nbytes, encode, weighted_sum
 
 
 def rl_step(master: torch.Tensor, gen: torch.Generator, kind: str) -> None:
@@ -66,37 +66,43 @@ def test_a_delta_holds_exactly_the_changed_bits_and_goes_whole_when_not_smaller(
         apply(torch.zeros(10, dtype=torch.float32), d)
 
 
-def test_the_checksum_is_the_position_weighted_sum_of_32_bit_words():
+def test_the_host_checksum_is_crc32_and_the_gpu_one_the_position_weighted_sum_of_32_bit_words():
+    import zlib
+
+    assert checksum(torch.tensor([1, 2, 3], dtype=torch.int32)) == zlib.crc32(bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]))
+    assert checksum(torch.tensor([7], dtype=torch.uint8)[:0]) == 0  # no bytes
     t = torch.tensor([1, 2, 3], dtype=torch.int32)
-    assert checksum(t) == 1 * 1 + 2 * 3 + 3 * 5
+    assert weighted_sum(t) == 1 * 1 + 2 * 3 + 3 * 5
     # 6 bytes: padded to two words; the second word is bytes 4, 5 and two zero bytes
     b = torch.tensor([1, 0, 0, 0, 7, 1], dtype=torch.uint8)
-    assert checksum(b) == 1 * 1 + (7 + 256) * 3
+    assert weighted_sum(b) == 1 * 1 + (7 + 256) * 3
     # negative words count as their signed value (wrapping int64, as a GPU sums them)
-    assert checksum(torch.tensor([-1], dtype=torch.int32)) == -1
+    assert weighted_sum(torch.tensor([-1], dtype=torch.int32)) == -1
     # summed in chunks it is the same number, wrapping included: 2**20 words of 2**31 - 1 sum to
     # (2**31 - 1) x (the first 2**20 odd numbers: 2**40), about 2**71, past int64
     n = 1 << 20
     big = torch.full((n,), 2**31 - 1, dtype=torch.int32)
     want = ((2**31 - 1) * n * n + 2**63) % 2**64 - 2**63
-    assert checksum(big) == checksum(big, chunk_words=1000) == checksum(big, chunk_words=7) == want
+    assert weighted_sum(big) == weighted_sum(big, chunk_words=1000) == weighted_sum(big, chunk_words=7) == want
     mixed = torch.randint(-2**31, 2**31, (5000,), generator=torch.Generator().manual_seed(3)).to(torch.int32)
     exact = sum(int(w) * (2 * i + 1) for i, w in enumerate(mixed.tolist()))
-    assert checksum(mixed, chunk_words=64) == checksum(mixed) == (exact + 2**63) % 2**64 - 2**63
-    # moving words changes it
-    assert checksum(torch.tensor([2, 1], dtype=torch.int32)) != checksum(torch.tensor([1, 2], dtype=torch.int32))
+    assert weighted_sum(mixed, chunk_words=64) == weighted_sum(mixed) == (exact + 2**63) % 2**64 - 2**63
+    # moving words changes both
+    for f in (checksum, weighted_sum):
+        assert f(torch.tensor([2, 1], dtype=torch.int32)) != f(torch.tensor([1, 2], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_every_single_flipped_bit_changes_the_checksum(dtype):
+def test_every_single_flipped_bit_changes_either_checksum(dtype):
     t = torch.randn(37, generator=torch.Generator().manual_seed(2)).to(dtype)
-    want = checksum(t)
     raw = t.view(torch.uint8)
-    for byte in range(raw.numel()):
-        for bit in range(8):
-            flipped = raw.clone()
-            flipped[byte] ^= 1 << bit
-            assert checksum(flipped.view(dtype)) != want, (byte, bit)
+    for f in (checksum, weighted_sum):
+        want = f(t)
+        for byte in range(raw.numel()):
+            for bit in range(8):
+                flipped = raw.clone()
+                flipped[byte] ^= 1 << bit
+                assert f(flipped.view(dtype)) != want, (f.__name__, byte, bit)
 
 
 def test_a_delta_from_a_slice_of_a_bucket_applies_to_the_same_slice_elsewhere():
