@@ -1,13 +1,17 @@
 """The twin's cost models and its engine's continuous batching, against sums done by hand in
 float64 (asyncrl/twin/costs.py, engine.py)."""
 
+from pathlib import Path
+
 import pytest
 
 from asyncrl.twin.capacity import gen_tokens_per_s, train_tokens_per_s
 from asyncrl.twin.costs import EngineCost, LearnerCost, PushCost, engine_cost_from_hardware, kv_capacity_tokens
 from asyncrl.twin.engine import Request, SimEngine
 from asyncrl.twin.events import EventQueue
+from asyncrl.twin.scenario import load_scenario
 
+SCENARIO = Path(__file__).resolve().parents[2] / "configs" / "twin" / "areal_math_1p5b_1node.yaml"
 COST = EngineCost(c0_s=0.010, c_seq_s=0.001, c_ctx_s=1e-5, c_prefill_s=1e-4)
 
 
@@ -42,12 +46,7 @@ def test_costs_from_hardware():
 
 
 def test_a_colocated_layout_pays_its_switch_on_every_push_and_a_split_one_does_not():
-    from pathlib import Path
-
-    from asyncrl.twin.scenario import load_scenario
-
-    path = Path(__file__).resolve().parents[2] / "configs" / "twin" / "areal_math_1p5b_1node.yaml"
-    sc = load_scenario(path, ["push.fixed_s=0.5", "push.switch_s=74"])
+    sc = load_scenario(SCENARIO, ["push.fixed_s=0.5", "push.switch_s=74"])
     split, colocated = sc.push_cost(), sc.for_mode("sync").push_cost()
     assert split.fixed_s == 0.5 and colocated.fixed_s == 74.5
     assert sc.for_mode("colocate_async").push_cost().fixed_s == 74.5
@@ -66,17 +65,12 @@ def test_a_delta_push_moves_and_loads_an_index_and_a_value_per_changed_element()
 
 
 def test_a_scenario_pushes_whole_every_full_every_versions_and_never_under_full():
-    from pathlib import Path
-
-    from asyncrl.twin.scenario import load_scenario
-
-    path = Path(__file__).resolve().parents[2] / "configs" / "twin" / "areal_math_1p5b_1node.yaml"
-    full = load_scenario(path)
+    full = load_scenario(SCENARIO)
     assert all(full.full_push(v) for v in range(1, 9)) and full.push_cost().changed_frac == 1.0
-    delta = load_scenario(path, ["push.transfer=delta", "push.changed_frac=0.01", "push.full_every=4"])
+    delta = load_scenario(SCENARIO, ["push.transfer=delta", "push.changed_frac=0.01", "push.full_every=4"])
     assert [v for v in range(1, 9) if delta.full_push(v)] == [4, 8]
     assert delta.push_cost().payload_bytes() == pytest.approx(delta.model.weight_bytes * 0.01 * 3)
-    assert not any(load_scenario(path, ["push.transfer=delta"]).full_push(v) for v in range(1, 9))
+    assert not any(load_scenario(SCENARIO, ["push.transfer=delta"]).full_push(v) for v in range(1, 9))
 
 
 def test_capacity_formulas():
