@@ -11,6 +11,7 @@ instead of loading garbage (`check_header`). All ranks open the group with `open
 
 from __future__ import annotations
 
+import random
 import socket
 from datetime import timedelta
 
@@ -120,7 +121,30 @@ def interface_of(address: str) -> str | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on `host` (the weight-sync rendezvous; tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A currently free TCP port on `host` (the weight-sync rendezvous; tests), drawn below the
+    kernel's ephemeral range: a port the kernel hands out for bind(0) is also the kind it hands to
+    the next outgoing connection (a gloo pair, a Ray worker's), which took one between this probe
+    and the group's bind in CI. Outside that range only another explicit bind can take it."""
+    low = ephemeral_low()
+    rng = random.Random()  # not the global generator: runs seed it, and concurrent runs would draw alike
+    for _ in range(64):
+        port = rng.randrange(PORT_FLOOR, low) if low > PORT_FLOOR + 1024 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free TCP port on {host} in [{PORT_FLOOR}, {low}) after 64 tries")
+
+
+PORT_FLOOR = 20000  # above the registered services most machines run
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux), 32768 where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
