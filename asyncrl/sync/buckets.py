@@ -109,7 +109,8 @@ def pack_bucket(
 
     `out` (uint8, at least that long) is reused when given, else a buffer is allocated.
     A bucket holding one contiguous tensor is returned as a zero-copy uint8 view of it.
-    Padding bytes between tensors are left as they are (never read by `unpack_bucket`).
+    Padding bytes between tensors are left as they are (never read by `unpack_bucket`; a sender
+    that compares buckets across pushes clears them with `zero_padding`).
     """
     entries = bucket["tensors"]
     if len(entries) != len(tensors):
@@ -137,6 +138,19 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     if not src.is_contiguous():
         src = src.contiguous()
     dst.reshape(-1).view(torch.uint8).numpy()[:] = src.reshape(-1).view(torch.uint8).numpy()
+
+
+def zero_padding(bucket: dict, buffer: torch.Tensor) -> None:
+    """Zero the bytes of `buffer` (uint8, the bucket's) that no tensor occupies: the gaps of
+    ALIGN_BYTES alignment. A reused pack buffer holds stale bytes there, which a delta push would
+    send as changes and a checksum would cover."""
+    end = 0
+    for entry in bucket["tensors"]:
+        if entry["offset"] > end:
+            buffer[end:entry["offset"]].zero_()
+        end = entry["offset"] + entry["nbytes"]
+    if bucket["nbytes"] > end:
+        buffer[end:bucket["nbytes"]].zero_()
 
 
 def unpack_bucket(bucket: dict, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

@@ -124,16 +124,21 @@ def bucket_word(bucket: dict) -> int:
     return word if bucket["nbytes"] % word == 0 else 1
 
 
-def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int) -> tuple[list[int], torch.Tensor]:
+def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int,
+                  whole: bool = False) -> tuple[list[int], torch.Tensor, int | None]:
     """What one bucket's push sends: the prefix [changed elements or WHOLE, checksum of `new`] and
-    the payload, `new` itself or the delta's int32 indices then values, as one uint8 tensor.
-    `shadow`: the bytes the engines hold (None: unknown, so whole); both are uint8 of one size."""
-    new_words = new.view(_BITS[word])
-    delta = None if shadow is None else encode(shadow.view(_BITS[word]), new_words)
-    if delta is None:
-        return [WHOLE, checksum(new)], new
-    payload = torch.cat([delta.indices.view(torch.uint8), delta.values.view(torch.uint8)])
-    return [delta.indices.numel(), checksum(new)], payload
+    the payload, `new` itself or the delta's int32 indices then values, as one uint8 tensor; and
+    how many of its `word`-sized elements changed (None when there is no shadow to compare with).
+    `shadow`: the bytes the engines hold (None: unknown, so whole); both are uint8 of one size.
+    `whole`: send it whole even if a delta is smaller (a periodic or healing push), still counting."""
+    if shadow is None:
+        return [WHOLE, checksum(new)], new, None
+    old_bits, new_bits = shadow.view(_BITS[word]), new.view(_BITS[word])
+    changed = torch.nonzero(old_bits != new_bits).reshape(-1)
+    if whole or delta_nbytes(changed.numel(), word) >= new.numel():
+        return [WHOLE, checksum(new)], new, changed.numel()
+    payload = torch.cat([changed.to(torch.int32).view(torch.uint8), new_bits[changed].view(torch.uint8)])
+    return [changed.numel(), checksum(new)], payload, changed.numel()
 
 
 def payload_nbytes(prefix: list[int], bucket_nbytes: int, word: int) -> int:

@@ -10,7 +10,10 @@ the same header first and follow the same bucket plan.
 A bucket that is one whole tensor (`buckets.is_direct`) is received straight into that tensor's
 memory: no copy. Buckets of small tensors arrive in one of two reusable buffers and are copied
 out while the next ones arrive. Up to MAX_IN_FLIGHT broadcasts are posted at once, in the plan's
-order, so the receiver is always ready for the next bucket.
+order, so the receiver is always ready for the next bucket. A delta (`delta.py`) arrives in a
+buffer of its own and is applied where the bucket's bytes are (the tensor's own memory, or a
+bucket gathered from the tensors and copied back); every bucket is then checked against its
+checksum.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from collections import deque
 
 import torch
 
-from asyncrl.sync.buckets import copy_bytes, dtype_to_str, is_direct, unpack_bucket
+from asyncrl.sync.buckets import copy_bytes, dtype_to_str, is_direct, pack_bucket, unpack_bucket, zero_padding
+from asyncrl.sync.delta import WHOLE, ChecksumMismatch, bucket_word, checksum, decode_bucket, payload_nbytes
 from asyncrl.sync.wire import MAX_IN_FLIGHT, broadcast, check_header, open_gloo_group
 from asyncrl.sync.protocol import WeightSyncError
 
@@ -46,8 +50,10 @@ class GlooWeightReceiver:
         """Receive push `version` (whose plan is `plan`, from the sender's metadata) into
         `params`, name -> CPU tensor of the planned shape and dtype; returns `sync/...` stats.
 
-        A push whose header does not match raises WeightSyncError before any tensor changes; one
-        that fails later leaves `params` a mix of two versions."""
+        Each bucket is checked against its checksum once applied; a bucket that fails is counted in
+        `sync/verify_failures` rather than raised, so the group stays in step and the sender can
+        follow with a whole push. A push whose header does not match raises WeightSyncError before
+        any tensor changes; one that fails later leaves `params` a mix of two versions."""
         if self._group is None:
             raise RuntimeError("GlooWeightReceiver.receive before connect()")
         _check_params(plan, params)
@@ -55,29 +61,42 @@ class GlooWeightReceiver:
         header = torch.zeros(4, dtype=torch.int64)
         self._wait(broadcast(self._group, header), version, "header")
         check_header(header, plan, version, self.where)
-        in_flight: deque = deque()  # (index, work, buffer to copy out of, or None)
+        self._failures = self._received = 0
+        in_flight: deque = deque()  # (index, prefix, work, payload, packed buffer to copy out of or None)
         last_use: dict[int, int] = {}
         num_packed = 0
+        prefix = torch.zeros(2, dtype=torch.int64)
+        prefix_work = broadcast(self._group, prefix)
         for index, bucket in enumerate(plan):
-            target = _in_place(bucket, params)
-            if target is None and is_direct(bucket):  # a strided destination: copy after
-                buffer = target = torch.empty(bucket["nbytes"], dtype=torch.uint8)
-            elif target is None:
+            self._wait(prefix_work, version, f"bucket {index}/{len(plan)}'s prefix")
+            announced = prefix.tolist()
+            buffer = None
+            if announced[0] != WHOLE:  # a delta: applied where the bucket's bytes are once it is in
+                payload = torch.empty(payload_nbytes(announced, bucket["nbytes"], bucket_word(bucket)),
+                                      dtype=torch.uint8)
+            elif (payload := _in_place(bucket, params)) is not None:
+                pass
+            elif is_direct(bucket):  # a strided destination: copy after
+                buffer = payload = torch.empty(bucket["nbytes"], dtype=torch.uint8)
+            else:
                 slot, num_packed = num_packed % 2, num_packed + 1
                 while in_flight and in_flight[0][0] <= last_use.get(slot, -1):
                     self._finish_oldest(in_flight, plan, params, version)  # frees its buffer
-                buffer = target = self._buffer(plan, slot)[: bucket["nbytes"]]
+                buffer = payload = self._buffer(plan, slot)[: bucket["nbytes"]]
                 last_use[slot] = index
-            else:
-                buffer = None
-            in_flight.append((index, broadcast(self._group, target), buffer))
+            in_flight.append((index, announced, broadcast(self._group, payload), payload, buffer))
+            self._received += 16 + payload.numel()
+            if index + 1 < len(plan):
+                prefix = torch.zeros(2, dtype=torch.int64)
+                prefix_work = broadcast(self._group, prefix)
             if len(in_flight) > MAX_IN_FLIGHT:
                 self._finish_oldest(in_flight, plan, params, version)
         while in_flight:
             self._finish_oldest(in_flight, plan, params, version)
         seconds = time.perf_counter() - start
         num_bytes = sum(b["nbytes"] for b in plan)
-        return {"sync/version": version, "sync/num_bytes": num_bytes, "sync/receive_s": seconds,
+        return {"sync/version": version, "sync/num_bytes": num_bytes, "sync/push_bytes": self._received,
+                "sync/verify_failures": self._failures, "sync/receive_s": seconds,
                 "sync/receive_gb_per_s": num_bytes / seconds / 1e9}
 
     def close(self) -> None:
@@ -85,14 +104,36 @@ class GlooWeightReceiver:
         self._buffers = []
 
     def _finish_oldest(self, in_flight: deque, plan: list[dict], params: dict, version: int) -> None:
-        index, work, buffer = in_flight.popleft()
+        index, announced, work, payload, buffer = in_flight.popleft()
         self._wait(work, version, f"bucket {index}/{len(plan)}")
+        bucket = plan[index]
+        if announced[0] == WHOLE:
+            ok = checksum(payload) == announced[1]
+        else:  # the bucket's current bytes: the tensor's own, or gathered from its tensors
+            target = _in_place(bucket, params)
+            if target is None:
+                buffer = target = self._gather(bucket, params)
+            try:
+                decode_bucket(announced, payload, target, bucket_word(bucket))
+                ok = True
+            except ChecksumMismatch:
+                ok = False
+        self._failures += not ok
         if buffer is not None:
-            for name, view in unpack_bucket(plan[index], buffer):
+            for name, view in unpack_bucket(bucket, buffer):
                 if params[name].is_contiguous():
                     copy_bytes(params[name], view)
                 else:  # copy_bytes writes flat memory; a strided tensor needs torch's copy
                     params[name].copy_(view)
+
+    @staticmethod
+    def _gather(bucket: dict, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The bucket's bytes as the receiver holds them, padding zeroed as the sender's are."""
+        buffer = pack_bucket(bucket, [params[e["name"]] for e in bucket["tensors"]],
+                             out=torch.empty(bucket["nbytes"], dtype=torch.uint8))
+        if not is_direct(bucket):
+            zero_padding(bucket, buffer)
+        return buffer  # a copy: a bucket whose tensor's own bytes can take a delta never comes here
 
     def _buffer(self, plan: list[dict], slot: int) -> torch.Tensor:
         size = max(b["nbytes"] for b in plan if not is_direct(b))

@@ -5,12 +5,18 @@ group: the learner's DDP group is the default one, and weight pushes must not in
 with its collectives. Receivers (vLLM workers, see `vllm_gloo_engine.py`) join the same
 group with `open_gloo_group` and ranks 1..world_size-1.
 
-Wire format: see wire.py (a header, then one uint8 broadcast per bucket). A bucket that is one large tensor is broadcast
-from the parameter's own memory; small tensors are packed into one of two reusable buffers
+Wire format: see wire.py (a header, then per bucket a prefix and its payload). A bucket that is one large
+tensor is broadcast whole from the parameter's own memory; small tensors are packed into one of two reusable buffers
 (allocated once, so no push pays page faults on fresh memory). Up to MAX_IN_FLIGHT broadcasts
 are queued at once, over the group's GLOO_CONNECTIONS connections, so gloo sends bucket after
 bucket with no gap while the next is packed. All ranks must open the group with
 `open_gloo_group` (same connections); the vLLM receiver does.
+
+With `transfer="delta"` the sender keeps a shadow of each bucket as the engines hold it (their
+dtype's bytes, one model copy on this rank) and sends only the elements whose bits changed
+(`delta.encode_bucket`); a bucket goes whole when that is smaller, when there is no shadow (the
+first push after `metadata()`, i.e. after any change of the group's members), on a push asked
+`whole`, and on one push in `full_every`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from collections import deque
 import torch
 from torch.distributed import ProcessGroupGloo, TCPStore
 
-from asyncrl.sync.buckets import copy_bytes, is_direct, pack_bucket, plan_buckets, specs_of
+from asyncrl.sync.buckets import copy_bytes, is_direct, pack_bucket, plan_buckets, specs_of, zero_padding
+from asyncrl.sync.delta import WHOLE, bucket_word, checksum, encode_bucket
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
 from asyncrl.sync.wire import MAX_IN_FLIGHT, broadcast, open_gloo_group, push_header
 
@@ -35,9 +42,16 @@ class GlooWeightSender:
     """
 
     def __init__(self, host: str, port: int, world_size: int, timeout_s: float = 300.0,
-                 bucket_bytes: int = 256 << 20):
+                 bucket_bytes: int = 256 << 20, transfer: str = "full", full_every: int = 0):
+        if transfer not in ("full", "delta"):
+            raise ValueError(f"transfer must be 'full' or 'delta', got {transfer!r}")
         self.host, self.port, self.world_size = host, port, world_size
         self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        self.transfer, self.full_every = transfer, full_every
+        self._shadows: list[torch.Tensor | None] = []  # per bucket, what the engines hold (delta only)
+        self._deltas_since_whole = 0
+        self.corrupt_next = False
+        """Fault injection: flip one bit of the next push's first payload after its checksum is taken."""
         self._group: ProcessGroupGloo | None = None
         self._store: TCPStore | None = None
         self._plan: list[dict] | None = None
@@ -53,15 +67,17 @@ class GlooWeightSender:
         self._specs = specs_of(named_params)
         self._plan = plan_buckets(self._specs, self.bucket_bytes)
         self._place = {e["name"]: (index, e) for index, b in enumerate(self._plan) for e in b["tensors"]}
+        self._shadows = [None] * len(self._plan)  # a new plan or new members: what they hold is unknown
         return {
             "kind": "gloo",
-            "update_info": {"buckets": self._plan},
+            "update_info": {"buckets": self._plan, "transfer": self.transfer},
             "num_tensors": sum(len(b["tensors"]) for b in self._plan),
             "num_bytes": sum(b["nbytes"] for b in self._plan),
         }
 
-    def push(self, named_params: NamedTensors, version: int) -> dict:
-        """Broadcast the parameters bucket by bucket; returns `sync/...` stats.
+    def push(self, named_params: NamedTensors, version: int, whole: bool = False) -> dict:
+        """Broadcast the parameters bucket by bucket; returns `sync/...` stats. `whole`: no bucket
+        as a delta (after an engine failed a checksum).
 
         `named_params` must match the last `metadata()` (names, shapes, dtypes, order). It is
         read lazily: a sharded learner gathers each parameter as it is needed, never the whole
@@ -74,6 +90,9 @@ class GlooWeightSender:
             raise RuntimeError("GlooWeightSender.push before metadata(): receivers need the plan")
         plan = self._plan
         start = time.perf_counter()
+        self._whole = whole or self.transfer == "full" or any(s is None for s in self._shadows) or (
+            self.full_every > 0 and self._deltas_since_whole >= self.full_every - 1)
+        self._sent_bytes, self._compared_bytes, self._changed_bytes = 0, 0, 0
         header = torch.tensor(push_header(plan, version), dtype=torch.int64)
         self._wait(broadcast(self._group, header), version, "header")
         self._in_flight: deque = deque()  # (bucket index, work, buffer: kept alive until sent)
@@ -95,6 +114,7 @@ class GlooWeightSender:
                     self._wait_through(last_in_slot[slot], version, len(plan))  # then it is free
                     last_in_slot[slot] = index
                     packed[index] = (self._buffer(slot)[: bucket["nbytes"]], 0)
+                    zero_padding(bucket, packed[index][0])  # stale bytes there would read as changes
                 buffer, filled = packed[index]
                 copy_bytes(buffer[entry["offset"] : entry["offset"] + entry["nbytes"]], tensor)
                 packed[index] = (buffer, filled + 1)
@@ -108,14 +128,18 @@ class GlooWeightSender:
         self._wait_through(len(plan) - 1, version, len(plan))
         seconds = time.perf_counter() - start
         num_bytes = sum(b["nbytes"] for b in plan)
-        return {"sync/version": version, "sync/num_bytes": num_bytes,
-                "sync/num_buckets": len(plan), "sync/push_s": seconds,
-                "sync/push_gb_per_s": num_bytes / seconds / 1e9}
+        self._deltas_since_whole = 0 if self._whole else self._deltas_since_whole + 1
+        out = {"sync/version": version, "sync/num_bytes": num_bytes, "sync/push_bytes": self._sent_bytes,
+               "sync/whole": float(self._whole), "sync/num_buckets": len(plan), "sync/push_s": seconds,
+               "sync/push_gb_per_s": num_bytes / seconds / 1e9}
+        if self._compared_bytes:  # the fraction of compared bytes in changed elements
+            out["sync/changed_frac"] = self._changed_bytes / self._compared_bytes
+        return out
 
     def close(self) -> None:
         """Drop the group and the store (receivers see their next collective fail)."""
         self._group = self._store = None
-        self._buffers = []
+        self._buffers, self._shadows = [], []
 
     def _checked(self, count: int, item: tuple[str, torch.Tensor]) -> torch.Tensor:
         """Parameter `count`, which must be the one the metadata had there. A mismatch is caught
@@ -138,8 +162,27 @@ class GlooWeightSender:
         return self._buffers[slot]
 
     def _send(self, index: int, buffer: torch.Tensor, version: int, num_buckets: int) -> None:
-        self._in_flight.append((index, broadcast(self._group, buffer), buffer))
-        if len(self._in_flight) > MAX_IN_FLIGHT:
+        """Broadcast bucket `index` (`buffer`: its bytes) as its prefix and payload."""
+        if self.transfer == "delta":
+            word = bucket_word(self._plan[index])
+            prefix, payload, changed = encode_bucket(self._shadows[index], buffer, word, self._whole)
+            if changed is not None:
+                self._compared_bytes += buffer.numel()
+                self._changed_bytes += changed * word
+            if self._shadows[index] is None:
+                self._shadows[index] = buffer.clone()
+            else:
+                copy_bytes(self._shadows[index], buffer)
+        else:
+            prefix, payload = [WHOLE, checksum(buffer)], buffer
+        if self.corrupt_next:
+            payload, self.corrupt_next = payload.clone(), False
+            payload[-1] ^= 1
+        prefix = torch.tensor(prefix, dtype=torch.int64)
+        self._sent_bytes += prefix.numel() * 8 + payload.numel()
+        self._in_flight.append((index, broadcast(self._group, prefix), prefix))
+        self._in_flight.append((index, broadcast(self._group, payload), payload))
+        while len(self._in_flight) > MAX_IN_FLIGHT:
             self._wait_through(self._in_flight[0][0], version, num_buckets)
 
     def _wait_through(self, index: int, version: int, num_buckets: int) -> None:

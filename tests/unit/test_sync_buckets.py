@@ -104,3 +104,16 @@ def test_non_contiguous_tensor_packs_by_value():
     base = torch.arange(12.0).view(3, 4)
     named = [("t", base.t())]
     assert torch.equal(round_trip(named, bucket_bytes=1 << 10)["t"], base.t())
+
+
+def test_zero_padding_clears_exactly_the_gaps_between_tensors():
+    from asyncrl.sync.buckets import zero_padding
+
+    plan = plan_buckets([("a", [3], "float16"), ("b", [5], "float32"), ("c", [1], "int8")], bucket_bytes=1024)
+    (bucket,) = plan
+    assert [e["offset"] for e in bucket["tensors"]] == [0, 16, 48] and bucket["nbytes"] == 49
+    buffer = torch.full((64,), 7, dtype=torch.uint8)
+    zero_padding(bucket, buffer)
+    occupied = set(range(0, 6)) | set(range(16, 36)) | {48}  # 3 x 2, 5 x 4 and 1 x 1 bytes
+    assert [int(b) for b in buffer[:49]] == [7 if i in occupied else 0 for i in range(49)]
+    assert buffer[49:].eq(7).all()  # past the bucket: not its bytes

@@ -141,7 +141,13 @@ def test_buckets_pushed_as_deltas_arrive_bit_exact_and_a_flipped_bit_is_caught_a
             v += torch.randn(v.shape, generator=gen) * (1e-2 if step % 4 == 3 else 1e-5) * v.abs()
         new = packed()
         for i, b in enumerate(plan):
-            prefix, payload = encode_bucket(shadows[i], new[i], bucket_word(b))
+            prefix, payload, changed = encode_bucket(shadows[i], new[i], bucket_word(b))
+            as_words = {1: torch.uint8, 2: torch.int16}[bucket_word(b)]
+            want = None if shadows[i] is None else int((shadows[i].view(as_words) != new[i].view(as_words)).sum())
+            assert changed == want
+            if shadows[i] is not None:  # a forced whole push still counts what changed
+                assert encode_bucket(shadows[i], new[i], bucket_word(b), whole=True)[0][0] == WHOLE
+                assert encode_bucket(shadows[i], new[i], bucket_word(b), whole=True)[2] == want
             assert payload.numel() == payload_nbytes(prefix, b["nbytes"], bucket_word(b))
             kinds.append(prefix[0] == WHOLE)
             decode_bucket(prefix, payload.clone(), engine[i], bucket_word(b))
@@ -152,13 +158,13 @@ def test_buckets_pushed_as_deltas_arrive_bit_exact_and_a_flipped_bit_is_caught_a
     for v in master.values():
         v += torch.randn(v.shape, generator=gen) * 1e-5 * v.abs()
     new = packed()
-    prefix, payload = encode_bucket(shadows[0], new[0], bucket_word(plan[0]))
+    prefix, payload, _ = encode_bucket(shadows[0], new[0], bucket_word(plan[0]))
     assert prefix[0] > 0
     corrupted = payload.clone()
     corrupted[-1] ^= 4
     with pytest.raises(ChecksumMismatch, match="learner sent"):
         decode_bucket(prefix, corrupted, engine[0], bucket_word(plan[0]))
     # and a whole push (the learner's shadow forgotten for that engine) heals it
-    prefix, payload = encode_bucket(None, new[0], bucket_word(plan[0]))
+    prefix, payload, _ = encode_bucket(None, new[0], bucket_word(plan[0]))
     decode_bucket(prefix, payload, engine[0], bucket_word(plan[0]))
     assert torch.equal(engine[0], new[0])
