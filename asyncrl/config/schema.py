@@ -267,6 +267,14 @@ class SyncConfig(_Section):
     wrote: a mismatch the per-token metrics measure (docs/guides/sync-modes.md)."""
     bucket_mb: int = Field(256, gt=0)
     """Largest bucket of parameters broadcast at once."""
+    transfer: Literal["full", "delta"] = "full"
+    """full: every push carries every bucket; delta (gloo only): the learner keeps a copy of what the
+    engines hold (in their dtype) and sends, per bucket, only the elements whose bits changed, or the
+    whole bucket when that is smaller (docs/guides/weight-sync.md). Every push carries a checksum per
+    bucket either way, and an engine that fails one gets a whole push at once."""
+    full_every: int = Field(100, ge=0)
+    """delta: one push in this many is whole (0: only the first after the group forms, and those
+    that heal a failed checksum)."""
     timeout_s: float = Field(120.0, gt=0)
     """A push that takes longer fails loudly with the step and peer."""
     start_timeout_s: float = Field(600.0, gt=0)
@@ -446,6 +454,9 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _keep_kv_is_inflight(self) -> "Config":
+        if self.sync.transfer == "delta" and self.sync.type != "gloo":
+            raise ValueError("sync.transfer=delta is implemented for sync.type=gloo only (NCCL pushes are whole); "
+                             "set sync.transfer=full")
         if self.sync.keep_kv and self.sync.mode != "inflight":
             raise ValueError("sync.keep_kv keeps running requests across an in-flight update: set sync.mode=inflight "
                              "(drain lets them finish first)")

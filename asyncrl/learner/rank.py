@@ -208,7 +208,7 @@ class LearnerRank:
     # -- weights (every rank calls these: gathering a sharded parameter is collective) ---------
 
     def init_weight_sync(self, kind: str, host: str, port: int, world_size: int, timeout_s: float,
-                         bucket_bytes: int) -> None:
+                         bucket_bytes: int, transfer: str = "full", full_every: int = 0) -> None:
         """Rank 0 joins the weight-sync group (the other ranks only help gather)."""
         from asyncrl.sync import make_sender
 
@@ -220,8 +220,8 @@ class LearnerRank:
         if self.sender is not None:  # a rebuilt group: the old communicator is released, not leaked
             self.sender.close()
             self.sender = None
-        self.sender = make_sender(kind, host=host, port=port, world_size=world_size,
-                                  timeout_s=timeout_s, bucket_bytes=bucket_bytes)
+        self.sender = make_sender(kind, host=host, port=port, world_size=world_size, timeout_s=timeout_s,
+                                  bucket_bytes=bucket_bytes, transfer=transfer, full_every=full_every)
         self.sender.connect()
 
     def weight_metadata(self) -> dict[str, Any]:
@@ -229,7 +229,7 @@ class LearnerRank:
         specs = [(name, shape, self.engine_dtype) for name, shape, _ in self.backend.param_specs()]
         return self.sender.metadata(meta_params(specs))
 
-    def push_weights(self, version: int) -> dict[str, float]:
+    def push_weights(self, version: int, whole: bool = False) -> dict[str, float]:
         """Broadcast the current weights, `version` (the engines receive concurrently and are told
         the same number; this rank's own must agree); on a sharded learner every rank gathers one
         parameter at a time and rank 0 sends it on."""
@@ -240,7 +240,7 @@ class LearnerRank:
             for _ in params:
                 pass
             return {}
-        return self.sender.push(engine_weights(params, self.engine_dtype), version)
+        return self.sender.push(engine_weights(params, self.engine_dtype), version, whole=whole)
 
     # -- inspection ---------------------------------------------------------------------------
 

@@ -129,17 +129,19 @@ class LearnerGroup:
         return host, int(port)
 
     def init_weight_sync(self, kind: str, host: str, port: int, world_size: int, timeout_s: float,
-                         bucket_bytes: int) -> ray.ObjectRef:
+                         bucket_bytes: int, transfer: str = "full", full_every: int = 0) -> ray.ObjectRef:
         """Rank 0 joins the weight-sync group as its rank 0 (returns once every member joined)."""
-        return self.ranks[0].init_weight_sync.remote(kind, host, port, world_size, timeout_s, bucket_bytes)
+        return self.ranks[0].init_weight_sync.remote(kind, host, port, world_size, timeout_s, bucket_bytes,
+                                                     transfer, full_every)
 
     def weight_metadata(self) -> dict[str, Any]:
         """The plan of the pushes (names, shapes, dtypes, buckets) the actors receive by."""
         return ray.get(self.ranks[0].weight_metadata.remote())
 
-    def push_weights(self, version: int) -> GroupCall:
-        """Broadcast the weights of `version` (every rank helps gather; rank 0 sends)."""
-        return self._all("push_weights", version)
+    def push_weights(self, version: int, whole: bool = False) -> GroupCall:
+        """Broadcast the weights of `version` (every rank helps gather; rank 0 sends); `whole`: no
+        bucket as a delta."""
+        return self._all("push_weights", version, whole)
 
     def prompt_logprobs(self, token_ids: list[int]) -> GroupCall:
         """The parity probe: log p(token_i | tokens_<i) under the learner's weights."""

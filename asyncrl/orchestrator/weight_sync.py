@@ -31,7 +31,11 @@ from asyncrl.sync.protocol import WeightSyncError
 from asyncrl.types import RunFailed
 
 
-SUMMED = ("sync/aborted_requests", "sync/kept_requests")  # per actor, added up in a push's row
+# per actor, added up in a push's row
+SUMMED = ("sync/aborted_requests", "sync/kept_requests", "sync/verify_failures", "sync/received_bytes")
+
+
+LEARNER_KEYS = ("sync/push_bytes", "sync/changed_frac", "sync/whole", "sync/num_bytes")  # from rank 0's push
 
 
 class PushFailed(RunFailed):
@@ -85,7 +89,8 @@ class WeightSync:
         timeout_s = timeout_s or self.cfg.timeout_s
         tp = self.tensor_parallel_size  # every TP worker of an engine is a member: rank offset + its TP rank
         world = 1 + tp * len(ids)
-        refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, timeout_s, self.cfg.bucket_mb << 20)]
+        refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, timeout_s, self.cfg.bucket_mb << 20,
+                                              self.cfg.transfer, self.cfg.full_every)]
         refs += self.pool.init_weight_sync(ids, host, port, tp, world, timeout_s)
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s + 30)
         lost = self._remove_lost(ids, refs[1:], waiting)
@@ -106,12 +111,27 @@ class WeightSync:
         reported to `on_lost(ids, why)`; then the push is retried once around the survivors (a new
         group). Without `on_lost`, `PushFailed` is raised."""
         try:
-            return self._push_once(version, step, rewind)
+            out = self._push_once(version, step, rewind)
         except PushFailed as e:
             if on_lost is None:
                 raise
             on_lost(e.dead, str(e))
-            return self._push_once(version, step, rewind)
+            out = self._push_once(version, step, rewind)
+        if out.get("sync/verify_failures"):
+            out.update(self._heal(version, step))
+        return out
+
+    def _heal(self, version: int, step: int | None) -> dict[str, float]:
+        """The whole push that follows one some engine's checksums refused: every bucket again, no
+        delta, to every member (one broadcast group); the engines that failed stay closed until it
+        lands. A failure on a whole push means the bytes are corrupted on the way or in memory: the
+        run stops rather than train on an engine that computes with other weights."""
+        healed = self._push_once(version, step, rewind=True, whole=True)
+        if healed.get("sync/verify_failures"):
+            raise RunFailed(f"weight push of version {version} (step {step}): {healed['sync/verify_failures']:g} "
+                            "bucket(s) failed their checksum again on a whole push; the bytes are corrupted "
+                            "between the learner and an engine")
+        return {"sync/heal_s": healed["sync/push_s"], "sync/heal_bytes": healed.get("sync/push_bytes", 0.0)}
 
     def push_and_probe(self, version: int, step: int, probe_ids: list[int] | None,
                        on_lost: Callable[[list[int], str], None],
@@ -130,7 +150,8 @@ class WeightSync:
                 raise
         return out
 
-    def _push_once(self, version: int, step: int | None, rewind: bool = False) -> dict[str, float]:
+    def _push_once(self, version: int, step: int | None, rewind: bool = False,
+                   whole: bool = False) -> dict[str, float]:
         for observer in self.before_push:
             observer(version)
         t0 = time.monotonic()
@@ -140,7 +161,7 @@ class WeightSync:
         if ids != self.members:
             self.rebuild_group()
         refs = self.pool.update_weights(ids, self._weight_meta, version, rewind)
-        learner = self.learner.push_weights(version) if self._weight_meta else None
+        learner = self.learner.push_weights(version, whole) if self._weight_meta else None
         all_refs = refs + (learner.refs if learner is not None else [])
         timeout_s = self.cfg.timeout_s
         _, waiting = ray.wait(all_refs, num_returns=len(all_refs), timeout=timeout_s)
@@ -169,6 +190,9 @@ class WeightSync:
             raise PushFailed(f"weight push of version {version} (step {step}) did not finish on the learner "
                              f"ranks within sync.timeout_s={timeout_s:g}", [])
         out = {"sync/push_s": time.monotonic() - t0, "sync/version": version}
+        if learner is not None:  # what the sender counted: bytes on the wire, the share that changed
+            sent = learner.result()
+            out.update({k: sent[k] for k in LEARNER_KEYS if k in sent})
         results = []
         for actor, ref in zip(ids, refs):
             try:

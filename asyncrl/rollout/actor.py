@@ -89,6 +89,7 @@ class RolloutActor:
         self._deliver: asyncio.Task | None = None
         self.version = 0
         self._gate = asyncio.Event()
+        self._held = False  # a load failed its checksums: the gate stays closed until the next one
         self._gate.set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -305,11 +306,13 @@ class RolloutActor:
             raise ValueError(f"actor {self.actor_id}: push of version {version} after {self.version}")
         t0 = time.monotonic()
         self._gate.clear()
-        kept = 0
-        if self.keep_kv:
+        kept = aborted = 0
+        if self._held:  # the last load failed its checksums: still paused or idle
+            pass
+        elif self.keep_kv:
             await self._no_evaluation.wait()  # an evaluation sample comes from one version
             await self.engine.pause()
-            aborted, kept = 0, self._active_requests
+            kept = self._active_requests
         else:
             aborted = await self._abort_running() if self.sync_mode == "inflight" else 0
             await self._idle.wait()
@@ -317,9 +320,13 @@ class RolloutActor:
         stats = await self.engine.load_weights(metadata, version)
         self.version = version
         self.stats["updates"] += 1
-        if self.keep_kv:
-            await self.engine.resume()
-        self._gate.set()
+        # weights that failed a checksum must not generate: stay closed (and paused) for the whole
+        # push that follows at once (orchestrator/weight_sync.py)
+        self._held = stats.get("sync/verify_failures", 0) > 0
+        if not self._held:
+            if self.keep_kv:
+                await self.engine.resume()
+            self._gate.set()
         return {**stats, "sync/pause_s": t1 - t0, "sync/aborted_requests": aborted, "sync/kept_requests": kept,
                 "sync/actor_update_s": time.monotonic() - t0, **self._take_occupancy()}
 

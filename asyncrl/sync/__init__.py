@@ -17,12 +17,17 @@ def make_sender(
     world_size: int,
     timeout_s: float = 300.0,
     bucket_bytes: int = 256 << 20,
+    transfer: Literal["full", "delta"] = "full",
+    full_every: int = 0,
 ) -> WeightSender:
-    """Build the sender for `kind`; `world_size` counts the learner plus every receiving worker."""
+    """Build the sender for `kind`; `world_size` counts the learner plus every receiving worker.
+    `transfer`/`full_every`: see GlooWeightSender (NCCL pushes are whole)."""
     if kind == "gloo":
         from asyncrl.sync.gloo_sender import GlooWeightSender
 
-        return GlooWeightSender(host, port, world_size, timeout_s, bucket_bytes)
+        return GlooWeightSender(host, port, world_size, timeout_s, bucket_bytes, transfer, full_every)
+    if transfer != "full":
+        raise ValueError(f"sync.transfer={transfer!r} is implemented for sync.type=gloo only; NCCL pushes are whole")
     if kind == "nccl":
         from asyncrl.sync.nccl_sender import NcclWeightSender
 

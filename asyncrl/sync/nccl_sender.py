@@ -65,8 +65,9 @@ class NcclWeightSender:
             "num_bytes": num_bytes,
         }
 
-    def push(self, named_params: NamedTensors, version: int) -> dict:
-        """Packed broadcast of the parameters (CUDA tensors); returns `sync/...` stats."""
+    def push(self, named_params: NamedTensors, version: int, whole: bool = True) -> dict:
+        """Packed broadcast of the parameters (CUDA tensors); returns `sync/...` stats. Always
+        whole: vLLM's NCCL receiver takes whole tensors."""
         if self._comm is None:
             raise RuntimeError("NcclWeightSender.push before connect() (or after a failure)")
         if self._specs is None:

@@ -28,8 +28,9 @@ class WeightSender(Protocol):
     def metadata(self, named_params: NamedTensors) -> dict:
         """Plain-data description of the next pushes (names, shapes, dtypes, buckets)."""
 
-    def push(self, named_params: NamedTensors, version: int) -> dict:
-        """Broadcast the weights; returns `sync/...` stats. Raises WeightSyncError on timeout."""
+    def push(self, named_params: NamedTensors, version: int, whole: bool = False) -> dict:
+        """Broadcast the weights; returns `sync/...` stats. Raises WeightSyncError on timeout.
+        `whole`: no part of it as a delta against what the engines held (after a failed checksum)."""
 
     def close(self) -> None:
         """Leave the group; the sender cannot push afterwards."""

@@ -20,6 +20,13 @@ CPU-specific gaps are closed in `finish_weight_update`:
   GEMM dispatch on every layer that still holds a 2-D weight.
 - The prefix cache is reset by the caller (`vllm_receiver.receive_weights`): it lives in
   the scheduler, not in the worker.
+
+Every bucket comes with a checksum (wire.py), checked once the bucket is applied; a failure is
+counted (`_take_report`, fetched through the worker extension's `asyncrl_sync_report`), not
+raised, so the group stays in step for the whole push that follows. With `transfer: delta` each
+worker keeps the bytes of every bucket it last applied (one model copy in the engine's dtype):
+deltas are applied there and the whole bucket is then loaded as usual, since a layer reloads only
+once all its tensors are in. So a delta saves the wire, not the reload.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from asyncrl.sync.buckets import unpack_bucket
+from asyncrl.sync.delta import WHOLE, ChecksumMismatch, bucket_word, checksum, decode_bucket, payload_nbytes
 from asyncrl.sync.wire import broadcast, check_header, open_gloo_group
 from asyncrl.sync.protocol import WeightSyncError
 
@@ -60,6 +68,7 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
 
     buckets: list[dict]
     version: int
+    transfer: str = "full"  # "delta": buckets may come as deltas against this worker's copy
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
@@ -76,6 +85,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.group = None
         self.store = None
         self.where = "gloo weight-sync group (not joined)"
+        self.shadows: list[torch.Tensor | None] = []  # per bucket, the bytes last applied (delta transfer)
+        self.verify_failures = self.received_bytes = 0
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         """Join the learner's group; blocks until the learner and all receivers join."""
@@ -102,12 +113,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         if self.group is None:
             raise RuntimeError("GlooWeightTransferEngine: init_transfer_engine() was not called")
         try:
-            self._receive(update_info.buckets, update_info.version)
+            self._receive(update_info.buckets, update_info.version, update_info.transfer)
         except BaseException:
             self.finish_weight_update()  # vLLM will not call it after a failed update
             raise
 
-    def _receive(self, buckets: list[dict], version: int) -> None:
+    def _receive(self, buckets: list[dict], version: int, transfer: str) -> None:
         from vllm.model_executor.model_loader.mtp_validation import (
             disable_mtp_completeness_check,
         )
@@ -115,16 +126,41 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         header = torch.zeros(4, dtype=torch.int64)
         self._wait(broadcast(self.group, header), version, "header")
         check_header(header, buckets, version, self.where)
-        # Fresh buffers, not in place (gloo_receiver.py does that): vLLM's layers repack their
-        # weights at load, and layerwise reload keeps views of the buffers until a layer is complete.
-        pending = self._post(buckets, 0)
+        if transfer != "delta":
+            self.shadows = []
+        elif len(self.shadows) != len(buckets) or any(
+                s is not None and s.numel() != b["nbytes"] for s, b in zip(self.shadows, buckets)):
+            self.shadows = [None] * len(buckets)  # a new plan: what this worker held no longer lines up
+        self._prefix = torch.zeros(2, dtype=torch.int64)
+        self._prefix_work = broadcast(self.group, self._prefix)
+        pending = self._post(buckets, 0, version)
         with disable_mtp_completeness_check():
             for index, bucket in enumerate(buckets):
-                buffer, work = pending
+                announced, payload, work = pending
                 self._wait(work, version, f"bucket {index}/{len(buckets)}")
-                if index + 1 < len(buckets):
-                    pending = self._post(buckets, index + 1)
-                self.model.load_weights(unpack_bucket(bucket, buffer))
+                if index + 1 < len(buckets):  # the next bucket arrives while this one loads
+                    pending = self._post(buckets, index + 1, version)
+                self.model.load_weights(unpack_bucket(bucket, self._apply(index, bucket, announced, payload)))
+
+    def _apply(self, index: int, bucket: dict, announced: list[int], payload: torch.Tensor) -> torch.Tensor:
+        """The bucket's bytes after this push, checked against its checksum (a failure is counted,
+        not raised: the learner follows with a whole push, see vllm_receiver.receive_weights)."""
+        keep = bool(self.shadows)
+        if announced[0] == WHOLE:
+            target, ok = payload, checksum(payload) == announced[1]
+        else:  # a delta needs what this worker held; without it the bucket cannot be right
+            target = self.shadows[index] if keep and self.shadows[index] is not None else \
+                torch.zeros(bucket["nbytes"], dtype=torch.uint8)
+            try:
+                decode_bucket(announced, payload, target, bucket_word(bucket))
+                ok = True
+            except ChecksumMismatch:
+                ok = False
+        if keep:
+            self.shadows[index] = target
+        self.verify_failures += not ok
+        self.received_bytes += 16 + payload.numel()
+        return target
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -134,10 +170,32 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
     def shutdown(self) -> None:
         self.group = self.store = None
+        self.shadows = []  # the next group's first push is whole
 
-    def _post(self, buckets: list[dict], index: int):
-        buffer = torch.empty(buckets[index]["nbytes"], dtype=torch.uint8)
-        return buffer, broadcast(self.group, buffer)
+    def _post(self, buckets: list[dict], index: int, version: int):
+        """Wait for bucket `index`'s prefix, post its payload's receive, then the next prefix's.
+        A whole bucket lands in this worker's copy of it when it keeps one (delta transfer), else
+        in a fresh buffer: vLLM's layers repack their weights at load, and layerwise reload keeps
+        views of the buffers until a layer is complete."""
+        self._wait(self._prefix_work, version, f"bucket {index}/{len(buckets)}'s prefix")
+        announced = self._prefix.tolist()
+        bucket = buckets[index]
+        shadow = self.shadows[index] if self.shadows else None
+        if announced[0] == WHOLE and shadow is not None:
+            payload = shadow
+        else:
+            payload = torch.empty(payload_nbytes(announced, bucket["nbytes"], bucket_word(bucket)), dtype=torch.uint8)
+        work = broadcast(self.group, payload)
+        if index + 1 < len(buckets):
+            self._prefix = torch.zeros(2, dtype=torch.int64)
+            self._prefix_work = broadcast(self.group, self._prefix)
+        return announced, payload, work
+
+    def _take_report(self) -> dict:
+        """What the pushes since the last report did on this worker (and start counting anew)."""
+        report = {"sync/verify_failures": self.verify_failures, "sync/received_bytes": self.received_bytes}
+        self.verify_failures = self.received_bytes = 0
+        return report
 
     def _wait(self, work, version: int, what: str) -> None:
         try:
@@ -194,7 +252,13 @@ def register() -> None:
 
 
 class GlooEngineRegistration:
-    """Empty vLLM `worker_extension_cls`: importing it registers the engine in the worker."""
+    """vLLM `worker_extension_cls`: importing it registers the engine in the worker, and its
+    method joins the worker's, for `collective_rpc`."""
+
+    def asyncrl_sync_report(self) -> dict:
+        """This worker's `GlooWeightTransferEngine._take_report()` ({} before it has one)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        return engine._take_report() if isinstance(engine, GlooWeightTransferEngine) else {}
 
 
 register()

@@ -85,7 +85,9 @@ async def receive_weights(llm, metadata: dict, version: int,
     no timeout, so pass `timeout_s` there: the call then fails with WeightSyncError instead
     of hanging (the engine stays stuck in NCCL and must be replaced). A failed gloo push
     leaves the old weights if no bucket had arrived, else a mix: do not serve until a later
-    push succeeds (on a new group: init_receiver again).
+    push succeeds (on a new group: init_receiver again). So does a push whose
+    `sync/verify_failures` is not 0 (gloo: buckets that failed their checksum, summed over the
+    engine's workers): the learner follows it with a whole push.
     """
     update_info = dict(metadata["update_info"])
     if metadata["kind"] == "gloo":
@@ -100,11 +102,16 @@ async def receive_weights(llm, metadata: dict, version: int,
                               f"complete within {timeout_s:.0f}s") from exc
     received = time.perf_counter()
     await llm.finish_weight_update(weight_version=str(version))
+    report = {}
+    if metadata["kind"] == "gloo":  # every worker's checksum failures and bytes (vllm_gloo_engine.py)
+        for worker in await llm.collective_rpc("asyncrl_sync_report"):
+            for key, value in worker.items():
+                report[key] = report.get(key, 0) + value
     if reset_prefix_cache and not await llm.reset_prefix_cache(reset_running_requests=reset_running_requests):
         raise RuntimeError(f"weights version {version} loaded but the prefix cache could not "
                            "be reset: requests still hold KV blocks")
     end = time.perf_counter()
-    return {"sync/version": version, "sync/num_bytes": metadata["num_bytes"],
+    return {**report, "sync/version": version, "sync/num_bytes": metadata["num_bytes"],
             "sync/receive_s": received - start, "sync/finish_s": end - received,
             "sync/total_s": end - start,
             "sync/receive_gb_per_s": metadata["num_bytes"] / max(end - start, 1e-9) / 1e9}

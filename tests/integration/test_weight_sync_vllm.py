@@ -67,15 +67,16 @@ async def vllm_logprobs(llm, ids: list[int], request_id: str) -> torch.Tensor:
     return torch.tensor(logprobs, dtype=torch.float64)
 
 
-def perturb_(model: torch.nn.Module, seed: int) -> None:
-    """Change every parameter (embeddings included) enough to move the logprobs."""
+def perturb_(model: torch.nn.Module, seed: int, frac: float = 1.0) -> None:
+    """Change every parameter (embeddings included) enough to move the logprobs; `frac` < 1: only
+    that share of each one's elements (a delta push's case)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+            p.add_(torch.randn(p.shape, generator=g) * 0.05 * (torch.rand(p.shape, generator=g) < frac))
 
 
-async def run_sync_and_probe(model_dir, model: Qwen2ForCausalLM) -> list[dict]:
+async def run_sync_and_probe(model_dir, model: Qwen2ForCausalLM, transfer: str = "full") -> list[dict]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -86,7 +87,7 @@ async def run_sync_and_probe(model_dir, model: Qwen2ForCausalLM) -> list[dict]:
     ids = PreTrainedTokenizerFast.from_pretrained(model_dir)(PROBE)["input_ids"]
     port = free_port()
     sender = GlooWeightSender("127.0.0.1", port, world_size=2, timeout_s=TIMEOUT_S,
-                              bucket_bytes=BUCKET_BYTES)
+                              bucket_bytes=BUCKET_BYTES, transfer=transfer)
     results = []
     try:
         before = await vllm_logprobs(llm, ids, "probe-0")
@@ -96,28 +97,33 @@ async def run_sync_and_probe(model_dir, model: Qwen2ForCausalLM) -> list[dict]:
         await asyncio.gather(asyncio.to_thread(sender.connect),
                              init_receiver(llm, "127.0.0.1", port, rank=1, world_size=2,
                                            timeout_s=TIMEOUT_S))
-        for version in (1, 2):
-            perturb_(model, seed=version)
+        metadata = sender.metadata(list(model.named_parameters()))
+        # versions 1-3; then 3 again: the sender flips a bit of 3's first payload, the engine's
+        # checksum refuses it, and a whole push of 3 heals it
+        for version, corrupt in ((1, False), (2, False), (3, True), (3, False)):
+            if (version, corrupt) != (3, False):  # the healing push sends the same weights, whole
+                perturb_(model, seed=version, frac=0.02 if transfer == "delta" else 1.0)
+            sender.corrupt_next = corrupt
             params = list(model.named_parameters())
-            metadata = sender.metadata(params)
-            push_stats, _ = await asyncio.gather(
-                asyncio.to_thread(sender.push, params, version),
+            push_stats, got = await asyncio.gather(
+                asyncio.to_thread(sender.push, params, version, whole=version == 3 and not corrupt),
                 receive_weights(llm, metadata, version))
-            after = await vllm_logprobs(llm, ids, f"probe-{version}")
+            after = await vllm_logprobs(llm, ids, f"probe-{version}-{corrupt}")
             results.append({
-                "version": version,
+                "version": version, "corrupt": corrupt,
                 "vs_hf": (after - hf_logprobs(model, ids)).abs().max().item(),
                 "vs_before": (after - before).abs().max().item(),
-                "num_buckets": push_stats["sync/num_buckets"],
+                "num_buckets": push_stats["sync/num_buckets"], "sent": push_stats,
+                "verify_failures": got["sync/verify_failures"], "received_bytes": got["sync/received_bytes"],
                 "weight_version": await llm.get_weight_version(),
             })
             before = after
-        # The learner never sends version 3: the receive must fail loudly, not hang, and the
-        # engine must keep serving version 2 (nothing of version 3 arrived).
-        with pytest.raises(Exception, match="version 3") as failure:
-            await receive_weights(llm, metadata, 3)
+        # The learner never sends version 4: the receive must fail loudly, not hang, and the
+        # engine must keep serving version 3 (nothing of version 4 arrived).
+        with pytest.raises(Exception, match="version 4") as failure:
+            await receive_weights(llm, metadata, 4)
         after = await vllm_logprobs(llm, ids, "probe-after-failure")
-        results.append({"version": "3 (failed)", "error": str(failure.value)[-300:],
+        results.append({"version": "4 (failed)", "error": str(failure.value)[-300:],
                         "vs_hf": (after - hf_logprobs(model, ids)).abs().max().item(),
                         "weight_version": await llm.get_weight_version()})
     finally:
@@ -132,22 +138,33 @@ def vllm_cpu_env(monkeypatch):
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # engine core is a child process
 
 
-@pytest.mark.parametrize("multiprocessing", ["0", "1"], ids=["worker_in_engine_core", "worker_process"])
-def test_gloo_push_gives_logprob_parity_with_tied_embeddings(tmp_path, monkeypatch, multiprocessing):
+@pytest.mark.parametrize(("multiprocessing", "transfer"), [("0", "full"), ("1", "delta")],
+                         ids=["worker_in_engine_core-full", "worker_process-delta"])
+def test_gloo_push_gives_logprob_parity_with_tied_embeddings(tmp_path, monkeypatch, multiprocessing, transfer):
+    """Both engine layouts, one transfer each (an engine start costs ~20 s): the worker's checksum
+    report crosses to the actor in-process and from a worker process (collective_rpc)."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiprocessing)
     model = build_tiny_model(tmp_path)
     assert model.config.tie_word_embeddings
-    results = asyncio.run(run_sync_and_probe(tmp_path, model))
+    results = asyncio.run(run_sync_and_probe(tmp_path, model, transfer))
     print(results)
     assert results[0]["vs_hf"] < PARITY_NATS  # the engine loaded the same weights
     assert results[0]["executor"] == {"0": "uni", "1": "mp"}[multiprocessing]  # the layout asked for
     failed = results.pop()
-    assert failed["weight_version"] == "2" and failed["vs_hf"] < PARITY_NATS, failed
-    for step in results[1:]:
-        assert step["num_buckets"] > 1
+    assert failed["weight_version"] == "3" and failed["vs_hf"] < PARITY_NATS, failed
+    first, second, corrupted, healed = results[1:]
+    for step in (first, second, healed):
+        assert step["num_buckets"] > 1 and step["verify_failures"] == 0
         assert step["weight_version"] == str(step["version"])
         assert step["vs_hf"] < PARITY_NATS, step
+        assert step["received_bytes"] == step["sent"]["sync/push_bytes"]
+    for step in (first, second):
         assert step["vs_before"] > 1000 * PARITY_NATS, step  # a no-op push fails here
+    assert corrupted["verify_failures"] == 1  # one flipped bit, one bucket refused
+    assert healed["sent"]["sync/whole"] == 1.0
+    if transfer == "delta":  # 2% of the elements changed: the second push is a small share of a whole one
+        assert second["sent"]["sync/whole"] == 0.0 and 0 < second["sent"]["sync/changed_frac"] < 0.05
+        assert second["sent"]["sync/push_bytes"] < 0.2 * second["sent"]["sync/num_bytes"]
 
 
 def test_cpu_engines_put_the_worker_in_the_engine_core_unless_told_otherwise(monkeypatch):
