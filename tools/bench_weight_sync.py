@@ -1,6 +1,7 @@
 """Benchmark the gloo weight push against a raw gloo broadcast of the same bytes (loopback).
 
     python tools/bench_weight_sync.py --size-mb 200 [--bucket-mb 64] [--vllm]
+    python tools/bench_weight_sync.py --transfer delta [--engine-dtype float16] [--lr 1e-6] [--reps 4]
 
 Three measurements, one run:
 - raw: one gloo broadcast of size-mb bytes from this process to a receiver process, into a
@@ -13,6 +14,10 @@ Three measurements, one run:
   broadcasts alternate between the group's connections (`--connections`, default 2);
 - vllm (with --vllm): the same push into a real vLLM-CPU engine (`receive_weights`, which
   includes vLLM's layerwise reload, the CPU GEMM repacking and the prefix-cache reset).
+
+- with --transfer delta, instead: a whole push against a delta push (sync.transfer=delta) of the
+  same RL-like update of Qwen2.5-0.5B's shape, alternating which goes first each round; bytes on
+  the wire, time, and at the end whether both receivers hold the same bits.
 
 Times run from the sender's start to the receiver's last byte applied; both processes read
 the same monotonic clock. Each is repeated; the first repetition touches fresh memory (page
@@ -42,23 +47,36 @@ from asyncrl.sync.wire import broadcast, free_port, open_gloo_group
 HOST = "127.0.0.1"
 
 
+def qwen2_layer(hidden: int, inter: int, kv: int) -> list[tuple[str, list[int]]]:
+    """One Qwen2 decoder layer's parameter shapes (q has `hidden` outputs, k and v `kv`)."""
+    return [("self_attn.q_proj.weight", [hidden, hidden]), ("self_attn.q_proj.bias", [hidden]),
+            ("self_attn.k_proj.weight", [kv, hidden]), ("self_attn.k_proj.bias", [kv]),
+            ("self_attn.v_proj.weight", [kv, hidden]), ("self_attn.v_proj.bias", [kv]),
+            ("self_attn.o_proj.weight", [hidden, hidden]),
+            ("mlp.gate_proj.weight", [inter, hidden]),
+            ("mlp.up_proj.weight", [inter, hidden]), ("mlp.down_proj.weight", [hidden, inter]),
+            ("input_layernorm.weight", [hidden]), ("post_attention_layernorm.weight", [hidden])]
+
+
+def qwen2_model(vocab: int, hidden: int, num_layers: int, layer) -> list[tuple[str, list[int]]]:
+    """A tied-embedding Qwen2's parameter shapes, in Hugging Face order."""
+    shapes = [("model.embed_tokens.weight", [vocab, hidden])]
+    shapes += [(f"model.layers.{i}.{n}", s) for i in range(num_layers) for n, s in layer]
+    return shapes + [("model.norm.weight", [hidden])]
+
+
+# Qwen2.5-0.5B (tools/bench_learner.py's qwen2.5-0.5b): hidden 896, MLP 4864, 24 layers, 2 KV heads of 64
+QWEN25_05B = qwen2_model(151936, 896, 24, qwen2_layer(896, 4864, 2 * 64))
+
+
 def qwen2_shapes(size_mb: float) -> tuple[dict, list[tuple[str, list[int]]]]:
     """A tied-embedding Qwen2 config and its HF parameter shapes, about `size_mb` in float32."""
     hidden = 1024 if size_mb >= 100 else 512 if size_mb >= 25 else 256
     inter, heads, kv_heads, vocab = hidden * 11 // 4, hidden // 64, max(1, hidden // 256), 8192
-    kv = kv_heads * 64
-    layer = [("self_attn.q_proj.weight", [hidden, hidden]), ("self_attn.q_proj.bias", [hidden]),
-             ("self_attn.k_proj.weight", [kv, hidden]), ("self_attn.k_proj.bias", [kv]),
-             ("self_attn.v_proj.weight", [kv, hidden]), ("self_attn.v_proj.bias", [kv]),
-             ("self_attn.o_proj.weight", [hidden, hidden]),
-             ("mlp.gate_proj.weight", [inter, hidden]),
-             ("mlp.up_proj.weight", [inter, hidden]), ("mlp.down_proj.weight", [hidden, inter]),
-             ("input_layernorm.weight", [hidden]), ("post_attention_layernorm.weight", [hidden])]
+    layer = qwen2_layer(hidden, inter, kv_heads * 64)
     per_layer = sum(torch.Size(s).numel() for _, s in layer) * 4 / 1e6
     num_layers = max(1, round((size_mb - vocab * hidden * 4 / 1e6) / per_layer))
-    shapes = [("model.embed_tokens.weight", [vocab, hidden])]
-    shapes += [(f"model.layers.{i}.{n}", s) for i in range(num_layers) for n, s in layer]
-    shapes += [("model.norm.weight", [hidden])]
+    shapes = qwen2_model(vocab, hidden, num_layers, layer)
     config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": vocab,
               "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": num_layers,
               "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": 64,
@@ -184,6 +202,91 @@ async def bench_vllm(config: dict, named, bucket_bytes: int, reps: int) -> list[
         del llm  # now, not at interpreter exit, where vLLM's __del__ shutdown finds its modules gone
 
 
+def transfer_receiver(ports: tuple[int, int], plan: list[dict], rounds: int, done) -> None:
+    """Rank 1 of a full-transfer group and of a delta-transfer group, each into its own copy of the
+    weights in the engines' dtype. Per round it receives both pushes, in the order the sender makes
+    them (`first_of`), reporting when each one's last byte landed; at the end whether both copies
+    are equal bit for bit (the delta path against the full one)."""
+    receivers = [GlooWeightReceiver(HOST, port, 1, 2, timeout_s=300) for port in ports]
+    for receiver in receivers:
+        receiver.connect()
+    held = [{e["name"]: torch.zeros(e["shape"], dtype=getattr(torch, e["dtype"])) for b in plan for e in b["tensors"]}
+            for _ in receivers]
+    for version in range(rounds + 1):
+        for which in first_of(version):
+            stats = receivers[which].receive(plan, version, held[which])
+            done.put((time.perf_counter(), stats["sync/verify_failures"]))
+    done.put(all(torch.equal(held[0][n].view(torch.uint8), held[1][n].view(torch.uint8)) for n in held[0]))
+
+
+def first_of(version: int) -> tuple[int, int]:
+    """The order of the two pushes in a round (0 full, 1 delta): alternating, so neither side always
+    runs on a machine the other has just warmed or loaded."""
+    return (0, 1) if version % 2 else (1, 0)
+
+
+def bench_transfer(engine_dtype: torch.dtype, rounds: int, lr: float, bucket_bytes: int) -> list[dict]:
+    """Full against delta pushes of Qwen2.5-0.5B's shape after RL-like updates: fp32 masters (std
+    0.02, norms 1) take an AdamW step at `lr` on a fresh noise gradient each round, and both pushes
+    send the result cast to `engine_dtype`, the cast included as in the learner. Returns per round
+    and side: seconds (sender start to the receiver's last byte) and bytes on the wire."""
+    g = torch.Generator().manual_seed(0)
+    master = [(n, (torch.ones(s) if n.endswith("norm.weight") else torch.randn(s, generator=g) * 0.02).requires_grad_())
+              for n, s in QWEN25_05B]
+    optimizer = torch.optim.AdamW([p for _, p in master], lr=lr, weight_decay=0.0, foreach=True)
+
+    def engine_weights():
+        return ((n, p.detach().to(engine_dtype)) for n, p in master)
+
+    plan = plan_buckets(specs_of(engine_weights()), bucket_bytes)
+    ports, ctx = (free_port(), free_port()), mp.get_context("spawn")
+    done = ctx.Queue()
+    proc = ctx.Process(target=transfer_receiver, args=(ports, plan, rounds, done))
+    proc.start()
+    senders = [GlooWeightSender(HOST, port, 2, timeout_s=300, bucket_bytes=bucket_bytes, transfer=transfer)
+               for port, transfer in zip(ports, ("full", "delta"))]
+    for sender in senders:
+        sender.connect()
+        sender.metadata(engine_weights())
+    rows = []
+    for version in range(rounds + 1):  # version 0: both whole, the delta side's shadow filled
+        if version:
+            for _, p in master:
+                p.grad = torch.randn(p.shape, generator=g)
+            optimizer.step()
+        for which in first_of(version):
+            start = time.perf_counter()
+            stats = senders[which].push(engine_weights(), version)
+            landed, failures = done.get(timeout=300)
+            rows.append({"version": version, "transfer": senders[which].transfer, "seconds": landed - start,
+                         "bytes": stats["sync/push_bytes"], "num_bytes": stats["sync/num_bytes"],
+                         "changed_frac": stats.get("sync/changed_frac"), "verify_failures": failures})
+    if done.get(timeout=300) is not True:
+        raise RuntimeError("the delta receiver's weights differ from the full receiver's")
+    proc.join(timeout=60)
+    for sender in senders:
+        sender.close()
+    return rows
+
+
+def report_transfer(rows: list[dict], engine_dtype: torch.dtype, lr: float) -> None:
+    by = {(r["version"], r["transfer"]): r for r in rows}
+    versions = sorted({r["version"] for r in rows if r["version"]})
+    print(f"Qwen2.5-0.5B shape, engines in {str(engine_dtype).removeprefix('torch.')}, AdamW lr {lr:g} "
+          f"({by[(0, 'full')]['num_bytes'] / 1e6:.0f} MB a whole push)")
+    print("round | changed | delta MB | full s | delta s | delta/full bytes | delta/full time")
+    for v in versions:
+        full, delta = by[(v, "full")], by[(v, "delta")]
+        print(f"{v:5d} | {delta['changed_frac']:7.2%} | {delta['bytes'] / 1e6:8.1f} | {full['seconds']:6.3f} | "
+              f"{delta['seconds']:7.3f} | {delta['bytes'] / full['bytes']:16.3f} | "
+              f"{delta['seconds'] / full['seconds']:15.2f}")
+    ratio_bytes = statistics.median(by[(v, "delta")]["bytes"] / by[(v, "full")]["bytes"] for v in versions)
+    ratio_time = statistics.median(by[(v, "delta")]["seconds"] / by[(v, "full")]["seconds"] for v in versions)
+    failures = sum(r["verify_failures"] for r in rows)
+    print(f"median delta/full: bytes {ratio_bytes:.3f}, time {ratio_time:.2f}; checksum failures {failures}; "
+          "the two receivers' weights equal bit for bit")
+
+
 def summary(label: str, num_bytes: int, seconds: list[float]) -> float:
     warm = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
     print(f"{label:<6} {num_bytes / warm / 1e9:6.2f} GB/s warm median   "
@@ -200,7 +303,17 @@ def main() -> None:
     parser.add_argument("--vllm", action="store_true", help="also push into a real vLLM-CPU engine")
     parser.add_argument("--connections", type=int, default=wire.GLOO_CONNECTIONS,
                         help="TCP connections of the raw and plain groups (the vLLM one keeps the default)")
+    parser.add_argument("--transfer", choices=["full", "delta"], default="full",
+                        help="delta: full against delta pushes of the 0.5B shape after AdamW steps, in "
+                             "alternating rounds (--reps rounds), instead of the raw comparison")
+    parser.add_argument("--engine-dtype", choices=["float16", "bfloat16"], default="float16",
+                        help="--transfer delta: the engines' dtype (float16: vLLM-CPU's bf16 kernels crash here)")
+    parser.add_argument("--lr", type=float, default=1e-6, help="--transfer delta: AdamW's learning rate")
     args = parser.parse_args()
+    if args.transfer == "delta":
+        dtype = getattr(torch, args.engine_dtype)
+        report_transfer(bench_transfer(dtype, args.reps, args.lr, int(args.bucket_mb * 1e6)), dtype, args.lr)
+        return
     config, shapes = qwen2_shapes(args.size_mb)
     named = make_params(shapes, seed=0)
     num_bytes = sum(t.numel() * t.element_size() for _, t in named)

@@ -8,14 +8,15 @@ and copies *bits*, never values: the learner keeps a shadow of what the engines 
 dtype, and an engine that applies a delta to exactly that shadow ends equal to the full push bit
 for bit, whatever the values are (-0.0 against 0.0, NaN payloads, subnormals).
 
-A delta is not always smaller: k changed elements cost k * (4 + itemsize) bytes against
-numel * itemsize for the whole bucket, so past about a third (2-byte dtypes) of the elements
-changing the bucket goes whole (`encode` returns None).
+A delta is not always smaller: k changed of n elements cost k * (4 + itemsize) bytes as int32
+indices and values, n / 8 + k * itemsize as a bitmask and values, against n * itemsize whole. So a
+bucket travels whichever way is smallest: indices while few elements change (under about one in 30
+for 2-byte dtypes), a bitmask up to about nine in ten, whole past that.
 
-A bucket's push (`encode_bucket` on the learner, `decode_bucket` on each engine) is a prefix of two
-int64, [changed elements or WHOLE, checksum], then one payload: the bucket's bytes, or the delta's
-int32 indices followed by its values. A bucket's padding bytes (between aligned tensors) take part
-like any others, so a sender must write them the same way every push or they show as changes.
+A bucket's push (`encode_bucket` on the learner, `decode_bucket` on each engine) is a prefix of
+three int64, [how (WHOLE, INDICES or MASK), changed elements, checksum], then one payload. A
+bucket's padding bytes (between aligned tensors) take part like any others, so a sender must write
+them the same way every push or they show as changes.
 
 The checksum is what an engine verifies after applying a push: CRC-32 of the bucket's bytes in
 host memory (any single flipped bit, any burst of up to 32, a moved word all change it), and on
@@ -29,6 +30,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from asyncrl.sync.buckets import dtype_from_str
@@ -108,8 +110,11 @@ def weighted_sum(t: torch.Tensor, chunk_words: int = 1 << 22) -> int:
     return (total + 2**63) % 2**64 - 2**63
 
 
-WHOLE = -1
-"""A bucket prefix's count when the bucket travels whole."""
+WHOLE, INDICES, MASK = 0, 1, 2
+"""How a bucket travels (a prefix's first word): its bytes; the changed elements' int32 indices then
+their values; or a bitmask of the changed elements then their values."""
+PREFIX_WORDS = 3
+"""A bucket's prefix: [how, changed elements (-1: not compared), checksum], int64."""
 
 
 class ChecksumMismatch(ValueError):
@@ -124,36 +129,68 @@ def bucket_word(bucket: dict) -> int:
     return word if bucket["nbytes"] % word == 0 else 1
 
 
-def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int,
-                  whole: bool = False) -> tuple[list[int], torch.Tensor, int | None]:
-    """What one bucket's push sends: the prefix [changed elements or WHOLE, checksum of `new`] and
-    the payload, `new` itself or the delta's int32 indices then values, as one uint8 tensor; and
-    how many of its `word`-sized elements changed (None when there is no shadow to compare with).
-    `shadow`: the bytes the engines hold (None: unknown, so whole); both are uint8 of one size.
-    `whole`: send it whole even if a delta is smaller (a periodic or healing push), still counting."""
-    if shadow is None:
-        return [WHOLE, checksum(new)], new, None
-    old_bits, new_bits = shadow.view(_BITS[word]), new.view(_BITS[word])
-    changed = torch.nonzero(old_bits != new_bits).reshape(-1)
-    if whole or delta_nbytes(changed.numel(), word) >= new.numel():
-        return [WHOLE, checksum(new)], new, changed.numel()
-    payload = torch.cat([changed.to(torch.int32).view(torch.uint8), new_bits[changed].view(torch.uint8)])
-    return [changed.numel(), checksum(new)], payload, changed.numel()
-
-
 def payload_nbytes(prefix: list[int], bucket_nbytes: int, word: int) -> int:
     """The size of the payload that follows `prefix` (what a receiver allocates before it arrives)."""
-    return bucket_nbytes if prefix[0] == WHOLE else prefix[0] * (INDEX_BYTES + word)
+    how, changed = prefix[0], prefix[1]
+    if how == WHOLE:
+        return bucket_nbytes
+    if how == INDICES:
+        return changed * (INDEX_BYTES + word)
+    if how == MASK:
+        return mask_nbytes(bucket_nbytes // word) + changed * word
+    raise ValueError(f"a bucket prefix says {prefix}: not a way a bucket travels")
+
+
+def mask_nbytes(elements: int) -> int:
+    """A bitmask of `elements` bits, padded to whole 8-byte words so the values after it stay aligned."""
+    return -(-elements // 64) * 8
+
+
+def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int,
+                  whole: bool = False) -> tuple[list[int], torch.Tensor, int | None]:
+    """What one bucket's push sends: its prefix (PREFIX_WORDS) and payload, whichever of the three
+    ways is smallest: `new` itself, or the changed elements' positions (int32 indices, or a bitmask
+    of the bucket's elements: past about one element in 30 changing the mask is smaller) then
+    their new bits, as one uint8 tensor; and how many `word`-sized elements changed (None without
+    a shadow to compare with). `shadow`: the bytes the engines hold (None: unknown, so whole); both
+    are uint8 of one size. `whole`: whole even if smaller ways exist (a periodic or healing push)."""
+    if shadow is None:
+        return [WHOLE, -1, checksum(new)], new, None
+    old_bits, new_bits = shadow.view(_BITS[word]), new.view(_BITS[word])
+    differs = old_bits != new_bits
+    changed = int(np.count_nonzero(differs.numpy()))  # torch's sum of a bool tensor is ~50x slower here
+    sizes = {how: payload_nbytes([how, changed], new.numel(), word) for how in (WHOLE, INDICES, MASK)}
+    how = WHOLE if whole else min(sizes, key=lambda h: (sizes[h], h))  # a tie goes whole
+    if how == WHOLE:
+        payload = new
+    elif changed == 0:
+        payload = new.new_empty(0)
+    elif how == INDICES:
+        where = torch.from_numpy(np.flatnonzero(differs.numpy()).astype(np.int32))
+        payload = torch.cat([where.view(torch.uint8), new_bits[where.long()].view(torch.uint8)])
+    else:
+        mask = torch.zeros(mask_nbytes(differs.numel()), dtype=torch.uint8)
+        mask.numpy()[: -(-differs.numel() // 8)] = np.packbits(differs.numpy())
+        payload = torch.cat([mask, new_bits[differs].view(torch.uint8)])
+    return [how, changed, checksum(new)], payload, changed
 
 
 def decode_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor, word: int) -> None:
     """Apply one bucket's push to `target` (uint8: the engine's bytes of the bucket, in place) and
     verify it against the sender's checksum; ChecksumMismatch if it differs."""
-    changed, want = prefix
-    if changed == WHOLE:
-        target.copy_(payload)
-    else:
+    how, changed, want = prefix
+    if how == WHOLE:
+        if payload.data_ptr() != target.data_ptr():
+            target.copy_(payload)
+    elif how == INDICES:
         split = changed * INDEX_BYTES
         apply(target.view(_BITS[word]), Delta(payload[:split].view(torch.int32), payload[split:].view(_BITS[word])))
+    else:
+        flat = target.view(_BITS[word])
+        split = mask_nbytes(flat.numel())
+        differs = torch.from_numpy(np.unpackbits(payload[:split].numpy(), count=flat.numel()).view(np.bool_))
+        if int(differs.sum()) != changed:
+            raise ChecksumMismatch(f"a bucket's bitmask marks {int(differs.sum())} elements, its prefix {changed}")
+        flat[differs] = payload[split:].view(_BITS[word])
     if (got := checksum(target)) != want:
         raise ChecksumMismatch(f"bucket checksum {got} after applying the push, the learner sent {want}")

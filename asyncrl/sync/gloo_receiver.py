@@ -24,7 +24,8 @@ from collections import deque
 import torch
 
 from asyncrl.sync.buckets import copy_bytes, dtype_to_str, is_direct, pack_bucket, unpack_bucket, zero_padding
-from asyncrl.sync.delta import WHOLE, ChecksumMismatch, bucket_word, checksum, decode_bucket, payload_nbytes
+from asyncrl.sync.delta import (PREFIX_WORDS, WHOLE, ChecksumMismatch, bucket_word, checksum, decode_bucket,
+                                payload_nbytes)
 from asyncrl.sync.wire import MAX_IN_FLIGHT, broadcast, check_header, open_gloo_group
 from asyncrl.sync.protocol import WeightSyncError
 
@@ -65,7 +66,7 @@ class GlooWeightReceiver:
         in_flight: deque = deque()  # (index, prefix, work, payload, packed buffer to copy out of or None)
         last_use: dict[int, int] = {}
         num_packed = 0
-        prefix = torch.zeros(2, dtype=torch.int64)
+        prefix = torch.zeros(PREFIX_WORDS, dtype=torch.int64)
         prefix_work = broadcast(self._group, prefix)
         for index, bucket in enumerate(plan):
             self._wait(prefix_work, version, f"bucket {index}/{len(plan)}'s prefix")
@@ -85,9 +86,9 @@ class GlooWeightReceiver:
                 buffer = payload = self._buffer(plan, slot)[: bucket["nbytes"]]
                 last_use[slot] = index
             in_flight.append((index, announced, broadcast(self._group, payload), payload, buffer))
-            self._received += 16 + payload.numel()
+            self._received += 8 * PREFIX_WORDS + payload.numel()
             if index + 1 < len(plan):
-                prefix = torch.zeros(2, dtype=torch.int64)
+                prefix = torch.zeros(PREFIX_WORDS, dtype=torch.int64)
                 prefix_work = broadcast(self._group, prefix)
             if len(in_flight) > MAX_IN_FLIGHT:
                 self._finish_oldest(in_flight, plan, params, version)
@@ -108,7 +109,7 @@ class GlooWeightReceiver:
         self._wait(work, version, f"bucket {index}/{len(plan)}")
         bucket = plan[index]
         if announced[0] == WHOLE:
-            ok = checksum(payload) == announced[1]
+            ok = checksum(payload) == announced[2]
         else:  # the bucket's current bytes: the tensor's own, or gathered from its tensors
             target = _in_place(bucket, params)
             if target is None:

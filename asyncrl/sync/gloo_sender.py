@@ -174,7 +174,7 @@ class GlooWeightSender:
             else:
                 copy_bytes(self._shadows[index], buffer)
         else:
-            prefix, payload = [WHOLE, checksum(buffer)], buffer
+            prefix, payload = [WHOLE, -1, checksum(buffer)], buffer
         if self.corrupt_next:
             payload, self.corrupt_next = payload.clone(), False
             payload[-1] ^= 1

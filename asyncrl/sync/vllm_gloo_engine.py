@@ -43,7 +43,8 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from asyncrl.sync.buckets import unpack_bucket
-from asyncrl.sync.delta import WHOLE, ChecksumMismatch, bucket_word, checksum, decode_bucket, payload_nbytes
+from asyncrl.sync.delta import (PREFIX_WORDS, WHOLE, ChecksumMismatch, bucket_word, checksum, decode_bucket,
+                                payload_nbytes)
 from asyncrl.sync.wire import broadcast, check_header, open_gloo_group
 from asyncrl.sync.protocol import WeightSyncError
 
@@ -131,7 +132,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         elif len(self.shadows) != len(buckets) or any(
                 s is not None and s.numel() != b["nbytes"] for s, b in zip(self.shadows, buckets)):
             self.shadows = [None] * len(buckets)  # a new plan: what this worker held no longer lines up
-        self._prefix = torch.zeros(2, dtype=torch.int64)
+        self._prefix = torch.zeros(PREFIX_WORDS, dtype=torch.int64)
         self._prefix_work = broadcast(self.group, self._prefix)
         pending = self._post(buckets, 0, version)
         with disable_mtp_completeness_check():
@@ -147,7 +148,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         not raised: the learner follows with a whole push, see vllm_receiver.receive_weights)."""
         keep = bool(self.shadows)
         if announced[0] == WHOLE:
-            target, ok = payload, checksum(payload) == announced[1]
+            target, ok = payload, checksum(payload) == announced[2]
         else:  # a delta needs what this worker held; without it the bucket cannot be right
             target = self.shadows[index] if keep and self.shadows[index] is not None else \
                 torch.zeros(bucket["nbytes"], dtype=torch.uint8)
@@ -159,7 +160,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         if keep:
             self.shadows[index] = target
         self.verify_failures += not ok
-        self.received_bytes += 16 + payload.numel()
+        self.received_bytes += 8 * PREFIX_WORDS + payload.numel()
         return target
 
     def finish_weight_update(self) -> None:
@@ -187,7 +188,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             payload = torch.empty(payload_nbytes(announced, bucket["nbytes"], bucket_word(bucket)), dtype=torch.uint8)
         work = broadcast(self.group, payload)
         if index + 1 < len(buckets):
-            self._prefix = torch.zeros(2, dtype=torch.int64)
+            self._prefix = torch.zeros(PREFIX_WORDS, dtype=torch.int64)
             self._prefix_work = broadcast(self.group, self._prefix)
         return announced, payload, work
 

@@ -4,8 +4,8 @@ receivers (engine side) import these from here, never from each other.
 
 Gloo push wire format: a 4 x int64 header [magic, version, num_buckets, num_bytes]
 (`push_header`), then per bucket of the plan from `buckets.plan_buckets` two broadcasts: a
-2 x int64 prefix [changed elements or delta.WHOLE, checksum] and the uint8 payload it announces
-(the bucket's bytes, or a delta's indices and values: `delta.encode_bucket`). A receiver posts a
+3 x int64 prefix [how, changed elements, checksum] and the uint8 payload it announces (the
+bucket's bytes, or a delta's positions and values: `delta.encode_bucket`). A receiver posts a
 payload once its prefix has told it the size.
 The header lets a receiver refuse a push whose shape differs from the metadata it was given,
 instead of loading garbage (`check_header`). All ranks open the group with `open_gloo_group`

@@ -86,10 +86,11 @@ def test_fifty_delta_pushes_of_random_updates_equal_full_pushes_bit_for_bit():
     assert [r["sync/whole"] for r in rows].count(1.0) == 3  # the first, then one in 20
     assert rows[0]["sync/whole"] == rows[20]["sync/whole"] == rows[40]["sync/whole"] == 1.0
     nothing = rows[10]  # nothing changed: prefixes only
-    assert nothing["sync/changed_frac"] == 0 and nothing["sync/push_bytes"] == 16 * nothing["sync/num_buckets"]
-    everything = rows[15]  # everything changed: every bucket whole, at the prefixes' cost
+    assert nothing["sync/changed_frac"] == 0 and nothing["sync/push_bytes"] == 24 * nothing["sync/num_buckets"]
+    everything = rows[15]  # (nearly) everything changed: (nearly) every bucket whole, never more
     assert everything["sync/changed_frac"] > 0.99
-    assert everything["sync/push_bytes"] == everything["sync/num_bytes"] + 16 * everything["sync/num_buckets"]
+    assert 0.99 * everything["sync/num_bytes"] < everything["sync/push_bytes"] <= \
+        everything["sync/num_bytes"] + 24 * everything["sync/num_buckets"]
     small = [r for i, r in enumerate(rows) if i % 10 not in (0, 5) and i % 20 and r["sync/changed_frac"] < 0.05]
     assert small and all(r["sync/push_bytes"] < 0.2 * r["sync/num_bytes"] for r in small)
 

@@ -69,7 +69,8 @@ def test_a_delta_holds_exactly_the_changed_bits_and_goes_whole_when_not_smaller(
 def test_the_host_checksum_is_crc32_and_the_gpu_one_the_position_weighted_sum_of_32_bit_words():
     import zlib
 
-    assert checksum(torch.tensor([1, 2, 3], dtype=torch.int32)) == zlib.crc32(bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]))
+    want = zlib.crc32(bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]))
+    assert checksum(torch.tensor([1, 2, 3], dtype=torch.int32)) == want
     assert checksum(torch.tensor([7], dtype=torch.uint8)[:0]) == 0  # no bytes
     t = torch.tensor([1, 2, 3], dtype=torch.int32)
     assert weighted_sum(t) == 1 * 1 + 2 * 3 + 3 * 5
@@ -168,3 +169,32 @@ def test_buckets_pushed_as_deltas_arrive_bit_exact_and_a_flipped_bit_is_caught_a
     prefix, payload, _ = encode_bucket(None, new[0], bucket_word(plan[0]))
     decode_bucket(prefix, payload, engine[0], bucket_word(plan[0]))
     assert torch.equal(engine[0], new[0])
+
+
+@pytest.mark.parametrize(("changed", "how", "nbytes"), [
+    (0, "INDICES", 0),             # nothing changed: the prefix alone
+    (10, "INDICES", 10 * 6),       # int32 index + 2-byte value each: 60 < 128 + 20 (mask) < 2048 (whole)
+    (40, "MASK", 128 + 40 * 2),    # 240 by index; a bitmask of 1024 elements is 128 bytes
+    (900, "MASK", 128 + 900 * 2),  # 1928 < 2048
+    (970, "WHOLE", 2048),          # 2068 by mask
+])
+def test_a_bucket_travels_the_smallest_way_and_arrives_bit_exact(changed, how, nbytes):
+    import numpy as np
+
+    from asyncrl.sync import delta
+
+    old = torch.arange(1024, dtype=torch.int16).view(torch.float16)
+    new = old.clone()
+    picks = torch.from_numpy(np.random.default_rng(changed).permutation(1024)[:changed])
+    new.view(torch.int16)[picks] ^= 1  # flip the lowest bit of `changed` elements
+    prefix, payload, counted = delta.encode_bucket(old.view(torch.uint8), new.view(torch.uint8), 2)
+    assert counted == changed and prefix[:2] == [getattr(delta, how), changed] and payload.numel() == nbytes
+    assert payload.numel() == delta.payload_nbytes(prefix, 2048, 2)
+    target = old.clone().view(torch.uint8)
+    delta.decode_bucket(prefix, payload, target, 2)
+    assert torch.equal(target, new.view(torch.uint8))
+    if how == "MASK":  # a flipped bit in the mask marks one element more or less: refused
+        bad = payload.clone()
+        bad[1] ^= 1
+        with pytest.raises(delta.ChecksumMismatch, match="marks"):
+            delta.decode_bucket(prefix, bad, old.clone().view(torch.uint8), 2)
