@@ -178,7 +178,15 @@ def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int,
 def decode_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor, word: int) -> None:
     """Apply one bucket's push to `target` (uint8: the engine's bytes of the bucket, in place) and
     verify it against the sender's checksum; ChecksumMismatch if it differs."""
-    how, changed, want = prefix
+    apply_bucket(prefix, payload, target, word)
+    if (got := checksum(target)) != prefix[2]:
+        raise ChecksumMismatch(f"bucket checksum {got} after applying the push, the learner sent {prefix[2]}")
+
+
+def apply_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor, word: int) -> None:
+    """Write one bucket's push into `target` (uint8, in place), unchecked: the learner's own shadow,
+    and the first half of `decode_bucket`."""
+    how, changed, _ = prefix
     if how == WHOLE:
         if payload.data_ptr() != target.data_ptr():
             target.copy_(payload)
@@ -192,5 +200,3 @@ def decode_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor
         if int(differs.sum()) != changed:
             raise ChecksumMismatch(f"a bucket's bitmask marks {int(differs.sum())} elements, its prefix {changed}")
         flat[differs] = payload[split:].view(_BITS[word])
-    if (got := checksum(target)) != want:
-        raise ChecksumMismatch(f"bucket checksum {got} after applying the push, the learner sent {want}")
