@@ -144,6 +144,17 @@ def checkpoint_write_fails(orch, state):
     checkpoint.begin = failing_begin
 
 
+def corrupt_push(orch, state):
+    """One bit of a push flipped on the learner after its checksum was taken (vLLM engines: fake
+    ones receive no bytes): the engine refuses that bucket and stays closed, a whole push heals it
+    at once, and the run goes on."""
+    import ray
+
+    _wait_rows(orch, 3)
+    ray.get(orch.learner.ranks[0].__ray_call__.remote(lambda rank: setattr(rank.sender, "corrupt_next", True)))
+    state["corrupted"] = True
+
+
 def no_operator(orch, state):
     pass  # the verifier itself misbehaves on some samples (reward.type below)
 
@@ -160,7 +171,9 @@ SCENARIOS = {
     "sigstop_actor": (sigstop_actor, ["rollout.num_actors=2", "sync.timeout_s=5"]),
     "checkpoint_write_fails": (checkpoint_write_fails, ["checkpoint.every_steps=3"]),
     "crafted_reports": (no_operator, ["reward.type=import:asyncrl.reward.fault_injection:crafted_report_on_some"]),
+    "corrupt_push": (corrupt_push, ["sync.transfer=delta"]),
 }
+NEEDS_VLLM = {"corrupt_push"}  # not in the matrix on fake engines
 
 
 def balanced(orch) -> bool:
@@ -210,10 +223,13 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str, 
         len(orch.history) == steps and ok_balance and (resumed or name not in ("sigterm_then_resume",
                                                                                "kill_learner_then_resume"))
         and (name != "crafted_reports" or last.get("reward/errors_total") == 0)
+        and (name != "corrupt_push" or (sum(h.get("sync/verify_failures", 0) for h in orch.history) == 1
+                                        and sum("sync/heal_s" in h for h in orch.history) == 1))
         and (name != "kill_learner_twice" or (not resumed and events.count("learner_restarted") == 2))
         and (name != "checkpoint_write_fails" or (events.count("checkpoint_failed") == 2
                                                   and orch.checkpoints.newest() is not None))),
             "verifier_errors": last.get("reward/errors_total"),
+            "verify_failures": sum(h.get("sync/verify_failures", 0) for h in orch.history),
             "crafted_steps": sum(any(k.startswith("reward/outcome_crafted_") and v for k, v in h.items())
                                  for h in orch.history),  # steps that scored a crafted report
             "accounting_balanced": ok_balance, "actors_lost": events.count("actor_lost"),
@@ -238,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
 
     hide_broken_torch_extras()
     model = str(ensure_tiny_model(TinyModelSpec(), log=lambda m: None))
-    names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
+    names = [n for n in args.only.split(",") if n] or [
+        n for n in SCENARIOS if args.engine == "vllm" or n not in NEEDS_VLLM]
     rows = []
     import ray
 

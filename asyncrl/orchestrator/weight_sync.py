@@ -35,7 +35,8 @@ from asyncrl.types import RunFailed
 SUMMED = ("sync/aborted_requests", "sync/kept_requests", "sync/verify_failures", "sync/received_bytes")
 
 
-LEARNER_KEYS = ("sync/push_bytes", "sync/changed_frac", "sync/whole", "sync/num_bytes")  # from rank 0's push
+# from rank 0's push: bytes on the wire against a whole push's, the share that changed, whether whole
+LEARNER_KEYS = ("sync/push_bytes", "sync/num_bytes", "sync/num_buckets", "sync/changed_frac", "sync/whole")
 
 
 class PushFailed(RunFailed):

@@ -8,13 +8,15 @@ and copies *bits*, never values: the learner keeps a shadow of what the engines 
 dtype, and an engine that applies a delta to exactly that shadow ends equal to the full push bit
 for bit, whatever the values are (-0.0 against 0.0, NaN payloads, subnormals).
 
-A delta is not always smaller: k changed of n elements cost k * (4 + itemsize) bytes as int32
-indices and values, n / 8 + k * itemsize as a bitmask and values, against n * itemsize whole. So a
-bucket travels whichever way is smallest: indices while few elements change (under about one in 30
-for 2-byte dtypes), a bitmask up to about nine in ten, whole past that.
+A delta is not always smaller: k changed of n elements cost k * (2 + itemsize) bytes as uint16 gaps
+between their positions and their values (k * (4 + itemsize) as int32 indices when some gap passes
+65,535), against n * itemsize whole; past half the elements of a 2-byte dtype changing the bucket
+goes whole. (A bitmask of the changed elements, n / 8 + k * itemsize, is smaller past one element in
+16, but decoding it took 6x as long on these cores as the gaps' cumulative sum, and time is what a
+push is for.)
 
 A bucket's push (`encode_bucket` on the learner, `decode_bucket` on each engine) is a prefix of
-three int64, [how (WHOLE, INDICES or MASK), changed elements, checksum], then one payload. A
+three int64, [how (WHOLE, INDICES or GAPS), changed elements, checksum], then one payload. A
 bucket's padding bytes (between aligned tensors) take part like any others, so a sender must write
 them the same way every push or they show as changes.
 
@@ -28,8 +30,6 @@ order-free; each word is weighted by an odd number, so any single flipped bit ch
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -42,46 +42,6 @@ INDEX_BYTES = 4  # int32 indices: a bucket has fewer than 2**31 elements (bucket
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bit patterns, flat, as a signed integer tensor of the same element size (a view)."""
     return t.reshape(-1).view(_BITS[t.element_size()])
-
-
-@dataclass(frozen=True)
-class Delta:
-    """The elements of one flat tensor that changed: their positions and new bit patterns."""
-
-    indices: torch.Tensor
-    """int32, ascending."""
-    values: torch.Tensor
-    """The new bits at those positions, in the tensor's integer view (`bits`)."""
-
-    @property
-    def nbytes(self) -> int:
-        return self.indices.numel() * INDEX_BYTES + self.values.numel() * self.values.element_size()
-
-
-def delta_nbytes(changed: int, itemsize: int) -> int:
-    return changed * (INDEX_BYTES + itemsize)
-
-
-def encode(shadow: torch.Tensor, new: torch.Tensor) -> Delta | None:
-    """The delta that turns `shadow` into `new` (same shape and dtype), or None when sending `new`
-    whole costs no more bytes."""
-    if shadow.shape != new.shape or shadow.dtype != new.dtype:
-        raise ValueError(f"delta between {tuple(shadow.shape)} {shadow.dtype} and {tuple(new.shape)} {new.dtype}")
-    if new.numel() >= 2**31:
-        raise ValueError(f"a delta's tensor has {new.numel()} elements, more than int32 indices address")
-    old_bits, new_bits = bits(shadow), bits(new)
-    changed = torch.nonzero(old_bits != new_bits).reshape(-1)
-    if delta_nbytes(changed.numel(), new.element_size()) >= new.numel() * new.element_size():
-        return None
-    return Delta(changed.to(torch.int32), new_bits[changed])
-
-
-def apply(target: torch.Tensor, delta: Delta) -> None:
-    """Write the delta's bits into `target` in place (the engine's copy of the tensor)."""
-    flat = bits(target)
-    if delta.values.dtype != flat.dtype:
-        raise ValueError(f"a delta of {delta.values.dtype} bits applied to a {target.dtype} tensor")
-    flat[delta.indices.long()] = delta.values
 
 
 def checksum(t: torch.Tensor) -> int:
@@ -110,11 +70,12 @@ def weighted_sum(t: torch.Tensor, chunk_words: int = 1 << 22) -> int:
     return (total + 2**63) % 2**64 - 2**63
 
 
-WHOLE, INDICES, MASK = 0, 1, 2
+WHOLE, INDICES, GAPS = 0, 1, 2
 """How a bucket travels (a prefix's first word): its bytes; the changed elements' int32 indices then
-their values; or a bitmask of the changed elements then their values."""
+their values; or the gaps between the changed elements' positions as uint16, then their values."""
 PREFIX_WORDS = 3
 """A bucket's prefix: [how, changed elements (-1: not compared), checksum], int64."""
+MAX_GAP = 2**16 - 1
 
 
 class ChecksumMismatch(ValueError):
@@ -136,43 +97,49 @@ def payload_nbytes(prefix: list[int], bucket_nbytes: int, word: int) -> int:
         return bucket_nbytes
     if how == INDICES:
         return changed * (INDEX_BYTES + word)
-    if how == MASK:
-        return mask_nbytes(bucket_nbytes // word) + changed * word
+    if how == GAPS:
+        return gaps_nbytes(changed) + changed * word
     raise ValueError(f"a bucket prefix says {prefix}: not a way a bucket travels")
 
 
-def mask_nbytes(elements: int) -> int:
-    """A bitmask of `elements` bits, padded to whole 8-byte words so the values after it stay aligned."""
-    return -(-elements // 64) * 8
+def gaps_nbytes(changed: int) -> int:
+    """`changed` uint16 gaps, padded to whole 8-byte words so the values after them stay aligned."""
+    return -(-2 * changed // 8) * 8
 
 
 def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int,
                   whole: bool = False) -> tuple[list[int], torch.Tensor, int | None]:
-    """What one bucket's push sends: its prefix (PREFIX_WORDS) and payload, whichever of the three
-    ways is smallest: `new` itself, or the changed elements' positions (int32 indices, or a bitmask
-    of the bucket's elements: past about one element in 30 changing the mask is smaller) then
-    their new bits, as one uint8 tensor; and how many `word`-sized elements changed (None without
-    a shadow to compare with). `shadow`: the bytes the engines hold (None: unknown, so whole); both
-    are uint8 of one size. `whole`: whole even if smaller ways exist (a periodic or healing push)."""
+    """What one bucket's push sends: its prefix (PREFIX_WORDS) and payload, whichever way is smallest:
+    `new` itself, or the changed elements' positions then their new bits, as one uint8 tensor; and how
+    many `word`-sized elements changed (None without a shadow to compare with). Positions go as
+    uint16 gaps from the one before (the first from -1) while every gap fits, else as int32 indices.
+    `shadow`: the bytes the engines hold (None: unknown, so whole); both are uint8 of one size.
+    `whole`: whole even if a delta is smaller (a periodic or healing push)."""
     if shadow is None:
         return [WHOLE, -1, checksum(new)], new, None
+    if shadow.shape != new.shape or shadow.dtype != new.dtype:
+        raise ValueError(f"a delta between {tuple(shadow.shape)} {shadow.dtype} and {tuple(new.shape)} {new.dtype}")
+    if new.numel() // word >= 2**31:
+        raise ValueError(f"a bucket of {new.numel() // word} elements, more than int32 indices address")
     old_bits, new_bits = shadow.view(_BITS[word]), new.view(_BITS[word])
-    differs = old_bits != new_bits
-    changed = int(np.count_nonzero(differs.numpy()))  # torch's sum of a bool tensor is ~50x slower here
-    sizes = {how: payload_nbytes([how, changed], new.numel(), word) for how in (WHOLE, INDICES, MASK)}
-    how = WHOLE if whole else min(sizes, key=lambda h: (sizes[h], h))  # a tie goes whole
-    if how == WHOLE:
-        payload = new
-    elif changed == 0:
-        payload = new.new_empty(0)
-    elif how == INDICES:
-        where = torch.from_numpy(np.flatnonzero(differs.numpy()).astype(np.int32))
-        payload = torch.cat([where.view(torch.uint8), new_bits[where.long()].view(torch.uint8)])
+    differs = (old_bits != new_bits).numpy()
+    changed = int(np.count_nonzero(differs))  # torch's sum of a bool tensor is ~50x slower here
+    if whole or payload_nbytes([GAPS, changed], new.numel(), word) >= new.numel():  # gaps: the least a delta costs
+        return [WHOLE, changed, checksum(new)], new, changed
+    if changed == 0:
+        return [GAPS, 0, checksum(new)], new.new_empty(0), 0
+    where = np.flatnonzero(differs)
+    gaps = np.diff(where, prepend=-1)
+    how = GAPS if gaps.max() <= MAX_GAP else INDICES
+    if payload_nbytes([how, changed], new.numel(), word) >= new.numel():
+        return [WHOLE, changed, checksum(new)], new, changed
+    values = new_bits[torch.from_numpy(where)].view(torch.uint8)
+    if how == GAPS:
+        head = torch.zeros(gaps_nbytes(changed), dtype=torch.uint8)
+        head[: 2 * changed] = torch.from_numpy(gaps.astype(np.uint16)).view(torch.uint8)
     else:
-        mask = torch.zeros(mask_nbytes(differs.numel()), dtype=torch.uint8)
-        mask.numpy()[: -(-differs.numel() // 8)] = np.packbits(differs.numpy())
-        payload = torch.cat([mask, new_bits[differs].view(torch.uint8)])
-    return [how, changed, checksum(new)], payload, changed
+        head = torch.from_numpy(where.astype(np.int32)).view(torch.uint8)
+    return [how, changed, checksum(new)], torch.cat([head, values]), changed
 
 
 def decode_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor, word: int) -> None:
@@ -190,13 +157,14 @@ def apply_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor,
     if how == WHOLE:
         if payload.data_ptr() != target.data_ptr():
             target.copy_(payload)
-    elif how == INDICES:
+        return
+    flat = target.view(_BITS[word])
+    if how == INDICES:
         split = changed * INDEX_BYTES
-        apply(target.view(_BITS[word]), Delta(payload[:split].view(torch.int32), payload[split:].view(_BITS[word])))
+        where = payload[:split].view(torch.int32).long()
     else:
-        flat = target.view(_BITS[word])
-        split = mask_nbytes(flat.numel())
-        differs = torch.from_numpy(np.unpackbits(payload[:split].numpy(), count=flat.numel()).view(np.bool_))
-        if int(differs.sum()) != changed:
-            raise ChecksumMismatch(f"a bucket's bitmask marks {int(differs.sum())} elements, its prefix {changed}")
-        flat[differs] = payload[split:].view(_BITS[word])
+        split = gaps_nbytes(changed)
+        where = torch.from_numpy(np.cumsum(payload[: 2 * changed].view(torch.uint16).numpy(), dtype=np.int64) - 1)
+    if changed and not 0 <= int(where.min()) <= int(where.max()) < flat.numel():
+        raise ChecksumMismatch(f"a delta addresses elements {int(where.min())}..{int(where.max())} of {flat.numel()}")
+    flat[where] = payload[split:].view(_BITS[word])

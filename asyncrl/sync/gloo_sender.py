@@ -28,7 +28,7 @@ import torch
 from torch.distributed import ProcessGroupGloo, TCPStore
 
 from asyncrl.sync.buckets import copy_bytes, is_direct, pack_bucket, plan_buckets, specs_of, zero_padding
-from asyncrl.sync.delta import INDICES, WHOLE, apply_bucket, bucket_word, checksum, encode_bucket
+from asyncrl.sync.delta import WHOLE, apply_bucket, bucket_word, checksum, encode_bucket
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
 from asyncrl.sync.wire import MAX_IN_FLIGHT, broadcast, open_gloo_group, push_header
 
@@ -171,7 +171,7 @@ class GlooWeightSender:
                 self._changed_bytes += changed * word
             if self._shadows[index] is None:
                 self._shadows[index] = buffer.clone()
-            elif prefix[0] == INDICES:  # a few changed elements: written in place, not the whole bucket
+            elif prefix[0] != WHOLE:  # the changed elements written in place, not the whole bucket copied
                 apply_bucket(prefix, payload, self._shadows[index], word)
             else:
                 copy_bytes(self._shadows[index], buffer)

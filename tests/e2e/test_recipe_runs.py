@@ -27,7 +27,8 @@ SHORTEN = {
     "tiny_tool": [],  # episodes with the calculator, on its own warm start (built on first use)
 }
 RANKS = {"ring_lite_c3po": ["learner.num_ranks=2", "learner.backend=deepspeed"],
-         "prorl": ["learner.num_ranks=2", "sync.probe_every=1"]}  # FSDP2 pushes of the tied tiny model, probed
+         # FSDP2 pushes of the tied tiny model as deltas (rank 0 keeps the engines' copy), probed
+         "prorl": ["learner.num_ranks=2", "sync.probe_every=1", "sync.transfer=delta"]}
 # as a user with slow verifiers or many actors runs it: each vLLM actor scores its own samples
 PLACEMENT = {"grpo": ["reward.placement=actor"]}
 
@@ -84,7 +85,11 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
     if name == "prorl":
         assert [e["reason"] for e in events if e["event"] == "reference_reset"] == ["every_k"]
         assert rows[2]["kl/mean"] == 0.0 and rows[2]["learner/optimizer_steps"] == 1
-        assert all(r["sync/probe_max_abs_diff"] <= 1e-4 for r in rows)
+        assert all(r["sync/probe_max_abs_diff"] <= 1e-4 and r["sync/verify_failures"] == 0 for r in rows)
+        # every step's push compared bit by bit with what the engines hold (the start's push filled
+        # the copy), and never larger than a whole push
+        assert all(0 < r["sync/changed_frac"] <= 1 for r in rows)
+        assert all(r["sync/push_bytes"] <= r["sync/num_bytes"] + 24 * r["sync/num_buckets"] for r in rows)
         assert [r["stage/index"] for r in rows] == [0, 1, 2]
     if name == "tiny_tool":  # the episodes called the calculator, whose answers are in, masked
         episodes = [r for r in rows if r.get("episode/tool_calls_mean") is not None]

@@ -6,7 +6,8 @@ import struct
 import pytest
 import torch
 
-from asyncrl.sync.delta import Delta, apply, bits, checksum, delta_nbytes, encode, weighted_sum
+from asyncrl.sync.delta import (GAPS, INDICES, WHOLE, ChecksumMismatch, bits, checksum, decode_bucket,
+                                encode_bucket, payload_nbytes, weighted_sum)
 
 
 def rl_step(master: torch.Tensor, gen: torch.Generator, kind: str) -> None:
@@ -17,6 +18,10 @@ def rl_step(master: torch.Tensor, gen: torch.Generator, kind: str) -> None:
         return
     scale = {"tiny": 1e-6, "medium": 3e-4, "large": 1.0}[kind]
     master += torch.randn(master.shape, generator=gen, dtype=torch.float64).to(torch.float32) * scale * master.abs()
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -32,16 +37,15 @@ def test_fifty_deltas_leave_the_engine_equal_to_a_full_push_bit_for_bit(dtype):
     for step, kind in enumerate(kinds):
         rl_step(master, gen, kind)
         new = master.to(dtype)
-        delta = encode(shadow, new)
-        if delta is None:  # a delta would be no smaller: the tensor goes whole
+        prefix, payload, count = encode_bucket(raw(shadow), raw(new), 2)
+        assert count == int((bits(shadow) != bits(new)).sum())
+        if prefix[0] == WHOLE:  # a delta would be no smaller
             wholes += 1
-            engine.copy_(new)
         else:
-            assert delta.nbytes < new.numel() * new.element_size()
-            changed += delta.indices.numel()
-            apply(engine, delta)
+            assert payload.numel() < new.numel() * 2
+            changed += count
+        decode_bucket(prefix, payload.clone(), raw(engine), 2)
         assert torch.equal(bits(engine), bits(new)), step
-        assert checksum(engine) == checksum(new)
         shadow = new
     assert wholes == 1  # the step that changed everything went whole; "none" was an empty delta
     assert changed > 2000  # the deltas carried thousands of elements over the run, not a handful
@@ -51,19 +55,42 @@ def test_a_delta_holds_exactly_the_changed_bits_and_goes_whole_when_not_smaller(
     old = torch.tensor([1.0, 2.0, 0.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], dtype=torch.float16)
     new = old.clone()
     new[3], new[2] = 4.5, -0.0  # -0.0 equals 0.0 as a value but not as bits
-    d = encode(old, new)
-    assert d.indices.tolist() == [2, 3] and d.indices.dtype == torch.int32
-    assert d.values.tolist() == [struct.unpack("<h", struct.pack("<e", v))[0] for v in (-0.0, 4.5)]
-    assert d.nbytes == delta_nbytes(2, 2) == 12  # two int32 indices and two 16-bit values, < 20 bytes whole
-    assert encode(old, old).indices.numel() == 0
-    # 4 of 10 changed: 24 bytes against 20 whole
-    four = old.clone()
+    prefix, payload, count = encode_bucket(raw(old), raw(new), 2)
+    assert prefix == [GAPS, 2, checksum(new)] and count == 2
+    # positions 2 and 3: gaps 3 (from -1) and 1 as uint16, padded to 8 bytes; then the two new bit patterns
+    assert payload[:8].view(torch.uint16).tolist() == [3, 1, 0, 0]
+    assert payload[8:].view(torch.int16).tolist() == [struct.unpack("<h", struct.pack("<e", v))[0] for v in (-0.0, 4.5)]
+    assert payload.numel() == payload_nbytes(prefix, 20, 2) == 12  # < 20 bytes whole
+    prefix, payload, count = encode_bucket(raw(old), raw(old), 2)
+    assert prefix == [GAPS, 0, checksum(old)] and payload.numel() == 0 and count == 0
+    four, five = old.clone(), old.clone()
     four[:4] += 1
-    assert encode(old, four) is None
-    with pytest.raises(ValueError, match="delta between"):
-        encode(old, new.to(torch.bfloat16))
-    with pytest.raises(ValueError, match="applied to"):
-        apply(torch.zeros(10, dtype=torch.float32), d)
+    five[:5] += 1
+    assert encode_bucket(raw(old), raw(four), 2)[0][0] == GAPS  # 8 bytes of gaps + 8 of values < 20
+    assert encode_bucket(raw(old), raw(five), 2)[0][0] == WHOLE  # 16 + 10 >= 20
+    # a gap past 65,535: int32 indices (4 + 2 bytes an element)
+    wide = torch.zeros(70_000, dtype=torch.float16)
+    changed = wide.clone()
+    changed[0], changed[69_999] = 1.0, 2.0
+    prefix, payload, _ = encode_bucket(raw(wide), raw(changed), 2)
+    assert prefix[:2] == [INDICES, 2] and payload[:8].view(torch.int32).tolist() == [0, 69_999]
+    decode_bucket(prefix, payload, raw(wide), 2)
+    assert torch.equal(wide, changed)
+    with pytest.raises(ValueError, match="a delta between"):
+        encode_bucket(raw(old), raw(old)[:-2], 2)
+
+
+def test_a_delta_that_addresses_past_its_bucket_is_refused_not_written():
+    old = torch.zeros(100, dtype=torch.float16)
+    new = old.clone()
+    new[[5, 99]] = 1.0
+    prefix, payload, _ = encode_bucket(raw(old), raw(new), 2)
+    bad = payload.clone()
+    bad[2] = 200  # the second gap now reaches element 5 + 200
+    target = old.clone()
+    with pytest.raises(ChecksumMismatch, match="addresses elements"):
+        decode_bucket(prefix, bad, raw(target), 2)
+    assert not target.any()
 
 
 def test_the_host_checksum_is_crc32_and_the_gpu_one_the_position_weighted_sum_of_32_bit_words():
@@ -104,18 +131,6 @@ def test_every_single_flipped_bit_changes_either_checksum(dtype):
                 flipped = raw.clone()
                 flipped[byte] ^= 1 << bit
                 assert f(flipped.view(dtype)) != want, (f.__name__, byte, bit)
-
-
-def test_a_delta_from_a_slice_of_a_bucket_applies_to_the_same_slice_elsewhere():
-    bucket = torch.zeros(64, dtype=torch.uint8)
-    view = bucket[16:48].view(torch.float16)  # 16 elements at a 16-byte aligned offset, as buckets.py places them
-    new = torch.zeros(16, dtype=torch.float16)
-    new[3], new[9] = 1.5, -2.0
-    delta = encode(view, new)
-    assert isinstance(delta, Delta) and delta.indices.tolist() == [3, 9]
-    other = torch.zeros(64, dtype=torch.uint8)
-    apply(other[16:48].view(torch.float16), delta)
-    assert torch.equal(other[16:48].view(torch.float16), new) and not other[:16].any() and not other[48:].any()
 
 
 def test_buckets_pushed_as_deltas_arrive_bit_exact_and_a_flipped_bit_is_caught_and_healed_by_a_whole_push():
@@ -172,11 +187,10 @@ def test_buckets_pushed_as_deltas_arrive_bit_exact_and_a_flipped_bit_is_caught_a
 
 
 @pytest.mark.parametrize(("changed", "how", "nbytes"), [
-    (0, "INDICES", 0),             # nothing changed: the prefix alone
-    (10, "INDICES", 10 * 6),       # int32 index + 2-byte value each: 60 < 128 + 20 (mask) < 2048 (whole)
-    (40, "MASK", 128 + 40 * 2),    # 240 by index; a bitmask of 1024 elements is 128 bytes
-    (900, "MASK", 128 + 900 * 2),  # 1928 < 2048
-    (970, "WHOLE", 2048),          # 2068 by mask
+    (0, "GAPS", 0),              # nothing changed: the prefix alone
+    (10, "GAPS", 24 + 10 * 2),   # 20 bytes of uint16 gaps padded to 24, then 2-byte values
+    (500, "GAPS", 1000 + 1000),  # 2000 < 2048
+    (512, "WHOLE", 2048),        # 1024 + 1024 = 2048: a tie goes whole
 ])
 def test_a_bucket_travels_the_smallest_way_and_arrives_bit_exact(changed, how, nbytes):
     import numpy as np
@@ -187,14 +201,9 @@ def test_a_bucket_travels_the_smallest_way_and_arrives_bit_exact(changed, how, n
     new = old.clone()
     picks = torch.from_numpy(np.random.default_rng(changed).permutation(1024)[:changed])
     new.view(torch.int16)[picks] ^= 1  # flip the lowest bit of `changed` elements
-    prefix, payload, counted = delta.encode_bucket(old.view(torch.uint8), new.view(torch.uint8), 2)
+    prefix, payload, counted = delta.encode_bucket(raw(old), raw(new), 2)
     assert counted == changed and prefix[:2] == [getattr(delta, how), changed] and payload.numel() == nbytes
     assert payload.numel() == delta.payload_nbytes(prefix, 2048, 2)
-    target = old.clone().view(torch.uint8)
-    delta.decode_bucket(prefix, payload, target, 2)
-    assert torch.equal(target, new.view(torch.uint8))
-    if how == "MASK":  # a flipped bit in the mask marks one element more or less: refused
-        bad = payload.clone()
-        bad[1] ^= 1
-        with pytest.raises(delta.ChecksumMismatch, match="marks"):
-            delta.decode_bucket(prefix, bad, old.clone().view(torch.uint8), 2)
+    target = old.clone()
+    delta.decode_bucket(prefix, payload, raw(target), 2)
+    assert torch.equal(raw(target), raw(new))
