@@ -20,8 +20,9 @@ three int64, [how (WHOLE, INDICES or GAPS), changed elements, checksum], then on
 bucket's padding bytes (between aligned tensors) take part like any others, so a sender must write
 them the same way every push or they show as changes.
 
-The checksum is what an engine verifies after applying a push: CRC-32 of the bucket's bytes in
-host memory (any single flipped bit, any burst of up to 32, a moved word all change it), and on
+The checksum is what an engine verifies after applying a push: XXH3-64 of the bucket's bytes in
+host memory (a 64-bit hash: any change of the bytes passes unseen with probability 2^-64; 31 GB/s
+on these cores, where zlib's CRC-32 ran at 4 GB/s and cost a full push 40% of its speed), and on
 GPUs a position-weighted sum of its 32-bit words in wrapping int64 arithmetic (exact and
 order-free; each word is weighted by an odd number, so any single flipped bit changes the sum, since
 2^k times an odd number is never 0 mod 2^64, as does moving a word).
@@ -29,9 +30,9 @@ order-free; each word is weighted by an odd number, so any single flipped bit ch
 
 from __future__ import annotations
 
-import zlib
 import numpy as np
 import torch
+import xxhash
 
 from asyncrl.sync.buckets import dtype_from_str
 
@@ -45,12 +46,12 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def checksum(t: torch.Tensor) -> int:
-    """The checksum a push carries for these bytes: CRC-32 where they are in host memory (gloo's
-    pushes: zlib's runs at ~4 GB/s on these cores, faster than the broadcast), the weighted word
-    sum on a GPU (NCCL's pushes: both ends hold the bytes on a GPU, where it runs at memory speed
-    and a CRC would first copy them to the host)."""
+    """The checksum a push carries for these bytes, as a signed int64: XXH3-64 where they are in
+    host memory (gloo's pushes), the weighted word sum on a GPU (NCCL's pushes: both ends hold the
+    bytes on a GPU, where it runs at memory speed and a hash would first copy them to the host)."""
     if t.device.type == "cpu":
-        return zlib.crc32(t.detach().reshape(-1).view(torch.uint8).numpy())
+        digest = xxhash.xxh3_64_intdigest(t.detach().reshape(-1).view(torch.uint8).numpy())
+        return digest - 2**64 if digest >= 2**63 else digest
     return weighted_sum(t)
 
 

@@ -121,15 +121,15 @@ class PushCost:
     """Per push: the engines' pause and resume calls, a prefix-cache reset."""
     changed_frac: float = 1.0
     """`sync.transfer: delta`: the share of the weights' elements a step changes in the engine's
-    dtype (1: every push is whole). A delta carries a 4-byte index beside each changed element
+    dtype (1: every push is whole). A delta carries a 2-byte position gap beside each changed element
     (asyncrl/sync/delta.py) and goes whole when that is no smaller."""
     bytes_per_param: float = 2.0
 
     def payload_bytes(self, full: bool = False) -> float:
-        """What a push moves and the engines load: the weights, or a delta's indices and values."""
+        """What a push moves: the weights, or a delta's position gaps and values."""
         if full:
             return self.weight_bytes
-        per_element = (4 + self.bytes_per_param) / self.bytes_per_param
+        per_element = (2 + self.bytes_per_param) / self.bytes_per_param
         return min(self.weight_bytes, self.weight_bytes * self.changed_frac * per_element)
 
     def buckets(self, full: bool = False) -> int:
@@ -139,10 +139,12 @@ class PushCost:
         """The learner's broadcast of every bucket (the engines receive it together)."""
         return self.buckets(full) * self.alpha_s + self.payload_bytes(full) / self.beta_bytes_per_s
 
-    def load_s(self, full: bool = False) -> float:
-        return self.payload_bytes(full) / self.load_bytes_per_s
+    def load_s(self) -> float:
+        """The engines reload the whole weights even after a delta: a layer reloads once all its
+        tensors are in (sync/vllm_gloo_engine.py)."""
+        return self.weight_bytes / self.load_bytes_per_s
 
     def push_s(self, full: bool = False) -> float:
         """From the moment every engine is ready to receive until every engine computes with the
         new weights; `full`: the whole weights whatever `changed_frac` is."""
-        return self.fixed_s + self.transfer_s(full) + self.load_s(full)
+        return self.fixed_s + self.transfer_s(full) + self.load_s()

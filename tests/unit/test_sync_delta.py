@@ -93,12 +93,16 @@ def test_a_delta_that_addresses_past_its_bucket_is_refused_not_written():
     assert not target.any()
 
 
-def test_the_host_checksum_is_crc32_and_the_gpu_one_the_position_weighted_sum_of_32_bit_words():
-    import zlib
+def test_the_host_checksum_is_xxh3_as_signed_int64_and_the_gpu_one_the_position_weighted_sum_of_32_bit_words():
+    import xxhash
 
-    want = zlib.crc32(bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]))
-    assert checksum(torch.tensor([1, 2, 3], dtype=torch.int32)) == want
-    assert checksum(torch.tensor([7], dtype=torch.uint8)[:0]) == 0  # no bytes
+    unsigned = xxhash.xxh3_64_intdigest(bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]))
+    assert checksum(torch.tensor([1, 2, 3], dtype=torch.int32)) == (unsigned + 2**63) % 2**64 - 2**63
+    empty = xxhash.xxh3_64_intdigest(b"")  # 0x2D06800538D394C2: fits int64 as it is
+    assert checksum(torch.tensor([7], dtype=torch.uint8)[:0]) == empty == 0x2D06800538D394C2
+    high = next(torch.tensor([i], dtype=torch.int64) for i in range(100)
+                if xxhash.xxh3_64_intdigest(torch.tensor([i]).numpy().tobytes()) >= 2**63)
+    assert -(2**63) <= checksum(high) < 0  # a digest past 2^63 travels as a negative int64
     t = torch.tensor([1, 2, 3], dtype=torch.int32)
     assert weighted_sum(t) == 1 * 1 + 2 * 3 + 3 * 5
     # 6 bytes: padded to two words; the second word is bytes 4, 5 and two zero bytes

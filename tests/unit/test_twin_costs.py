@@ -53,14 +53,14 @@ def test_a_colocated_layout_pays_its_switch_on_every_push_and_a_split_one_does_n
     assert colocated.push_s() - split.push_s() == pytest.approx(74.0)  # one node: the same link either way
 
 
-def test_a_delta_push_moves_and_loads_an_index_and_a_value_per_changed_element():
-    # 3e9 bytes of bf16 weights, 2% of elements changed: 0.02 x 3e9 x (4 + 2) / 2 = 1.8e8 bytes
+def test_a_delta_push_moves_a_gap_and_a_value_per_changed_element_and_loads_the_whole_weights():
+    # 3e9 bytes of bf16 weights, 2% of elements changed: 0.02 x 3e9 x (2 + 2) / 2 = 1.2e8 bytes
     pc = PushCost(weight_bytes=3e9, bucket_bytes=2**28, alpha_s=1e-5, beta_bytes_per_s=5e10, load_bytes_per_s=1e11,
                   fixed_s=0.1, changed_frac=0.02, bytes_per_param=2)
-    assert pc.payload_bytes() == pytest.approx(1.8e8) and pc.buckets() == 1
-    assert pc.push_s() == pytest.approx(0.1 + 1e-5 + 1.8e8 / 5e10 + 1.8e8 / 1e11)
+    assert pc.payload_bytes() == pytest.approx(1.2e8) and pc.buckets() == 1
+    assert pc.push_s() == pytest.approx(0.1 + 1e-5 + 1.2e8 / 5e10 + 3e9 / 1e11)
     assert pc.push_s(full=True) == pytest.approx(0.1 + 12 * 1e-5 + 3e9 / 5e10 + 3e9 / 1e11)
-    # past a third of the elements changed a delta is no smaller: the push is whole
+    # past half the elements changed a delta is no smaller: the push is whole
     assert PushCost(3e9, 2**28, 0.0, 5e10, 1e11, changed_frac=0.5).payload_bytes() == 3e9
 
 
@@ -69,7 +69,7 @@ def test_a_scenario_pushes_whole_every_full_every_versions_and_never_under_full(
     assert all(full.full_push(v) for v in range(1, 9)) and full.push_cost().changed_frac == 1.0
     delta = load_scenario(SCENARIO, ["push.transfer=delta", "push.changed_frac=0.01", "push.full_every=4"])
     assert [v for v in range(1, 9) if delta.full_push(v)] == [4, 8]
-    assert delta.push_cost().payload_bytes() == pytest.approx(delta.model.weight_bytes * 0.01 * 3)
+    assert delta.push_cost().payload_bytes() == pytest.approx(delta.model.weight_bytes * 0.01 * 2)
     assert not any(load_scenario(SCENARIO, ["push.transfer=delta"]).full_push(v) for v in range(1, 9))
 
 
