@@ -127,7 +127,7 @@ class WeightSync:
         delta, to every member (one broadcast group); the engines that failed stay closed until it
         lands. A failure on a whole push means the bytes are corrupted on the way or in memory: the
         run stops rather than train on an engine that computes with other weights."""
-        healed = self._push_once(version, step, rewind=True, whole=True)
+        healed = self._push_once(version, step, whole=True)  # the same version again: no rewind needed
         if healed.get("sync/verify_failures"):
             raise RunFailed(f"weight push of version {version} (step {step}): {healed['sync/verify_failures']:g} "
                             "bucket(s) failed their checksum again on a whole push; the bytes are corrupted "

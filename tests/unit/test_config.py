@@ -166,3 +166,13 @@ def test_the_parity_tolerance_adds_each_side_s_rounding_floor_unless_set():
     mixed = load_config(DEFAULT_CONFIG, ["rollout.dtype=bfloat16"])
     assert mixed.parity_tolerance == pytest.approx(bf16 + 5e-5)
     assert load_config(DEFAULT_CONFIG, ["model.dtype=bfloat16", "sync.probe_tolerance=0.01"]).parity_tolerance == 0.01
+
+
+def test_delta_pushes_are_refused_on_nccl_and_default_to_whole_pushes():
+    cfg = load_config(None, [])
+    assert cfg.sync.transfer == "full" and cfg.sync.full_every == 100
+    assert load_config(None, ["sync.transfer=delta", "sync.full_every=0"]).sync.transfer == "delta"
+    with pytest.raises(ConfigError, match="sync.transfer=delta is implemented for sync.type=gloo only"):
+        load_config(None, ["sync.transfer=delta", "sync.type=nccl"])
+    with pytest.raises(ConfigError, match="transfer"):
+        load_config(None, ["sync.transfer=sparse"])

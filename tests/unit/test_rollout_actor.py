@@ -256,3 +256,36 @@ def test_occupancy_is_requests_running_over_the_engines_batch_since_the_last_upd
 
     full, half = run(main(2)), run(main(8))
     assert full > 0.7 and 0.25 < half <= 0.5 and half < full
+
+
+@pytest.mark.parametrize("keep_kv", [False, True], ids=["abort", "keep_kv"])
+def test_weights_that_failed_their_checksum_generate_nothing_until_the_whole_push_that_follows(keep_kv):
+    """The engine reports sync/verify_failures: the actor stays closed (with keep_kv, its requests
+    stay paused) and the next load of the same version opens it; no token carries the bad load."""
+    async def main():
+        out = []
+        actor = make_actor(out, delay_s=0.01, sync_mode="inflight", vocab_size=1000, keep_kv=keep_kv)
+        await actor.start()
+        real, reports = actor.engine.load_weights, [1, 0]
+
+        async def checked(metadata, version):
+            return {**await real(metadata, version), "sync/verify_failures": reports.pop(0)}
+
+        actor.engine.load_weights = checked
+        await actor.submit([PromptItem("p", [7, 8], {})])
+        await asyncio.sleep(0.015)
+        refused = await actor.update_weights({}, version=1)
+        emitted = len(out)
+        await asyncio.sleep(0.1)  # ten tokens' time: a running or new request would have advanced
+        held = len(out) == emitted and not actor._gate.is_set()
+        healed = await actor.update_weights({}, version=1)
+        while len(out) < 4:
+            await asyncio.sleep(0.01)
+        return out, refused, healed, held
+
+    out, refused, healed, held = run(main())
+    assert refused["sync/verify_failures"] == 1 and healed["sync/verify_failures"] == 0 and held
+    assert healed["sync/aborted_requests"] == 0 and healed["sync/kept_requests"] == 0  # nothing ran in between
+    for s in out:
+        k = s.versions.index(1) if 1 in s.versions else len(s.versions)
+        assert s.versions == [0] * k + [1] * (len(s.versions) - k)
