@@ -240,7 +240,11 @@ class LearnerRank:
             for _ in params:
                 pass
             return {}
-        return self.sender.push(engine_weights(params, self.engine_dtype), version, whole=whole)
+        try:
+            return self.sender.push(engine_weights(params, self.engine_dtype), version, whole=whole)
+        finally:  # a push that failed midway: gather on to the end, or the other ranks wait in a gather for ever
+            for _ in params:
+                pass
 
     # -- inspection ---------------------------------------------------------------------------
 

@@ -65,6 +65,12 @@ def _streams(device_index: int, num_buffers: int) -> tuple:
     return tuple(torch.cuda.Stream(device=device_index) for _ in range(num_buffers))
 
 
+def reset_streams() -> None:
+    """Forget the cached side streams (after an aborted push: kernels of the dead communicator
+    may still be queued on them); the next push makes new ones."""
+    _streams.cache_clear()
+
+
 def broadcast_packed(group: Broadcaster, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
                      device: torch.device, num_buffers: int = 2, src: int = 0) -> int:
     """Broadcast the tensors as vLLM's packed consumer expects; returns the chunks sent."""

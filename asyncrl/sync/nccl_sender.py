@@ -9,13 +9,17 @@ on side streams) so that packing needs no vLLM and is tested without it. We do n
 here the orchestrator calls the actors (`vllm_receiver.receive_weights`) and the learner.
 
 NCCL has no timeouts of its own, so rendezvous and broadcast run on a helper thread and the
-caller gets a `WeightSyncError` after `timeout_s`; the stuck thread is abandoned and the
-group is unusable afterwards. vllm is imported lazily (rendezvous only): this module imports,
+caller gets a `WeightSyncError` after `timeout_s`. A member that died or stalls mid-push would
+otherwise leave the broadcast's kernel queued for ever on the packing's side streams and the helper
+thread inside NCCL: on a timeout the communicator is aborted (PyNccl's `destroy`, ncclCommAbort,
+which makes the stuck call return with an error), the side streams are dropped and a fresh helper
+thread is made, so the learner can join the group the orchestrator rebuilds around the survivors. vllm is imported lazily (rendezvous only): this module imports,
 and a push to an already-joined group runs, without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -23,10 +27,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 
 from asyncrl.sync.buckets import dtype_from_str, dtype_to_str
-from asyncrl.sync.nccl_packing import Broadcaster, broadcast_packed, num_chunks
+from asyncrl.sync.nccl_packing import Broadcaster, broadcast_packed, num_chunks, reset_streams
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
 from asyncrl.sync.wire import NUM_BUFFERS
 
+ABORT_WAIT_S = 10.0  # how long an aborted call may take to return before the thread is abandoned
 
 
 class NcclWeightSender:
@@ -90,6 +95,20 @@ class NcclWeightSender:
         self._comm = None
         self._pool.shutdown(wait=False)
 
+    def _abort(self, stalled) -> None:
+        """After a stalled call: abort the communicator (the stuck NCCL call then returns with an
+        error), wait for that call to leave (it may hold the push's parameter generator, which the
+        learner drains next), forget the side streams that held its kernels, start a new helper
+        thread."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.destroy()  # ncclCommAbort; vLLM's returns within 5 s even if the abort itself hangs
+        with contextlib.suppress(Exception):
+            stalled.exception(timeout=ABORT_WAIT_S)
+        reset_streams()
+        self._pool.shutdown(wait=False)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-weight-sync")
+
     def _join(self):
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
@@ -107,7 +126,7 @@ class NcclWeightSender:
         try:
             return future.result(timeout=self.timeout_s)
         except FutureTimeout as exc:
-            self._comm = None  # the NCCL call is still stuck on the helper thread
+            self._abort(future)
             step = "" if version is None else f" version {version}"
             raise WeightSyncError(
                 f"weight {what}{step}: NCCL group {self.host}:{self.port} (world size "

@@ -44,6 +44,7 @@ from asyncrl.buffer.packing import rank_batches, split_for_ranks
 from asyncrl.learner.micro_batches import micro_batches
 from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner.rank import LearnerRank
+from asyncrl.sync.protocol import WeightSyncError
 from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
@@ -273,9 +274,30 @@ def run_layout_rank(rank, world, port, model, ckpt):
     feed(learner, sender, 1, rank, world)
     learner.train_step(1)
     learner.save_checkpoint(ckpt)
+    # a weight push that breaks on rank 0 after its third parameter (an engine died mid-push): rank 1
+    # must not be left in a gather; the full-parameter read after it is collective and would hang
+    learner.sender = BreakingSender() if rank == 0 else None
+    try:
+        learner.push_weights(learner.version)
+        push_failed = False
+    except WeightSyncError:
+        push_failed = True
+    after = {n: t.cpu().clone() for n, t in learner.backend.named_full_params()}
     sender.close()
     learner.shutdown()
-    return {"layout": layout, "start": start, "buffers": buffers}
+    return {"layout": layout, "start": start, "buffers": buffers, "push_failed": push_failed, "after_push": after}
+
+
+class BreakingSender:
+    """Rank 0's weight sender whose push fails once it has read three parameters."""
+
+    def push(self, named, version, whole=False):
+        for count, _ in enumerate(named):
+            if count == 2:
+                raise WeightSyncError(f"push of version {version}: an engine died mid-push (injected)")
+
+    def close(self):
+        pass
 
 
 def _child(rank, world, port, args, out):
@@ -405,6 +427,7 @@ def test_fsdp2_ranks_read_their_own_rows_shard_the_reference_and_checkpoint_shar
     moment_bytes = 2 * 8 * sum(t.numel() for t in got["start"].values())
     assert (ckpt / "learner.pt").stat().st_size < moment_bytes / 10  # the RNG state and counters only
     assert (ckpt / "policy" / "model.safetensors").is_file()
+    assert got["push_failed"] and sorted(got["after_push"]) == sorted(got["start"])  # both ranks gathered on
 
 
 @pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])

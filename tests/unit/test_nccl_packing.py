@@ -146,3 +146,44 @@ def test_a_push_checks_the_parameters_against_the_metadata():
     with pytest.raises(ValueError, match="differs from the last metadata"):
         sender.push([(n, t.to(torch.bfloat16)) for n, t in named], version=1)
     sender.close()
+
+
+class StalledGroup(RecordingGroup):
+    """A group with a member that stopped mid-push: broadcasts block until the communicator is
+    aborted, then fail, as an NCCL call does after ncclCommAbort."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.aborted, self.returned = threading.Event(), threading.Event()
+
+    def broadcast(self, tensor, src):
+        self.aborted.wait()
+        self.returned.set()
+        raise RuntimeError("NCCL error: communicator aborted")
+
+    def destroy(self):
+        self.aborted.set()
+
+
+def test_a_push_that_stalls_is_aborted_and_the_sender_can_join_a_new_group():
+    """No learner thread is left inside NCCL: the stuck call returns once the communicator is aborted,
+    and the next group (the orchestrator's rebuild around the survivors) takes a push."""
+    from asyncrl.sync.protocol import WeightSyncError
+
+    named = params(True, torch.float32, "cpu")
+    sender = NcclWeightSender("127.0.0.1", 0, 2, timeout_s=0.3, bucket_bytes=BUCKET)
+    stalled = StalledGroup()
+    sender.connect(group=stalled, device=torch.device("cpu"))
+    sender.metadata(named)
+    with pytest.raises(WeightSyncError, match="did not complete within"):
+        sender.push(named, version=1)
+    assert stalled.aborted.is_set() and stalled.returned.wait(5)  # the helper thread got out
+    with pytest.raises(RuntimeError, match="before connect"):
+        sender.push(named, version=1)
+    fresh = RecordingGroup()
+    sender.connect(group=fresh, device=torch.device("cpu"))
+    sender.metadata(named)
+    assert sender.push(named, version=1)["sync/num_buckets"] == len(fresh.sent) > 0
+    sender.close()
