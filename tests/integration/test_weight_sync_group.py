@@ -38,7 +38,8 @@ class Learner:
     def weight_sync_address(self):
         return "127.0.0.1", 29999
 
-    def init_weight_sync(self, kind, host, port, world_size, timeout_s, bucket_bytes):
+    def init_weight_sync(self, kind, host, port, world_size, timeout_s, bucket_bytes, transfer, full_every):
+        assert (transfer, full_every) == ("full", 100)  # sync.transfer and sync.full_every reach the sender
         self.worlds.append(world_size)
         return ray.put(None)
 
