@@ -13,7 +13,7 @@ teacher-forced in float32 and under bf16 autocast (asyncrl/learner/parity.py).
 Models: the default tiny model, `--agent` adds the tiny agent's (built if missing: minutes), and
 `--model` any local Hugging Face directory. The last line is JSON: per-model gaps, the largest
 (`floor_bf16`) and the tolerance it gives two bf16 sides; compare with
-asyncrl/config/schema.py's ROUNDING_FLOOR_NATS, which the default tolerances come from.
+asyncrl/config/sync_section.py's ROUNDING_FLOOR_NATS, which the default tolerances come from.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main() -> None:
     from asyncrl.compat import hide_broken_torch_extras
 
     hide_broken_torch_extras()
-    from asyncrl.config.schema import ROUNDING_FLOOR_NATS
+    from asyncrl.config.sync_section import ROUNDING_FLOOR_NATS
     from asyncrl.tiny.build import TinyModelSpec, ensure_tiny_model
 
     paths = list(args.model)

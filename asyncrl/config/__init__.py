@@ -12,8 +12,8 @@ from asyncrl.config.load import (DEFAULT_CONFIG, ConfigError, config_from_dict, 
 from asyncrl.config.algo_section import AlgoConfig, EntropyControlConfig, KLConfig
 from asyncrl.config.reward_section import BUILTIN_VERIFIERS, CodeRewardConfig, RewardConfig, SandboxConfig
 from asyncrl.config.schema import (BufferConfig, Config, DataConfig, DataMixConfig, EvalConfig, LearnerConfig,
-                                   ModelConfig, ObserveConfig, RayConfig, RolloutConfig, StageConfig, SyncConfig,
-                                   TinyModelConfig)
+                                   ModelConfig, ObserveConfig, RayConfig, RolloutConfig, StageConfig, TinyModelConfig)
+from asyncrl.config.sync_section import SyncConfig
 
 __all__ = [
     "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "dump_config", "load_config", "parse_override",

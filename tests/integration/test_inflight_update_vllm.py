@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from asyncrl.config.schema import parity_tolerance
+from asyncrl.config.sync_section import parity_tolerance
 from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.vllm_engine import VLLMEngine

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncrl.config.schema import ROUNDING_FLOOR_NATS
+from asyncrl.config.sync_section import ROUNDING_FLOOR_NATS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ not). Real Ray tasks stand in for the actors' calls."""
 import pytest
 import ray
 
-from asyncrl.config.schema import SyncConfig
+from asyncrl.config.sync_section import SyncConfig
 from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
 
 

@@ -157,7 +157,7 @@ def test_decoupled_ppo_caps_its_importance_weight_by_default_and_warns_without_a
 
 
 def test_the_parity_tolerance_adds_each_side_s_rounding_floor_unless_set():
-    from asyncrl.config.schema import ROUNDING_FLOOR_NATS
+    from asyncrl.config.sync_section import ROUNDING_FLOOR_NATS
 
     assert load_config(DEFAULT_CONFIG).parity_tolerance == pytest.approx(1e-4)  # float32 learner and engines
     bf16 = ROUNDING_FLOOR_NATS["bfloat16"]
