@@ -338,7 +338,7 @@ def run_parity_floor(learner, smoke: bool) -> dict:
     from asyncrl.learner.model_forward import policy_forward
     from asyncrl.types import SequenceChunk
 
-    vocab = int(learner.hf_config.vocab_size)
+    vocab = int(learner.files.config.vocab_size)
     rng = random.Random(0)
     n = 64 if smoke else 2048
     chunk = SequenceChunk("probe", 0, [rng.randrange(vocab) for _ in range(16)],

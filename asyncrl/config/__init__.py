@@ -13,13 +13,14 @@ from asyncrl.config.algo_section import AlgoConfig, EntropyControlConfig, KLConf
 from asyncrl.config.reward_section import BUILTIN_VERIFIERS, CodeRewardConfig, RewardConfig, SandboxConfig
 from asyncrl.config.schema import (BufferConfig, Config, DataConfig, DataMixConfig, EvalConfig, LearnerConfig,
                                    ModelConfig, ObserveConfig, RayConfig, RolloutConfig, StageConfig, TinyModelConfig)
+from asyncrl.config.learner_section import LoraConfig
 from asyncrl.config.sync_section import SyncConfig
 
 __all__ = [
     "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "dump_config", "load_config", "parse_override",
     "write_resolved",
     "BUILTIN_VERIFIERS", "AlgoConfig", "BufferConfig", "CodeRewardConfig", "Config", "DataConfig",
-    "DataMixConfig", "EntropyControlConfig", "EvalConfig", "KLConfig", "LearnerConfig", "ModelConfig", "ObserveConfig",
+    "DataMixConfig", "EntropyControlConfig", "EvalConfig", "KLConfig", "LearnerConfig", "LoraConfig", "ModelConfig", "ObserveConfig",
     "RayConfig", "RewardConfig", "RolloutConfig", "SandboxConfig", "StageConfig", "SyncConfig",
     "TinyModelConfig",
 ]

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from asyncrl.config.section import _Section
 
-__all__ = ["DeepSpeedConfig", "LearnerConfig"]
+__all__ = ["DeepSpeedConfig", "LearnerConfig", "LoraConfig"]
 
 
 class DeepSpeedConfig(_Section):
@@ -22,6 +22,26 @@ class DeepSpeedConfig(_Section):
         if v not in (2, 3):
             raise ValueError(f"ZeRO stage must be 2 or 3, got {v}")
         return v
+
+
+class LoraConfig(_Section):
+    rank: int = Field(0, ge=0, le=512)
+    """LoRA rank r (at most 512, the largest vLLM serves); 0: off (every parameter trains). On: each targeted linear layer's frozen weight
+    W is used as W + (alpha / r) B A with A [r, in] and B [out, r] trained (B starts at zero, so step
+    0 is the base model); the base is held in the engines' dtype, the optimizer holds the adapter
+    alone, and each push carries only the adapter (learner/lora.py)."""
+    alpha: float = Field(32.0, gt=0)
+    """LoRA alpha: the adapter's output is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input. 0 keeps the learner's logprobs equal to the engines' (which
+    apply none), as the ratio of every correction assumes."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Names of the linear layers to adapt (a module whose name ends with one of them, e.g.
+    [q_proj, v_proj]), or `all-linear`: every linear layer of the decoder but the LM head."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
 
 
 class LearnerConfig(_Section):
@@ -79,4 +99,7 @@ class LearnerConfig(_Section):
     """Custom Ray resources each learner rank asks for, e.g. {learner_node: 1} to put the ranks on
     the node started with `ray start --resources '{"learner_node": 8}'`."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Learner parameters, gradients and Adam moments (float32 masters keep updates below a bf16 ulp)."""
+    """Learner parameters, gradients and Adam moments (float32 masters keep updates below a bf16 ulp).
+    With LoRA: the adapter's; the frozen base is held in the engines' dtype."""
+    lora: LoraConfig = LoraConfig()
+    """Low-rank adapters instead of full-parameter training (off while `lora.rank` is 0)."""

@@ -401,6 +401,18 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_fits(self) -> "Config":
+        if not self.learner.lora.enabled:
+            return self
+        if self.learner.backend == "deepspeed":
+            raise ValueError("learner.lora with learner.backend=deepspeed is not supported yet (its float32 master "
+                             "copy would hold the frozen base too); use learner.backend=torch (FSDP2 on several ranks)")
+        if self.sync.type != "gloo":
+            raise ValueError("learner.lora pushes its adapter over sync.type=gloo only so far: the NCCL receiver "
+                             "loads weights into the model, not adapters; use sync.type=gloo or full-parameter training")
+        return self
+
+    @model_validator(mode="after")
     def _keep_kv_is_inflight(self) -> "Config":
         if self.sync.transfer == "delta" and self.sync.type != "gloo":
             raise ValueError("sync.transfer=delta is implemented for sync.type=gloo only (NCCL pushes are whole); "

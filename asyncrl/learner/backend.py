@@ -48,12 +48,13 @@ class TrainBackend(Protocol):
         """Clip the global gradient norm, step the optimizer, zero the gradients; returns the
         norm before clipping (over all ranks' summed gradient)."""
 
-    def param_specs(self) -> list[tuple[str, torch.Size, torch.dtype]]:
+    def param_specs(self, trainable_only: bool = False) -> list[tuple[str, torch.Size, torch.dtype]]:
         """(name, full shape, dtype) of every parameter, in `named_full_params` order; no gathering."""
 
-    def named_full_params(self) -> Iterator[NamedTensor]:
+    def named_full_params(self, trainable_only: bool = False) -> Iterator[NamedTensor]:
         """Collective. Full parameters, one at a time, in `named_parameters()` order (a tied
-        weight once, under its first name); only one parameter is gathered at a time."""
+        weight once, under its first name); only one parameter is gathered at a time.
+        `trainable_only`: those that train (a LoRA policy's adapter), in the same order."""
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         """Collective. The accumulated full gradients (after backward, before `step`)."""

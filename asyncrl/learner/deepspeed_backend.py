@@ -118,15 +118,15 @@ class DeepSpeedBackend:
 
     # -- full tensors (collective) ----------------------------------------------------------------
 
-    def _params(self):
-        return list(self.model.named_parameters())
+    def _params(self, trainable_only: bool = False):
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad or not trainable_only]
 
-    def param_specs(self) -> list[tuple[str, torch.Size, torch.dtype]]:
+    def param_specs(self, trainable_only: bool = False) -> list[tuple[str, torch.Size, torch.dtype]]:
         dtype = (lambda p: torch.float32) if self.bf16 else (lambda p: p.dtype)
-        return [(n, torch.Size(getattr(p, "ds_shape", p.shape)), dtype(p)) for n, p in self._params()]
+        return [(n, torch.Size(getattr(p, "ds_shape", p.shape)), dtype(p)) for n, p in self._params(trainable_only)]
 
-    def named_full_params(self) -> Iterator[NamedTensor]:
-        for name, p in self._params():
+    def named_full_params(self, trainable_only: bool = False) -> Iterator[NamedTensor]:
+        for name, p in self._params(trainable_only):
             if self.bf16:  # the float32 master, not the module's bf16 copy
                 yield name, safe_get_full_fp32_param(p).detach().clone()
             elif self.stage == 3:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,11 @@ from asyncrl.config import AlgoConfig, LearnerConfig
 from asyncrl.learner import make_backend
 from asyncrl.learner.backend import MOMENTS, init_process_group
 from asyncrl.learner.hf_files import meta_params, save_hf_model
+from asyncrl.learner import lora as lora_files
 from asyncrl.learner.model_forward import packing_is_exact
 from asyncrl.learner.packed_attention import use_packed_attention
 from asyncrl.learner.phases import phase
-from asyncrl.learner.reference import ReferencePolicy
+from asyncrl.learner.reference import AdapterReference, ReferencePolicy
 from asyncrl.learner.routers import use_fp32_routers
 from asyncrl.learner.sharded_load import load_own_rows, meta_model, missing_from_files
 from asyncrl.learner.step import PolicyStep, moe_shape
@@ -103,13 +105,22 @@ class LearnerRank:
         if locate is not None:  # the built-in model: this node's own build (types.Locate)
             model_path = locate(model_path)
         self.cfg = learner
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.lora = learner.lora.enabled
+        # an adapter directory (a LoRA run's checkpoint or final policy) loads its base, then the adapter
+        adapter_dir = model_path if lora_files.is_adapter_dir(model_path) else None
+        if adapter_dir and not self.lora:
+            raise ValueError(f"{model_path} holds a LoRA adapter: set learner.lora (its rank and targets) to train it")
+        model_path = lora_files.adapter_base(adapter_dir) if adapter_dir else model_path
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.engine_dtype = DTYPES[engine_dtype or dtype]  # the engines' (rollout.dtype, else model.dtype)
         params = param_dtype(learner, dtype)
         # the MoE experts' default kernel (grouped_mm) has no float64
         kernels = {"experts_implementation": "eager"} if params == torch.float64 else {}
-        # several FSDP2 ranks: each builds the model without weights and reads its own shard (sharded_load.py)
-        model, whole = None, not (learner.backend == "torch" and self.world_size > 1)
+        if self.lora and params != torch.float64:  # the frozen base as the engines hold it: no float32 copy
+            params = self.engine_dtype
+        # several FSDP2 ranks: each builds the model without weights and reads its own shard (sharded_load.py);
+        # a LoRA base is loaded whole (peft renames the layers it wraps) in the engines' dtype, then sharded
+        model, whole = None, not (learner.backend == "torch" and self.world_size > 1 and not self.lora)
         if not whole:
             model = meta_model(model_path, params, **kernels)
             why = missing_from_files(model, model_path)
@@ -126,10 +137,12 @@ class LearnerRank:
             use_fp32_routers(model)
         if learner.activation_checkpointing:  # before any sharding wraps the layers
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.hf_config = model.config  # saved as is: a wrapped model's class name is not a loadable one
-        self.generation_config = generation_config(model_path, model)
-        reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device, learner.head_dtype == "float32")
-                     if algo.kl.needs_reference else None)  # copied before any sharding
+        self.files = PolicyFiles(tokenizer, model.config, generation_config(model_path, model), model_path)
+        if self.lora:
+            model = lora_files.apply_lora(model, learner.lora, adapter_dir)
+        head_fp32 = learner.head_dtype == "float32"
+        reference = (ReferencePolicy(model, learner.entropy_chunk_tokens, self.device, head_fp32)
+                     if algo.kl.needs_reference and not self.lora else None)  # copied before any sharding
         moe = moe_shape(model)
         # whether packing is exact needs one whole model: checked before sharding, or on the shards together
         packed = learner.pack_sequences and whole and packing_is_exact(model, self.device)
@@ -140,12 +153,14 @@ class LearnerRank:
             self.backend.module.reshard()  # the check's forward left the root gathered
         if reference is not None:
             reference.place(self.backend)
+        if self.lora and algo.kl.needs_reference:  # the base itself: the policy with its adapter off
+            reference = AdapterReference(self.backend, learner.entropy_chunk_tokens, self.device, head_fp32)
         if learner.pack_sequences and not packed:
             log.warning("learner.pack_sequences: %s mixes packed sequences (its attention ignores position ids); "
                         "micro-batches are padded", type(model).__name__)
         self.version = 0
         self.step = PolicyStep(self.backend, learner, algo, self.device, self.world_size,
-                               distributed(learner, self.world_size), self.tokenizer.pad_token_id or 0, reference,
+                               distributed(learner, self.world_size), tokenizer.pad_token_id or 0, reference,
                                moe, max_response_tokens, packed)
 
     @property
@@ -167,6 +182,7 @@ class LearnerRank:
         metrics.update({
             "learner/grad_norm": grad_norm,
             "learner/optimizer_steps": self.backend.optimizer_steps(),
+            "learner/trainable_params": sum(s.numel() for _, s, _ in self.backend.param_specs(trainable_only=True)),
             "timing/learner_compute_s": time.monotonic() - t0 - metrics["timing/learner_wait_batch_s"],
         })
         events: list[ReferenceReset] = []
@@ -225,9 +241,22 @@ class LearnerRank:
         self.sender.connect()
 
     def weight_metadata(self) -> dict[str, Any]:
-        """Rank 0 only: planned from names, shapes and the engines' dtype, nothing gathered."""
-        specs = [(name, shape, self.engine_dtype) for name, shape, _ in self.backend.param_specs()]
-        return self.sender.metadata(meta_params(specs))
+        """Rank 0 only: planned from names, shapes and the engines' dtype, nothing gathered. A LoRA
+        policy's pushes carry its adapter alone, with the adapter's config for the engines."""
+        specs = [(self._wire(name), shape, self.engine_dtype)
+                 for name, shape, _ in self.backend.param_specs(trainable_only=self.lora)]
+        metadata = self.sender.metadata(meta_params(specs))
+        if self.lora:
+            metadata["update_info"]["adapter"] = lora_files.adapter_config(self.model, self.files.base_path)
+        return metadata
+
+    def _wire(self, name: str) -> str:
+        return lora_files.wire_name(name) if self.lora else name
+
+    def _pushed(self):
+        """What a push sends, gathered one at a time: every parameter, or a LoRA policy's adapter."""
+        for name, tensor in self.backend.named_full_params(trainable_only=self.lora):
+            yield self._wire(name), tensor
 
     def push_weights(self, version: int, whole: bool = False) -> dict[str, float]:
         """Broadcast the current weights, `version` (the engines receive concurrently and are told
@@ -235,7 +264,7 @@ class LearnerRank:
         parameter at a time and rank 0 sends it on."""
         if version != self.version:
             raise WeightSyncError(f"asked to push version {version}, but the learner holds version {self.version}")
-        params = self.backend.named_full_params()
+        params = self._pushed()
         if self.rank != 0:
             for _ in params:
                 pass
@@ -269,18 +298,30 @@ class LearnerRank:
             Path(f"{answer}.{self.rank}").write_text(token)
         return own_address()
 
-    def save(self, path: str) -> str:
+    def save(self, path: str, merged: bool = False) -> str:
         """The policy in Hugging Face format: every rank helps gather one parameter at a time,
-        rank 0 writes them as they come (hf_files.py)."""
-        params = self.backend.named_full_params()
+        rank 0 writes them as they come (hf_files.py). A LoRA policy: its adapter in peft's
+        format (a model path all the same, lora.py), and with `merged` also a plain Hugging Face
+        model of the base with the adapter merged in, under `path/merged`."""
+        params = self._pushed() if self.lora else self.backend.named_full_params()
         out = Path(path)
         if self.rank != 0:
             for _ in params:
                 pass
+            if self.lora and merged:
+                for _ in self.backend.named_full_params():
+                    pass
             return str(out)
         out.mkdir(parents=True, exist_ok=True)
-        save_hf_model(out, params, self.hf_config, self.generation_config)
-        self.tokenizer.save_pretrained(out)
+        if self.lora:
+            lora_files.write_adapter(out, params, lora_files.adapter_config(self.model, self.files.base_path))
+            if merged:
+                save_hf_model(out / "merged", lora_files.merge_stream(self.backend.named_full_params(), self.cfg.lora),
+                              self.files.config, self.files.generation_config)
+                self.files.tokenizer.save_pretrained(out / "merged")
+        else:
+            save_hf_model(out, params, self.files.config, self.files.generation_config)
+        self.files.tokenizer.save_pretrained(out)
         (out / "algo_state.json").write_text(json.dumps(self.step.state_dict(), indent=2))
         return str(out)
 
@@ -295,7 +336,7 @@ class LearnerRank:
         self.save(str(Path(path) / "policy"))
         optimizer, reference = self.backend.optimizer_state(), self.step.reference
         dcp.save({"optimizer": {key: optimizer[key] for key in MOMENTS},
-                  "reference": reference.model.state_dict() if reference else {}},
+                  "reference": reference.state_dict() if reference else {}},
                  checkpoint_id=str(Path(path) / "state"), no_dist=not dist.is_initialized())
         if self.rank == 0:
             torch.save({"version": self.version, "optimizer_steps": optimizer["step"],
@@ -318,15 +359,15 @@ class LearnerRank:
         if "optimizer" in state:  # written before the sharded state: full tensors in learner.pt
             self.backend.load_optimizer_state(state["optimizer"])
             if reference is not None:
-                reference.model.load_state_dict(state["reference"])
+                reference.load_state_dict(state["reference"])
         else:
             sharded = {"optimizer": self.backend.optimizer_template(state["moments"]),
-                       "reference": reference.model.state_dict() if reference else {}}
+                       "reference": reference.state_dict() if reference else {}}
             # in place, each rank its own rows
             dcp.load(sharded, checkpoint_id=str(Path(path) / "state"), no_dist=not dist.is_initialized())
             self.backend.load_optimizer_state({"step": state["optimizer_steps"], **sharded["optimizer"]})
             if reference is not None:
-                reference.model.load_state_dict(sharded["reference"])
+                reference.load_state_dict(sharded["reference"])
         self.step.load_state_dict(state["algo"])
         self.step.proximal.load_state_dict(state.get("proximal"))  # absent in older checkpoints
         torch.set_rng_state(state["torch_rng"])
@@ -337,6 +378,18 @@ class LearnerRank:
         if self.sender is not None:
             self.sender.close()
         self.batches.close()
+
+
+@dataclass(frozen=True)
+class PolicyFiles:
+    """What a saved policy holds besides its weights, as read at start."""
+
+    tokenizer: Any
+    config: Any
+    """The model's config, saved as is: a wrapped model's class name is not a loadable one."""
+    generation_config: Any
+    base_path: str
+    """The model directory loaded (a LoRA adapter's base): what a saved adapter names as its base."""
 
 
 def generation_config(model_path: str, model: torch.nn.Module):

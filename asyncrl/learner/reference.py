@@ -14,6 +14,7 @@ import copy
 import torch
 
 from asyncrl.learner.collate import MicroBatch
+from asyncrl.learner.lora import adapter_off, adapter_swapped
 from asyncrl.learner.model_forward import policy_forward
 from asyncrl.learner.sharded_load import materialize
 
@@ -62,6 +63,12 @@ class ReferencePolicy:
     def sharded(self) -> bool:
         return any(_is_dtensor(p) for p in self.model.parameters())
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
     def restore_resets(self, num_resets: int) -> None:
         """A checkpoint's count of resets (its weights are loaded into `model` apart)."""
         self.num_resets = num_resets
@@ -69,3 +76,52 @@ class ReferencePolicy:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if _is_dtensor(t) else t
+
+
+class AdapterReference:
+    """The reference of a LoRA policy (learner/lora.py), with no second model: the policy's own
+    forward with the adapter switched off (the base), or, after a reset, with the adapter's weights
+    at the reset swapped in. The snapshot is the adapter alone (laid out as the policy's, shards
+    where it is sharded): a few MB where ReferencePolicy holds a whole model. `sharded` is True
+    because the reference always runs through the policy's own (possibly sharded) module: a
+    padding micro-batch runs it too, and a reset copies shard to shard. `before_backward`: a swap
+    writes the adapter's weights in place, which a forward's pending graph must not see, so the
+    step computes all its reference logprobs before its first policy forward (step.py)."""
+
+    sharded = True
+    before_backward = True
+
+    def __init__(self, backend, chunk: int, device: torch.device, head_fp32: bool = False):
+        self.backend, self.chunk, self.device, self.head_fp32 = backend, chunk, device, head_fp32
+        self.snapshot = {n: p.detach().clone() for n, p in backend.module.named_parameters() if p.requires_grad}
+        self.num_resets = 0
+
+    @torch.no_grad()
+    def logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        model = self.backend.module
+        scope = adapter_swapped(model, {n: _local(t) for n, t in self.snapshot.items()}) if self.num_resets \
+            else adapter_off(model)
+        with scope:
+            out = policy_forward(model, mb, self.chunk, self.device, head_fp32=self.head_fp32).logprobs
+        reshard = getattr(model, "reshard", None)
+        if reshard is not None:  # as ReferencePolicy: no backward comes for this forward
+            reshard()
+        return out
+
+    @torch.no_grad()
+    def reset_from(self, named_params) -> None:
+        for name, tensor in named_params:
+            if name in self.snapshot:
+                _local(self.snapshot[name]).copy_(_local(tensor))
+        self.num_resets += 1
+
+    def restore_resets(self, num_resets: int) -> None:
+        self.num_resets = num_resets
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.snapshot
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, tensor in state.items():
+                _local(self.snapshot[name]).copy_(_local(tensor))

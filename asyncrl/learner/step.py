@@ -111,9 +111,12 @@ class PolicyStep:
             self._padding(pad, grad=False)  # before the gather: the others may still run forwards
             cut = m2po_threshold(collectives.cat_over_ranks(log_ratio) if self.distributed else log_ratio,
                                  self.algo.m2po_tau)
+        ref_logprobs = self._reference_logprobs if self.reference else None
+        if getattr(self.reference, "before_backward", False):
+            ref_logprobs = self._reference_first(mbs, pad)
         self._padding(pad, grad=True, moe=moe)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
-                                   ref_logprobs=self._reference_logprobs if self.reference else None,
+                                   ref_logprobs=ref_logprobs,
                                    proximal=proximal, moe=moe, backward=self._backward,
                                    reduce=collectives.all_reduce_tally if self.distributed else None, m2po_cut=cut,
                                    version=version if self.cfg.offpolicy_metrics else None,
@@ -138,6 +141,15 @@ class PolicyStep:
         with self.backend.autocast():  # the policy's numerics: KL is 0 right after a reset
             return self.reference.logprobs(mb)
 
+    def _reference_first(self, mbs: list[MicroBatch], pad: int):
+        """Every micro-batch's reference logprobs before any policy forward (a reference that
+        changes the policy's weights in place to run: lora.py's AdapterReference), the padding's
+        too, in step with the other ranks; what forward_backward looks them up in."""
+        table = {id(mb): self._reference_logprobs(mb) for mb in mbs}
+        for _ in range(pad):
+            self._reference_logprobs(self._collate([empty_chunk(self.pad_id)]))
+        return lambda mb: table[id(mb)]
+
     def _collate(self, chunks) -> MicroBatch:
         return collate(chunks, self.pad_id, packed=self.packed)
 
@@ -157,7 +169,8 @@ class PolicyStep:
             mb = self._collate([empty_chunk(self.pad_id)])
             with torch.set_grad_enabled(grad):
                 out = self._forward(mb)
-            if grad and self.reference is not None and self.reference.sharded:
+            if grad and self.reference is not None and self.reference.sharded \
+                    and not getattr(self.reference, "before_backward", False):
                 self._reference_logprobs(mb)  # a real micro-batch's gathers come in this order
             if grad:
                 self._backward(padding_loss(out, self.algo, moe))

@@ -40,6 +40,8 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a Hugging Face causal LM (`model.model.layers` for Llama, Qwen,
     Mistral...); none found means the whole model is one FSDP group."""
+    if hasattr(model, "get_base_model"):  # a peft model (learner.lora): its layers are the base's
+        model = model.get_base_model()
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     return list(layers) if layers is not None else []
@@ -65,7 +67,8 @@ class TorchBackend:
         # multi-tensor foreach path); it needs its step counters on the GPU too (load_optimizer_state).
         # On CPU torch's default stays: the float64 gradient tests run there.
         self.fused = self.device_type == "cuda"
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+        # frozen parameters (a LoRA policy's base) have no moments to keep
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                            weight_decay=cfg.weight_decay, fused=self.fused or None)
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -103,13 +106,15 @@ class TorchBackend:
         self.optimizer.zero_grad(set_to_none=True)
         return float(_full(norm))
 
-    def param_specs(self) -> list[tuple[str, torch.Size, torch.dtype]]:
-        return [(name, p.shape, p.dtype) for name, p in self.module.named_parameters()]  # a DTensor's shape is global
+    def param_specs(self, trainable_only: bool = False) -> list[tuple[str, torch.Size, torch.dtype]]:
+        return [(name, p.shape, p.dtype) for name, p in self.module.named_parameters()  # a DTensor's shape is global
+                if p.requires_grad or not trainable_only]
 
-    def named_full_params(self) -> Iterator[NamedTensor]:
+    def named_full_params(self, trainable_only: bool = False) -> Iterator[NamedTensor]:
         # named_parameters() yields a tied embedding once, under its input-embedding name
         for name, p in self.module.named_parameters():
-            yield name, _full(p)
+            if p.requires_grad or not trainable_only:
+                yield name, _full(p)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         return {n: _full(p.grad) for n, p in self.module.named_parameters() if p.grad is not None}

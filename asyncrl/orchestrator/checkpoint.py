@@ -44,8 +44,19 @@ log = logging.getLogger(__name__)
 STATE_FILE = "run_state.msgpack"
 LEARNER_DIR = "learner"
 PROBE_FILE, PROBE_ANSWER = ".storage-probe", ".storage-probe-answer"  # check_shared
-# the learner's part of a checkpoint, written on the learner's node
-LEARNER_FILES = (f"{LEARNER_DIR}/learner.pt", f"{LEARNER_DIR}/policy/config.json")
+# the learner's part of a checkpoint, written on the learner's node: the policy is a Hugging Face
+# model (config.json) or a LoRA run's adapter (adapter_config.json)
+LEARNER_FILES = (f"{LEARNER_DIR}/learner.pt", f"{LEARNER_DIR}/policy/config.json|adapter_config.json")
+
+
+def _missing(root: Path, needs) -> list[str]:
+    """The files of `needs` that `root` lacks; `dir/a|b` is there when either is."""
+    missing = []
+    for need in needs:
+        folder, _, names = need.rpartition("/")
+        if not any((root / folder / name).is_file() for name in names.split("|")):
+            missing.append(need)
+    return missing
 
 # Fields a resumed run must share with the checkpoint: the weights, the buffer's layout and the
 # data cursor would otherwise mean something else. Everything else (lr, total_steps, actors,
@@ -106,7 +117,7 @@ def check_shared(run_dir: Path, answer: Callable[[str, str, str], list[str]]) ->
 def commit(tmp: Path, step: int, keep: int) -> Path:
     """Mark the checkpoint complete, move it into place, delete all but the newest `keep`.
     A learner part the driver cannot see (another node's disk) is an error, not a COMPLETE mark."""
-    missing = [need for need in LEARNER_FILES if not (tmp / need).is_file()]
+    missing = _missing(tmp, LEARNER_FILES)
     if missing:
         raise RunFailed(f"checkpoint of step {step}: the learner reported its part written but {tmp} has no "
                            f"{', '.join(missing)}: the run directory is not shared with the learner's node")
@@ -135,9 +146,8 @@ def validate(path: Path) -> dict[str, Any]:
     """The checkpoint's run state; raises ValueError saying what is missing or unreadable."""
     if not (path / "COMPLETE").is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no COMPLETE marker)")
-    for need in (STATE_FILE, "config.yaml", *LEARNER_FILES):
-        if not (path / need).is_file():
-            raise ValueError(f"{path} is missing {need}")
+    for need in _missing(path, (STATE_FILE, "config.yaml", *LEARNER_FILES)):
+        raise ValueError(f"{path} is missing {need}")
     try:
         state = msgpack.unpackb((path / STATE_FILE).read_bytes(), raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types for corrupt data

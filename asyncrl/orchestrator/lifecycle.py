@@ -98,7 +98,9 @@ def start_run(cfg: Config, run_dir: Path, resume: StartPoint | None, warm: Warm 
         version = procs.learner.load_checkpoint(str(resume.learner_dir)).result() if resume else 0
         if warm is None:
             form_weight_sync_group(cfg, procs.weight_sync)
-        if version > 0 or warm is not None:  # the actors hold the base model, or the last run's
+        # the actors hold the base model, or the last run's; a LoRA policy's engines get their adapter
+        # before any request (every request names it: rollout/vllm_engine.py)
+        if version > 0 or warm is not None or (cfg.learner.lora.enabled and cfg.rollout.engine != "fake"):
             procs.weight_sync.push(version, step=None)
         parity = check_parity(cfg, procs.weight_sync, warm.probe_ids, version) if warm else None
     except BaseException:

@@ -7,6 +7,13 @@ so several engines and the learner fit on one machine.
 Behaviour logprobs are requested in vLLM's `processed_logprobs` mode: the logprob under the
 distribution the sampler actually used (after temperature), which is what the learner's ratio
 needs; the learner divides its logits by the same temperature.
+
+LoRA (`lora_rank` > 0, learner.lora): the engine serves its base model plus one adapter with vLLM's
+LoRA support, never merged weights. Every request names the adapter (`LORA_ID`); a push writes the
+new adapter into this engine's own directory and vLLM drops the adapter it held and loads that one
+under the same id, so requests kept across the load (`pause`) go on with the new adapter, as they
+would with new weights. A model path that is an adapter directory (a LoRA run's checkpoint or final
+policy) serves its base with that adapter.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ CPU_STEP_TOKENS = 2048
 # process tree anyway. Killing after 1 s ends in the same state, 4 s sooner. On GPUs vLLM's own
 # grace stays: there a clean exit releases device memory.
 CPU_SHUTDOWN_GRACE_S = 1.0
+
+LORA_NAME, LORA_ID = "asyncrl-policy", 1  # the one adapter an engine serves; pushes replace it in place
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the `max_lora_rank` values vLLM accepts
 
 
 RPC_PREFIX = "asyncrl-vllm-rpc-"
@@ -95,7 +105,7 @@ class VLLMEngine:
                  max_num_seqs: int = 256, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5,
                  sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0,
                  enforce_eager: bool | None = None, num_gpus: float | None = None, locate: Locate | None = None,
-                 tensor_parallel_size: int = 1, stat_loggers: list | None = None):
+                 tensor_parallel_size: int = 1, stat_loggers: list | None = None, lora_rank: int = 0):
         # enforce_eager None: on for CPU engines, off on GPU (rollout.enforce_eager); num_gpus: what
         # the actor asked Ray for, checked against what it sees at start (None: not checked)
         self.model_path, self.locate = model_path, locate  # resolved at start, on the engine's node
@@ -110,6 +120,9 @@ class VLLMEngine:
         self.enforce_eager, self.num_gpus = enforce_eager, num_gpus
         self.tensor_parallel_size = tensor_parallel_size
         self.stat_loggers = stat_loggers  # vLLM stat-logger factories (its statistics are off without one)
+        self.lora_rank = lora_rank  # learner.lora.rank: 0 serves the model's own weights
+        self._lora = None  # the LoRARequest every request names, once there is an adapter
+        self._adapter_dir: str | None = None  # where pushes write this engine's adapter
         self.llm = None
         self._templates: dict[tuple, Any] = {}
         self._rpc_dir: str | None = None
@@ -133,6 +146,8 @@ class VLLMEngine:
         one_engine_process_on_cpu()
         if self.locate is not None:  # on this node: the driver's cache path may not exist here
             self.model_path = self.locate(self.model_path)
+        if (Path(self.model_path) / "adapter_config.json").is_file():  # serve its base with it
+            self._serve_adapter(self.model_path)
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -153,6 +168,8 @@ class VLLMEngine:
                       tensor_parallel_size=self.tensor_parallel_size,
                       gpu_memory_utilization=self.gpu_memory_utilization,
                       logprobs_mode="processed_logprobs", disable_log_stats=not self.stat_loggers)
+        if self.lora_rank:
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(self.lora_rank))
         if current_platform.is_cpu():
             # Every request carries a seed. When chunked prefill splits a prompt across scheduler
             # steps, vLLM rewinds that request's generator with set_offset, which CPU generators
@@ -170,7 +187,7 @@ class VLLMEngine:
         # vLLM's renderer on its thread pool first, a thread hop per request for nothing to render.
         prompt = {"type": "token", "prompt_token_ids": prompt_ids}
         final = None
-        async for out in self.llm.generate(prompt, params, request_id):
+        async for out in self.llm.generate(prompt, params, request_id, lora_request=self._lora):
             final = out
         seq = final.outputs[0]
         token_ids = list(seq.token_ids)
@@ -220,7 +237,7 @@ class VLLMEngine:
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
         final = None
         async for out in self.llm.generate({"prompt_token_ids": token_ids}, params,
-                                           f"probe-{os.urandom(4).hex()}"):
+                                           f"probe-{os.urandom(4).hex()}", lora_request=self._lora):
             final = out
         # position 0 has no logprob; each later position holds at least the actual token
         return [pos[tok].logprob for tok, pos in zip(token_ids[1:], final.prompt_logprobs[1:])]
@@ -238,10 +255,40 @@ class VLLMEngine:
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
         from asyncrl.sync import vllm_receiver
 
+        adapter = "adapter" in metadata["update_info"]
+        if adapter:  # written by the engine's first worker, on this node
+            if self._adapter_dir is None:
+                self._adapter_dir = tempfile.mkdtemp(prefix="asyncrl-lora-", dir=_fast_tmp())
+            metadata = {**metadata, "update_info": {**metadata["update_info"], "adapter_dir": self._adapter_dir}}
         # kept requests hold their KV blocks, and vLLM resets the prefix cache only by preempting
         # them (a prefill again, what keeping them avoids): with requests paused it stays, and new
         # requests may reuse prefix blocks the old weights wrote, the mismatch keep_kv accepts
-        return await vllm_receiver.receive_weights(self.llm, metadata, version, reset_prefix_cache=not self._paused)
+        stats = await vllm_receiver.receive_weights(self.llm, metadata, version, reset_prefix_cache=not self._paused)
+        if adapter:
+            await self._serve_adapter_now(self._adapter_dir)
+        return stats
+
+    def _serve_adapter(self, path: str) -> None:
+        """Before start: an adapter directory as the model path, i.e. its base plus it."""
+        import json
+
+        config = json.loads((Path(path) / "adapter_config.json").read_text())
+        from vllm.lora.request import LoRARequest
+
+        self.model_path = config["base_model_name_or_path"]
+        self.lora_rank = max(self.lora_rank, int(config["r"]))
+        self._lora = LoRARequest(LORA_NAME, LORA_ID, path)
+
+    async def _serve_adapter_now(self, path: str) -> None:
+        """Replace the adapter vLLM holds under LORA_ID by the one in `path` (requests naming the
+        id, running or kept, use it from their next token on)."""
+        from vllm.lora.request import LoRARequest
+
+        if self._lora is not None:
+            await self.llm.remove_lora(LORA_ID)
+        self._lora = LoRARequest(LORA_NAME, LORA_ID, path)
+        if not await self.llm.add_lora(self._lora):
+            raise RuntimeError(f"vLLM did not load the pushed LoRA adapter from {path}")
 
     async def shutdown(self) -> None:
         if self.llm is not None:
@@ -249,6 +296,9 @@ class VLLMEngine:
 
             self.llm.shutdown(timeout=CPU_SHUTDOWN_GRACE_S if current_platform.is_cpu() else None)
             self.llm = None
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+            self._adapter_dir = None
         if self._rpc_dir is not None:
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
             if self._rpc_env_before is None:  # what the process had before this engine
@@ -256,3 +306,16 @@ class VLLMEngine:
             else:
                 os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_env_before
             self._rpc_dir = None
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above the largest vLLM serves ({VLLM_LORA_RANKS[-1]})")
+
+
+def _fast_tmp() -> str | None:
+    """/dev/shm where there is one (an adapter is written and read once per push), else the default."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

@@ -27,6 +27,11 @@ raised, so the group stays in step for the whole push that follows. With `transf
 worker keeps the bytes of every bucket it last applied (one model copy in the engine's dtype):
 deltas are applied there and the whole bucket is then loaded as usual, since a layer reloads only
 once all its tensors are in. So a delta saves the wire, not the reload.
+
+A LoRA policy's push (`adapter` in the update info) carries its adapter alone: nothing is loaded
+into the model; the engine's first worker writes the tensors as a peft adapter directory
+(`adapter_dir`, on the actor's node), which the actor then has vLLM load in place of the adapter
+it served (rollout/vllm_engine.py).
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
     buckets: list[dict]
     version: int
     transfer: str = "full"  # "delta": buckets may come as deltas against this worker's copy
+    adapter: dict | None = None  # a LoRA adapter's push: its adapter_config.json (learner/lora.py)
+    adapter_dir: str | None = None  # where the engine's first worker writes it
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
@@ -88,6 +95,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.where = "gloo weight-sync group (not joined)"
         self.shadows: list[torch.Tensor | None] = []  # per bucket, the bytes last applied (delta transfer)
         self.verify_failures = self.received_bytes = 0
+        self.reloading = False  # a layerwise reload is open (weights, not an adapter)
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         """Join the learner's group; blocks until the learner and all receivers join."""
@@ -100,9 +108,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             init_info.host, init_info.port, rank, init_info.world_size, init_info.timeout_s, init_info.local_host)
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
+        pass  # the reload opens in receive_weights, once the push says it carries weights, not an adapter
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         """Receive the header and every bucket; load each bucket while the next arrives.
@@ -113,13 +119,29 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         """
         if self.group is None:
             raise RuntimeError("GlooWeightTransferEngine: init_transfer_engine() was not called")
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        adapter: dict[str, torch.Tensor] | None = {} if update_info.adapter is not None else None
+        if adapter is None:
+            initialize_layerwise_reload(self.model)
+            self.reloading = True
         try:
-            self._receive(update_info.buckets, update_info.version, update_info.transfer)
+            self._receive(update_info.buckets, update_info.version, update_info.transfer, adapter)
         except BaseException:
             self.finish_weight_update()  # vLLM will not call it after a failed update
             raise
+        if adapter is not None and self._first_worker:
+            from asyncrl.learner.lora import write_adapter
 
-    def _receive(self, buckets: list[dict], version: int, transfer: str) -> None:
+            write_adapter(update_info.adapter_dir, adapter.items(), update_info.adapter)
+
+    @property
+    def _first_worker(self) -> bool:
+        return self.parallel_config.data_parallel_index == 0 and self.parallel_config.rank == 0
+
+    def _receive(self, buckets: list[dict], version: int, transfer: str,
+                 adapter: dict[str, torch.Tensor] | None = None) -> None:
+        """Every bucket into the model, or (`adapter` a dict) into `adapter`, copied out by name."""
         from vllm.model_executor.model_loader.mtp_validation import (
             disable_mtp_completeness_check,
         )
@@ -141,7 +163,11 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                 self._wait(work, version, f"bucket {index}/{len(buckets)}")
                 if index + 1 < len(buckets):  # the next bucket arrives while this one loads
                     pending = self._post(buckets, index + 1, version)
-                self.model.load_weights(unpack_bucket(bucket, self._apply(index, bucket, announced, payload)))
+                tensors = unpack_bucket(bucket, self._apply(index, bucket, announced, payload))
+                if adapter is None:
+                    self.model.load_weights(tensors)
+                else:  # copies: a kept bucket's bytes change with the next push
+                    adapter.update((name, t.clone()) for name, t in tensors)
 
     def _apply(self, index: int, bucket: dict, announced: list[int], payload: torch.Tensor) -> torch.Tensor:
         """The bucket's bytes after this push, checked against its checksum (a failure is counted,
@@ -166,6 +192,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        if not self.reloading:  # an adapter's push: the model's weights were not touched
+            return
+        self.reloading = False
         finalize_layerwise_reload(self.model, self.model_config)
         refresh_cpu_gemm(self.model)
 

@@ -154,6 +154,16 @@ def learner_cfg(backend, stage, world, precision=None, **kw):
                          num_gpus=1 if torch.cuda.is_available() else 0, **kw)
 
 
+def mode_gradients(learner, sender, rank, world):
+    """Step 1's gradient under each aggregation mode (no optimizer step)."""
+    grads = {}
+    for mode in MODES:
+        learner.step.algo = AlgoConfig(aggregation=mode)
+        feed(learner, sender, 1, rank, world)
+        grads[mode] = learner.gradients(1)
+    return grads
+
+
 def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ckpt_in=None, ckpt_out=None,
              steps=STEPS, precision=None):
     """What one rank does; returns rank 0's results: the gradient of step 1 per aggregation mode,
@@ -165,11 +175,7 @@ def run_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, ck
     learner = LearnerRank(model, cfg, STEP_ALGO, dtype=precision.dtype, rank=rank, world_size=world,
                           group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
-    grads = {}
-    for mode in MODES:
-        learner.step.algo = AlgoConfig(aggregation=mode)
-        feed(learner, sender, 1, rank, world)
-        grads[mode] = learner.gradients(1)
+    grads = mode_gradients(learner, sender, rank, world)
     learner.step.algo = STEP_ALGO
     if ckpt_in:
         learner.load_checkpoint(ckpt_in)
@@ -304,7 +310,10 @@ def _child(rank, world, port, args, out):
     os.environ["DS_ACCELERATOR"] = "cpu"
     targets = {"moe": run_moe_rank, "entropy": run_entropy_rank, "decoupled": run_decoupled_rank,
                "layout": run_layout_rank}
-    target, args = (targets[args[0]], args[1:]) if args[0] in targets else (run_rank, args)
+    if callable(args[0]):  # another module's rank function (test_lora_learner.py)
+        target, args = args[0], args[1:]
+    else:
+        target, args = (targets[args[0]], args[1:]) if args[0] in targets else (run_rank, args)
     try:
         result = target(rank, world, port, *args)
         if rank == 0:  # a file, not the queue: a queued tensor's shared memory dies with its process

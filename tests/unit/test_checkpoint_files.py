@@ -60,7 +60,7 @@ def test_a_checkpoint_whose_learner_part_the_driver_cannot_see_is_never_complete
     tmp = checkpoint.begin(tmp_path, 7, {"step": 7, "version": 7}, cfg)
     from asyncrl.types import RunFailed
 
-    with pytest.raises(RunFailed, match="has no learner/learner.pt, learner/policy/config.json: the run directory "
+    with pytest.raises(RunFailed, match="has no learner/learner.pt, learner/policy/config.json|adapter_config.json: the run directory "
                                            "is not shared with the learner's node"):
         checkpoint.commit(tmp, 7, keep=2)
     assert checkpoint.list_complete(checkpoint.checkpoints_dir(tmp_path)) == []

@@ -1,0 +1,205 @@
+"""The LoRA learner (learner.lora, learner/lora.py) in float64, against the loss written out with
+the merged weight W + (alpha/r) B A.
+
+The merged model's full-parameter gradient G_W of a layer (the plain learner's, whose own
+gradient is checked against hand-computed float64 values elsewhere) gives the adapter's by the
+chain rule: dL/dA = s B^T G_W and dL/dB = s G_W A^T, s = alpha / r. The adapter starts from random
+A and B (B = 0, peft's start, would make dL/dA vanish and check nothing). The LoRA learner runs
+on 1 rank (one micro-batch, and micro-batches of 24 tokens) and on 2 FSDP2 ranks; all must give
+the written-out gradient to float64 rounding (the two sides sum in different orders: 1e-12).
+"""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_learner_ranks import (F64, MODES, build_model, feed, group_address, learner_cfg, mode_gradients,
+                                run_ranks, step_chunks)
+
+from asyncrl.config import AlgoConfig, ConfigError, LoraConfig
+from asyncrl.learner import lora
+from asyncrl.learner.collate import collate
+from asyncrl.learner.model_forward import policy_forward
+from asyncrl.learner.rank import LearnerRank
+from asyncrl.tiny.tokenizer import save_tokenizer
+from asyncrl.transport.zmq_stream import FrameSender
+
+RANK, ALPHA = 4, 8.0
+SCALE = ALPHA / RANK
+LORA = {"rank": RANK, "alpha": ALPHA}
+KL_ALGO = AlgoConfig(aggregation="token_mean", kl={"coef": 0.01})
+
+
+def random_adapter(model_path, out, seed=1):
+    """An adapter directory for `model_path` with random A and B (float64), written as peft does."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64)
+    wrapped = lora.apply_lora(base, LoraConfig(**LORA))
+    g = torch.Generator().manual_seed(seed)
+    tensors = {lora.wire_name(n): torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3
+               for n, p in wrapped.named_parameters() if p.requires_grad}
+    lora.write_adapter(out, tensors.items(), lora.adapter_config(wrapped, str(model_path)))
+    return str(out)
+
+
+def merged_model(model_path, adapter_dir, out):
+    """The base with W + s B A written into every adapted layer, computed here from the files."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64)
+    adapter = load_file(f"{adapter_dir}/{lora.ADAPTER_WEIGHTS}")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            key = "base_model.model." + name.removesuffix(".weight")
+            if f"{key}.lora_A.weight" in adapter:
+                p += SCALE * adapter[f"{key}.lora_B.weight"] @ adapter[f"{key}.lora_A.weight"]
+    model.save_pretrained(out)
+    save_tokenizer(out)
+    return str(out)
+
+
+def run_lora_rank(rank, world, port, model, micro_batch_tokens):
+    cfg = learner_cfg("torch", 2, world, F64, micro_batch_tokens=micro_batch_tokens, lora=LORA)
+    learner = LearnerRank(model, cfg, AlgoConfig(), dtype="float64", rank=rank, world_size=world,
+                          group_address=group_address(port))
+    sender = FrameSender(learner.batch_endpoint())
+    grads = mode_gradients(learner, sender, rank, world)
+    adapter = {n: t.clone() for n, t in learner.backend.named_full_params(trainable_only=True)}
+    sender.close()
+    learner.shutdown()
+    return {"grads": grads, "adapter": adapter}
+
+
+def full_gradients(model):
+    cfg = learner_cfg("torch", 2, 1, F64, micro_batch_tokens=4096)
+    learner = LearnerRank(model, cfg, AlgoConfig(), dtype="float64")
+    sender = FrameSender(learner.batch_endpoint())
+    grads = mode_gradients(learner, sender, 0, 1)
+    sender.close()
+    learner.shutdown()
+    return grads
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    base = build_model(root / "base", tie=True)
+    adapter = random_adapter(base, root / "adapter")
+    return base, adapter, merged_model(base, adapter, root / "merged")
+
+
+@pytest.fixture(scope="module")
+def written_out(models):
+    """The chain rule on the merged model's gradient: the adapter's gradient the loss gives."""
+    base, adapter_dir, merged = models
+    adapter = load_file(f"{adapter_dir}/{lora.ADAPTER_WEIGHTS}")
+    out = {}
+    for mode, grads in full_gradients(merged).items():
+        want = {}
+        for name, g in grads.items():
+            key = "base_model.model." + name.removesuffix(".weight")
+            if f"{key}.lora_A.weight" in adapter:
+                a, b = adapter[f"{key}.lora_A.weight"], adapter[f"{key}.lora_B.weight"]
+                want[f"{key}.lora_A.default.weight"] = SCALE * b.T @ g
+                want[f"{key}.lora_B.default.weight"] = SCALE * g @ a.T
+        out[mode] = want
+    return out
+
+
+@pytest.mark.parametrize("world,micro_batch_tokens", [(1, 4096), (1, 24), (2, 24)])
+def test_adapter_gradient_is_the_chain_rule_of_the_merged_weight(tmp_path, models, written_out, world,
+                                                                 micro_batch_tokens):
+    _, adapter_dir, _ = models
+    if world == 1:
+        got = run_lora_rank(0, 1, None, adapter_dir, micro_batch_tokens)
+    else:
+        got = run_ranks(tmp_path, world, run_lora_rank, adapter_dir, micro_batch_tokens)
+    for mode in MODES:
+        want, grads = written_out[mode], got["grads"][mode]
+        assert set(grads) == set(want), mode  # the adapter alone trains: no gradient on the base
+        for name, g in want.items():
+            assert g.abs().max() > 1e-4, f"{mode} {name}: a vanishing gradient checks nothing"
+            torch.testing.assert_close(grads[name], g, rtol=0, atol=1e-12, msg=f"{mode} {name}")
+
+
+def test_reference_is_the_base_then_the_adapter_it_was_reset_to(models):
+    """KL's reference with the adapter off equals the base model's logprobs (no second copy);
+    after a reset it is the adapter of that moment, not the one training on."""
+    from transformers import AutoModelForCausalLM
+
+    base_path, adapter_dir, merged_path = models
+    cfg = learner_cfg("torch", 2, 1, F64, micro_batch_tokens=4096, lora=LORA)
+    learner = LearnerRank(adapter_dir, cfg, KL_ALGO, dtype="float64")
+    mb = collate(step_chunks(1))
+
+    def logprobs(path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+        return policy_forward(model, mb, 1024, torch.device("cpu"), head_fp32=True).logprobs
+
+    reference, base, merged = learner.step.reference.logprobs(mb), logprobs(base_path), logprobs(merged_path)
+    torch.testing.assert_close(reference, base, rtol=0, atol=1e-12)
+    assert (merged - base).abs().max() > 1e-3  # the adapter matters: the check above could fail
+    learner.step.reset_reference()
+    with torch.no_grad():  # the adapter moves on after the reset; the reference must not
+        for _, p in learner.backend.named_full_params(trainable_only=True):
+            p.mul_(0.5)
+    torch.testing.assert_close(learner.step.reference.logprobs(mb), merged, rtol=0, atol=1e-12)
+    learner.shutdown()
+
+
+def test_steps_move_only_the_adapter_and_resume_bit_exact(tmp_path, models):
+    """Optimizer steps change A and B and nothing else; a checkpoint holds the adapter (peft's
+    files, a model path) and its optimizer state, and the resumed learner's next steps are the
+    uninterrupted ones bit for bit."""
+    base_path, adapter_dir, _ = models
+    cfg = learner_cfg("torch", 2, 1, F64, micro_batch_tokens=24, lora=LORA)
+
+    def steps(learner, numbers):
+        sender = FrameSender(learner.batch_endpoint())
+        for step in numbers:
+            feed(learner, sender, step, 0, 1)
+            learner.train_step(step)
+        sender.close()
+        return {n: t.clone() for n, t in learner.backend.named_full_params()}
+
+    learner = LearnerRank(adapter_dir, cfg, KL_ALGO, dtype="float64")
+    start = {n: t.clone() for n, t in learner.backend.named_full_params()}
+    after2 = steps(learner, [1, 2])
+    moved = {n for n in start if not torch.equal(start[n], after2[n])}
+    assert moved == {n for n, _ in learner.backend.named_full_params(trainable_only=True)}
+    learner.save_checkpoint(str(tmp_path / "ckpt"))
+    after4 = steps(learner, [3, 4])
+    learner.shutdown()
+    policy = tmp_path / "ckpt" / "policy"
+    assert lora.is_adapter_dir(policy) and lora.adapter_base(policy) == base_path
+    resumed = LearnerRank(str(policy), cfg, KL_ALGO, dtype="float64")
+    assert resumed.load_checkpoint(str(tmp_path / "ckpt")) == 2
+    again = steps(resumed, [3, 4])
+    resumed.shutdown()
+    assert all(torch.equal(after4[n], again[n]) for n in after4)
+
+
+def test_merged_output_is_the_written_out_model(tmp_path, models):
+    from safetensors.torch import load_file as load
+
+    _, adapter_dir, merged_path = models
+    learner = LearnerRank(adapter_dir, learner_cfg("torch", 2, 1, F64, lora=LORA), AlgoConfig(), dtype="float64")
+    learner.save(str(tmp_path / "final"), merged=True)
+    learner.shutdown()
+    got, want = load(str(tmp_path / "final" / "merged" / "model.safetensors")), load(f"{merged_path}/model.safetensors")
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-14, msg=name)
+    assert lora.is_adapter_dir(tmp_path / "final")
+
+
+def test_bad_lora_settings_name_their_field(models):
+    base_path, adapter_dir, _ = models
+    cases = [({"rank": 4, "target_modules": ["qkv_fused"]}, "learner.lora.target_modules: 'qkv_fused'"),
+             ({"rank": 64}, "learner.lora.rank=64 is larger than")]
+    for settings, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            LearnerRank(base_path, learner_cfg("torch", 2, 1, F64, lora=settings), AlgoConfig(), dtype="float64")
+    with pytest.raises(ConfigError, match="does not fit this model"):
+        LearnerRank(adapter_dir, learner_cfg("torch", 2, 1, F64, lora={**LORA, "rank": 2}), AlgoConfig(),
+                    dtype="float64")
