@@ -36,6 +36,13 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length",
 def _config_json(path: str) -> Path:
     """The model's config.json: in the directory, or in the local Hugging Face cache for a hub id."""
     directory = Path(path).expanduser()
+    adapter = directory / "adapter_config.json"
+    if directory.is_dir() and not (directory / "config.json").is_file() and adapter.is_file():
+        # a LoRA adapter (a LoRA run's final/ or checkpoint policy): its base is the model
+        base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        if not base:
+            raise ConfigError(f"model.path {path!r}: its adapter_config.json names no base_model_name_or_path")
+        return _config_json(base)
     if directory.is_dir():
         if not (directory / "config.json").is_file():
             raise ConfigError(f"model.path {path!r} is a directory without config.json, not a "

@@ -2,6 +2,7 @@
 
     python tools/bench_weight_sync.py --size-mb 200 [--bucket-mb 64] [--vllm]
     python tools/bench_weight_sync.py --transfer delta [--engine-dtype float16] [--lr 1e-6] [--reps 4]
+    python tools/bench_weight_sync.py --lora 16 [--engine-dtype bfloat16] [--reps 4]
 
 Three measurements, one run:
 - raw: one gloo broadcast of size-mb bytes from this process to a receiver process, into a
@@ -18,6 +19,9 @@ Three measurements, one run:
 - with --transfer delta, instead: a whole push against a delta push (sync.transfer=delta) of the
   same RL-like update of Qwen2.5-0.5B's shape, alternating which goes first each round; bytes on
   the wire, time, and at the end whether both receivers hold the same bits.
+- with --lora RANK, instead: a whole push of Qwen2.5-0.5B's shape against a push of a rank-RANK
+  adapter on every linear layer of its decoder (learner.lora, in peft's tensor names), both in the
+  engines' dtype as the learner sends them, alternating which goes first each round.
 
 Times run from the sender's start to the receiver's last byte applied; both processes read
 the same monotonic clock. Each is repeated; the first repetition touches fresh memory (page
@@ -202,27 +206,45 @@ async def bench_vllm(config: dict, named, bucket_bytes: int, reps: int) -> list[
         del llm  # now, not at interpreter exit, where vLLM's __del__ shutdown finds its modules gone
 
 
-def transfer_receiver(ports: tuple[int, int], plan: list[dict], rounds: int, done) -> None:
-    """Rank 1 of a full-transfer group and of a delta-transfer group, each into its own copy of the
-    weights in the engines' dtype. Per round it receives both pushes, in the order the sender makes
-    them (`first_of`), reporting when each one's last byte landed; at the end whether both copies
-    are equal bit for bit (the delta path against the full one)."""
+def transfer_receiver(ports: tuple[int, int], plans: list[list[dict]], rounds: int, done) -> None:
+    """Rank 1 of two groups (full and delta transfer, or a whole model and an adapter), each into
+    its own copy of what its plan holds, in the engines' dtype. Per round it receives both pushes,
+    in the order the sender makes them (`first_of`), reporting when each one's last byte landed; at
+    the end whether both copies are equal bit for bit (the delta path against the full one)."""
     receivers = [GlooWeightReceiver(HOST, port, 1, 2, timeout_s=300) for port in ports]
     for receiver in receivers:
         receiver.connect()
     held = [{e["name"]: torch.zeros(e["shape"], dtype=getattr(torch, e["dtype"])) for b in plan for e in b["tensors"]}
-            for _ in receivers]
+            for plan in plans]
     for version in range(rounds + 1):
         for which in first_of(version):
-            stats = receivers[which].receive(plan, version, held[which])
+            stats = receivers[which].receive(plans[which], version, held[which])
             done.put((time.perf_counter(), stats["sync/verify_failures"]))
-    done.put(all(torch.equal(held[0][n].view(torch.uint8), held[1][n].view(torch.uint8)) for n in held[0]))
+    done.put(held[0].keys() == held[1].keys() and
+             all(torch.equal(held[0][n].view(torch.uint8), held[1][n].view(torch.uint8)) for n in held[0]))
 
 
 def first_of(version: int) -> tuple[int, int]:
     """The order of the two pushes in a round (0 full, 1 delta): alternating, so neither side always
     runs on a machine the other has just warmed or loaded."""
     return (0, 1) if version % 2 else (1, 0)
+
+
+def alternating_rounds(senders, pushed, rounds: int, done, before=None) -> list[dict]:
+    """Versions 0..rounds: `before(version)`, then both senders push `pushed(which)` in `first_of`'s
+    order; per push, seconds from its start to the receiver's last byte, and bytes on the wire."""
+    rows = []
+    for version in range(rounds + 1):
+        if before is not None:
+            before(version)
+        for which in first_of(version):
+            start = time.perf_counter()
+            stats = senders[which].push(pushed(which), version)
+            landed, failures = done.get(timeout=300)
+            rows.append({"version": version, "which": which, "seconds": landed - start,
+                         "bytes": stats["sync/push_bytes"], "num_bytes": stats["sync/num_bytes"],
+                         "changed_frac": stats.get("sync/changed_frac"), "verify_failures": failures})
+    return rows
 
 
 def bench_transfer(engine_dtype: torch.dtype, rounds: int, lr: float, bucket_bytes: int) -> list[dict]:
@@ -241,26 +263,21 @@ def bench_transfer(engine_dtype: torch.dtype, rounds: int, lr: float, bucket_byt
     plan = plan_buckets(specs_of(engine_weights()), bucket_bytes)
     ports, ctx = (free_port(), free_port()), mp.get_context("spawn")
     done = ctx.Queue()
-    proc = ctx.Process(target=transfer_receiver, args=(ports, plan, rounds, done))
+    proc = ctx.Process(target=transfer_receiver, args=(ports, [plan, plan], rounds, done))
     proc.start()
     senders = [GlooWeightSender(HOST, port, 2, timeout_s=300, bucket_bytes=bucket_bytes, transfer=transfer)
                for port, transfer in zip(ports, ("full", "delta"))]
     for sender in senders:
         sender.connect()
         sender.metadata(engine_weights())
-    rows = []
-    for version in range(rounds + 1):  # version 0: both whole, the delta side's shadow filled
+    def step(version):  # version 0: both whole, the delta side's shadow filled
         if version:
             for _, p in master:
                 p.grad = torch.randn(p.shape, generator=g)
             optimizer.step()
-        for which in first_of(version):
-            start = time.perf_counter()
-            stats = senders[which].push(engine_weights(), version)
-            landed, failures = done.get(timeout=300)
-            rows.append({"version": version, "transfer": senders[which].transfer, "seconds": landed - start,
-                         "bytes": stats["sync/push_bytes"], "num_bytes": stats["sync/num_bytes"],
-                         "changed_frac": stats.get("sync/changed_frac"), "verify_failures": failures})
+
+    rows = [{**row, "transfer": senders[row["which"]].transfer}
+            for row in alternating_rounds(senders, lambda _: engine_weights(), rounds, done, step)]
     if done.get(timeout=300) is not True:
         raise RuntimeError("the delta receiver's weights differ from the full receiver's")
     proc.join(timeout=60)
@@ -287,6 +304,56 @@ def report_transfer(rows: list[dict], engine_dtype: torch.dtype, lr: float) -> N
           "the two receivers' weights equal bit for bit")
 
 
+def lora_shapes(shapes, rank: int) -> list[tuple[str, list[int]]]:
+    """A rank-`rank` adapter on every linear layer of a decoder (`all-linear`): A [rank, in] and
+    B [out, rank] per `*_proj.weight` [out, in], under the names peft saves them by."""
+    out = []
+    for name, (rows, cols) in ((n, s) for n, s in shapes if n.endswith("_proj.weight")):
+        layer = "base_model.model." + name.removesuffix(".weight")
+        out += [(f"{layer}.lora_A.weight", [rank, cols]), (f"{layer}.lora_B.weight", [rows, rank])]
+    return out
+
+
+def bench_lora(engine_dtype: torch.dtype, rounds: int, rank: int, bucket_bytes: int) -> list[dict]:
+    """A whole push of Qwen2.5-0.5B's shape against an adapter push, both in `engine_dtype` and
+    random, alternating which goes first; per round and side, seconds and bytes on the wire."""
+    sides = [make_params(QWEN25_05B, seed=0), make_params(lora_shapes(QWEN25_05B, rank), seed=1)]
+    sides = [[(n, t.to(engine_dtype)) for n, t in named] for named in sides]
+    plans = [plan_buckets(specs_of(named), bucket_bytes) for named in sides]
+    ports, ctx = (free_port(), free_port()), mp.get_context("spawn")
+    done = ctx.Queue()
+    proc = ctx.Process(target=transfer_receiver, args=(ports, plans, rounds, done))
+    proc.start()
+    senders = [GlooWeightSender(HOST, port, 2, timeout_s=300, bucket_bytes=bucket_bytes) for port in ports]
+    for sender, named in zip(senders, sides):
+        sender.connect()
+        sender.metadata(named)
+    # version 0: first touches of both receivers' memory, not reported
+    rows = [{**row, "side": ("full", "adapter")[row["which"]]}
+            for row in alternating_rounds(senders, lambda which: sides[which], rounds, done)]
+    done.get(timeout=300)  # the copies differ in kind: nothing to compare
+    proc.join(timeout=60)
+    for sender in senders:
+        sender.close()
+    return rows
+
+
+def report_lora(rows: list[dict], engine_dtype: torch.dtype, rank: int) -> None:
+    by = {(r["version"], r["side"]): r for r in rows}
+    versions = sorted({r["version"] for r in rows if r["version"]})
+    full0, adapter0 = by[(0, "full")], by[(0, "adapter")]
+    print(f"Qwen2.5-0.5B shape in {str(engine_dtype).removeprefix('torch.')}: whole push {full0['bytes'] / 1e6:.0f} MB, "
+          f"rank-{rank} adapter on every linear layer {adapter0['bytes'] / 1e6:.1f} MB")
+    print("round | full s | adapter s | adapter/full bytes | adapter/full time")
+    for v in versions:
+        full, adapter = by[(v, "full")], by[(v, "adapter")]
+        print(f"{v:5d} | {full['seconds']:6.3f} | {adapter['seconds']:9.4f} | {adapter['bytes'] / full['bytes']:18.4f} | "
+              f"{adapter['seconds'] / full['seconds']:17.4f}")
+    ratio_time = statistics.median(by[(v, "adapter")]["seconds"] / by[(v, "full")]["seconds"] for v in versions)
+    print(f"median adapter/full: bytes {adapter0['bytes'] / full0['bytes']:.4f}, time {ratio_time:.4f}; "
+          f"checksum failures {sum(r['verify_failures'] for r in rows)}")
+
+
 def summary(label: str, num_bytes: int, seconds: list[float]) -> float:
     warm = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
     print(f"{label:<6} {num_bytes / warm / 1e9:6.2f} GB/s warm median   "
@@ -309,7 +376,14 @@ def main() -> None:
     parser.add_argument("--engine-dtype", choices=["float16", "bfloat16"], default="float16",
                         help="--transfer delta: the engines' dtype (float16: vLLM-CPU's bf16 kernels crash here)")
     parser.add_argument("--lr", type=float, default=1e-6, help="--transfer delta: AdamW's learning rate")
+    parser.add_argument("--lora", type=int, metavar="RANK", default=0,
+                        help="a whole push of the 0.5B shape against a rank-RANK adapter's (learner.lora), in "
+                             "alternating rounds (--reps rounds, --engine-dtype), instead of the raw comparison")
     args = parser.parse_args()
+    if args.lora:
+        dtype = getattr(torch, args.engine_dtype)
+        report_lora(bench_lora(dtype, args.reps, args.lora, int(args.bucket_mb * 1e6)), dtype, args.lora)
+        return
     if args.transfer == "delta":
         dtype = getattr(torch, args.engine_dtype)
         report_transfer(bench_transfer(dtype, args.reps, args.lr, int(args.bucket_mb * 1e6)), dtype, args.lr)

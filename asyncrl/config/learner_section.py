@@ -38,6 +38,9 @@ class LoraConfig(_Section):
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
     """Names of the linear layers to adapt (a module whose name ends with one of them, e.g.
     [q_proj, v_proj]), or `all-linear`: every linear layer of the decoder but the LM head."""
+    save_merged: bool = False
+    """Also write final/merged: the base with the adapter merged in, a plain Hugging Face model (final/
+    itself holds the adapter in peft's format, which vLLM and transformers load on the base)."""
 
     @property
     def enabled(self) -> bool:

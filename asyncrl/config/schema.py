@@ -392,9 +392,10 @@ class Config(_Section):
         if compute == "float32" and params != "float32":
             raise ValueError(f"learner.param_dtype={params} is narrower than the compute dtype model.dtype=float32; "
                              "use learner.param_dtype=float32")
-        if self.sync.type == "gloo" and self.learner.num_gpus > 0:
+        if self.sync.type == "gloo" and self.learner.num_gpus > 0 and not self.learner.lora.enabled:
             raise ValueError(f"sync.type=gloo cannot push from a CUDA learner (learner.num_gpus="
-                             f"{self.learner.num_gpus:g}): gloo sends CPU tensors; use sync.type=nccl")
+                             f"{self.learner.num_gpus:g}): gloo sends CPU tensors; use sync.type=nccl "
+                             "(a LoRA adapter, learner.lora, is small enough to copy to the CPU and goes over gloo)")
         if self.learner.backend == "deepspeed" and params != "float32":
             raise ValueError("learner.param_dtype must be float32 with learner.backend=deepspeed (its bf16 mode "
                              "always keeps float32 master weights)")
@@ -408,8 +409,8 @@ class Config(_Section):
             raise ValueError("learner.lora with learner.backend=deepspeed is not supported yet (its float32 master "
                              "copy would hold the frozen base too); use learner.backend=torch (FSDP2 on several ranks)")
         if self.sync.type != "gloo":
-            raise ValueError("learner.lora pushes its adapter over sync.type=gloo only so far: the NCCL receiver "
-                             "loads weights into the model, not adapters; use sync.type=gloo or full-parameter training")
+            raise ValueError("learner.lora pushes its adapter over sync.type=gloo (from GPU learners too: it is "
+                             "copied to the CPU); vLLM's NCCL receiver loads weights into the model, not adapters")
         return self
 
     @model_validator(mode="after")

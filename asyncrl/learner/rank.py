@@ -230,7 +230,7 @@ class LearnerRank:
 
         if self.rank != 0:
             return
-        if kind == "gloo" and self.device.type == "cuda":
+        if kind == "gloo" and self.device.type == "cuda" and not self.lora:  # an adapter is copied to the CPU
             raise ValueError("sync.type=gloo cannot push from a CUDA learner: gloo sends CPU tensors; "
                              "use sync.type=nccl")
         if self.sender is not None:  # a rebuilt group: the old communicator is released, not leaked
@@ -256,7 +256,8 @@ class LearnerRank:
     def _pushed(self):
         """What a push sends, gathered one at a time: every parameter, or a LoRA policy's adapter."""
         for name, tensor in self.backend.named_full_params(trainable_only=self.lora):
-            yield self._wire(name), tensor
+            # an adapter goes over gloo from GPU learners too: a few MB, copied to the CPU
+            yield (self._wire(name), tensor.cpu()) if self.lora else (name, tensor)
 
     def push_weights(self, version: int, whole: bool = False) -> dict[str, float]:
         """Broadcast the current weights, `version` (the engines receive concurrently and are told

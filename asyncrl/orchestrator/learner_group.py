@@ -163,9 +163,10 @@ class LearnerGroup:
         except ray.exceptions.RayError as e:
             raise RunFailed(f"a learner rank could not start: {start_failure(e)}") from None
 
-    def save(self, path: str) -> GroupCall:
-        """The policy in Hugging Face format at `path`; its result is the path."""
-        return self._all("save", path)
+    def save(self, path: str, merged: bool = False) -> GroupCall:
+        """The policy in Hugging Face format at `path` (a LoRA policy: its adapter, and with `merged`
+        the merged model under `path/merged`); its result is the path."""
+        return self._all("save", path, merged)
 
     def save_checkpoint(self, path: str) -> GroupCall:
         """The learner's part of a checkpoint; its result holds `save_s`."""

@@ -154,7 +154,8 @@ class Orchestrator:
         summary = {**summarize(self.history, self.clock.elapsed_s()), **self.clock.resume_summary(),
                    "actors_lost": self.members.lost, **eval_summary(self.history)}
         if self.cfg.save_final:
-            summary["final_policy"] = self.learner.save(str(self.run_dir / "final")).result()
+            summary["final_policy"] = self.learner.save(str(self.run_dir / "final"),
+                                                        self.cfg.learner.lora.save_merged).result()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self._end("finished")
         self.say(format_summary(summary, str(self.run_dir)) + format_eval_summary(summary))

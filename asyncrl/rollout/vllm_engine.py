@@ -266,6 +266,8 @@ class VLLMEngine:
         stats = await vllm_receiver.receive_weights(self.llm, metadata, version, reset_prefix_cache=not self._paused)
         if adapter:
             await self._serve_adapter_now(self._adapter_dir)
+        else:  # whole weights (another saved policy, `asyncrl evaluate`): served as they are
+            self._lora = None
         return stats
 
     def _serve_adapter(self, path: str) -> None:

@@ -25,17 +25,20 @@ SHORTEN = {
     "skywork_or1_magic": ["stages.0.steps=1", "stages.1.steps=1"],
     "prorl": ["stages.0.steps=1", "stages.1.steps=1", "algo.kl.reset_every=2", "buffer.rollout_batch_prompts=8"],
     "tiny_tool": [],  # episodes with the calculator, on its own warm start (built on first use)
+    "tiny_lora": ["algo.kl.coef=0.001"],  # the KL reference is the base, the adapter switched off
 }
 RANKS = {"ring_lite_c3po": ["learner.num_ranks=2", "learner.backend=deepspeed"],
          # FSDP2 pushes of the tied tiny model as deltas (rank 0 keeps the engines' copy), probed
-         "prorl": ["learner.num_ranks=2", "sync.probe_every=1", "sync.transfer=delta"]}
+         "prorl": ["learner.num_ranks=2", "sync.probe_every=1", "sync.transfer=delta"],
+         # LoRA on FSDP2: each push is rank 0's adapter, served by vLLM's LoRA support, probed
+         "tiny_lora": ["learner.num_ranks=2", "sync.probe_every=1"]}
 # as a user with slow verifiers or many actors runs it: each vLLM actor scores its own samples
 PLACEMENT = {"grpo": ["reward.placement=actor"]}
 
 
 # Not run here: they ask Ray for GPUs (a CPU cluster never places them) and load a real model from the
 # Hugging Face cache. tests/unit/test_recipes.py checks what they ask for.
-GPU_ONLY = {"gpu_single_node", "gpu_multi_node", "gsm8k_qwen_2x8"}
+GPU_ONLY = {"gpu_single_node", "gpu_multi_node", "gpu_single_node_lora", "gpu_multi_node_lora", "gsm8k_qwen_2x8"}
 
 
 def test_every_recipe_is_covered():
@@ -105,6 +108,11 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
         assert total("episode/tool_calls_mean") / sum(r["reward/num_samples"] for r in episodes) >= 0.9
         observed = total("episode/observation_tokens_mean")
         assert observed / (observed + total("episode/model_tokens_mean")) > 0.3  # ~0.41
+    if name == "tiny_lora":  # the engine serves the pushed adapter: its logprobs are the learner's
+        assert all(r["sync/probe_max_abs_diff"] <= 1e-4 and r["sync/verify_failures"] == 0 for r in rows)
+        model_bytes = sum(p.stat().st_size for p in Path(tiny_model_path).glob("*.safetensors"))
+        assert all(0 < r["sync/push_bytes"] <= 0.1 * model_bytes for r in rows)
+        assert all(r["kl/mean"] >= 0 for r in rows) and rows[-1]["learner/trainable_params"] > 0
     if name == "dapo":
         sealed = [r["buffer/rollout_batches_sealed_total"] for r in rows]
         assert sealed[0] == 1 and sealed[2] == 2

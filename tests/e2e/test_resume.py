@@ -26,18 +26,22 @@ ARGS = ["rollout.engine=fake", f"total_steps={STEPS}", "buffer.token_budget=32",
         "observe.tensorboard=false", "checkpoint.every_steps=3", "ray.num_cpus=3",
         # a deterministic stand-in verifier with mixed rewards, so the losses are not all zero
         "reward.type=import:asyncrl.reward.fault_injection:by_response_hash"]
+LORA = ["learner.lora.rank=4", "learner.lora.alpha=8", "learner.lr=3e-3"]  # adapters on every linear layer
 COMPARED = ("reward/mean", "reward/num_samples", "loss/total", "loss/policy", "learner/grad_norm",
             "learner/loss_tokens", "entropy/learner", "learner/version")
+
+
+def uninterrupted(out, name, model, *extra):
+    plain = launch(out, name, model, *extra)
+    log, _ = plain.communicate(timeout=600)
+    assert plain.returncode == 0, log[-3000:]
+    return out / name
 
 
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory, small_model):
     """The uninterrupted run (checkpoints at steps 3 and 6), shared by both tests here."""
-    out = tmp_path_factory.mktemp("runs")
-    plain = launch(out, "plain", small_model)
-    log, _ = plain.communicate(timeout=600)
-    assert plain.returncode == 0, log[-3000:]
-    return out / "plain"
+    return uninterrupted(tmp_path_factory.mktemp("runs"), "plain", small_model)
 
 
 def launch(out, name, model, *extra):
@@ -60,10 +64,10 @@ def events(run_dir):
     return out
 
 
-def resume_and_compare(out_dir, name, model, plain_run, from_step) -> str:
+def resume_and_compare(out_dir, name, model, plain_run, from_step, *extra, weights="model.safetensors") -> str:
     """resume=auto of run `name`, which must continue at `from_step` and end with the rows and final
-    parameters of the uninterrupted run; its console output."""
-    again = launch(out_dir, name, model, "resume=auto")
+    parameters (final/`weights`) of the uninterrupted run; its console output."""
+    again = launch(out_dir, name, model, "resume=auto", *extra)
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out[-3000:]
     assert f"at step {from_step}" in out
@@ -71,15 +75,16 @@ def resume_and_compare(out_dir, name, model, plain_run, from_step) -> str:
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for a, b in zip(want, got):
         assert {k: a.get(k) for k in COMPARED} == {k: b.get(k) for k in COMPARED}, a["step"]
-    a = load_file(plain_run / "final" / "model.safetensors")
-    b = load_file(out_dir / name / "final" / "model.safetensors")
+    a = load_file(plain_run / "final" / weights)
+    b = load_file(out_dir / name / "final" / weights)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     return out
 
 
-def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model, plain_run):
-    run_dir = tmp_path / "cut"
-    cut = launch(tmp_path, "cut", small_model)
+def interrupt(tmp_path, name, model, *extra) -> int:
+    """Run `name` stopped by SIGTERM once 4 steps are done; the step it stopped at."""
+    run_dir = tmp_path / name
+    cut = launch(tmp_path, name, model, *extra)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists() and len(rows(run_dir)) >= 4):
         time.sleep(0.05)
@@ -92,7 +97,12 @@ def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model,
     assert 4 <= stopped_at < STEPS, "the signal came too late to test a resume"
     assert events(run_dir)[-1] == {"step": stopped_at, "event": "end", "status": "interrupted", "reason": "SIGTERM"}
     assert (run_dir / "checkpoints" / f"step_{stopped_at}" / "COMPLETE").exists()
+    return stopped_at
 
+
+def test_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path, small_model, plain_run):
+    run_dir = tmp_path / "cut"
+    stopped_at = interrupt(tmp_path, "cut", small_model)
     out = resume_and_compare(tmp_path, "cut", small_model, plain_run, stopped_at)
     want = rows(plain_run)
     assert any(r["loss/total"] != 0 for r in want) and all(r.get("reward/num_samples") is not None for r in want)
@@ -131,3 +141,16 @@ def test_resume_with_another_model_exits_2_naming_the_field(tmp_path, plain_run)
                           timeout=300)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "model.path" in proc.stderr
+
+
+def test_a_lora_run_resumes_from_its_adapter_as_if_never_stopped(tmp_path, small_model):
+    """learner.lora: the checkpoint holds the adapter (peft's files) and its optimizer state; the
+    resumed run's rows and final adapter are the uninterrupted run's, bit for bit."""
+    plain = uninterrupted(tmp_path / "plain", "plain-lora", small_model, *LORA)
+    stopped_at = interrupt(tmp_path, "cut-lora", small_model, *LORA)
+    policy = tmp_path / "cut-lora" / "checkpoints" / f"step_{stopped_at}" / "learner" / "policy"
+    assert (policy / "adapter_config.json").is_file() and not (policy / "model.safetensors").exists()
+    resume_and_compare(tmp_path, "cut-lora", small_model, plain, stopped_at, *LORA,
+                       weights="adapter_model.safetensors")
+    assert rows(plain)[-1]["learner/trainable_params"] < 0.2 * sum(
+        t.numel() for t in load_file(Path(small_model) / "model.safetensors").values())

@@ -4,6 +4,9 @@ later policy's weights pushed into it over the gloo weight sync, as the tools do
 - `asyncrl evaluate` on a run directory: eval.json with one entry per policy, the run's start
   (its config's builtin:tiny) first, the last checkpoint not twice, the engine holding final/'s weights afterwards (vLLM's prompt logprobs equal
   transformers'), a policy of all-zero weights scoring exactly 0;
+- `asyncrl evaluate` on a LoRA run (learner.lora: checkpoints and final/ are peft adapter directories):
+  each adapter goes into the same engine as a push and is served on its base, final/'s logprobs are
+  peft's on the base; the whole-weights pushes after it serve whole weights again;
 - `asyncrl filter-difficulty`: counts that add up, the kept records written as read plus their
   pass rate, every kept rate strictly inside (0, 1) and a multiple of 1/n;
 - `asyncrl choose-checkpoint`: an all-zero policy is uniform over the vocabulary, so its entropy
@@ -21,6 +24,7 @@ import torch
 import yaml
 
 from asyncrl.cli import choose_checkpoint, evaluate, filter_difficulty
+from asyncrl.config import LoraConfig
 
 PARITY_NATS = 1e-3
 
@@ -43,6 +47,8 @@ def shared(tiny_model_path):
 
     loop = asyncio.new_event_loop()
     cfg, _ = load_run_config(tiny_model_path)
+    # able to serve a LoRA run's adapters too; whole-weight policies are served without one
+    cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"lora": LoraConfig(rank=4)})})
     engine = PolicyEngine(cfg)
     yield loop, engine
     loop.run_until_complete(engine.shutdown())
@@ -98,6 +104,63 @@ def test_evaluate_a_run_writes_eval_json_with_one_engine(shared, tiny_model_path
     # Again with the same settings: nothing is evaluated, the file is the same.
     loop.run_until_complete(evaluate_runs(args.runs, evaluate.options(args), engine))
     assert read_eval(run) == doc
+
+
+def random_adapter(base: str, out: Path, scale: float) -> Path:
+    """A rank-4 adapter of `base` with random A and B (B * scale), as a LoRA run saves one."""
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.learner import lora
+
+    model = lora.apply_lora(AutoModelForCausalLM.from_pretrained(base), LoraConfig(rank=4, alpha=8.0))
+    g = torch.Generator().manual_seed(int(scale * 100))
+    tensors = [(lora.wire_name(n), torch.randn(p.shape, generator=g) * (scale if "lora_B" in n else 0.3))
+               for n, p in model.named_parameters() if p.requires_grad]
+    lora.write_adapter(out, tensors, lora.adapter_config(model, base))
+    shutil.copy(Path(base) / "tokenizer.json", out)
+    return out
+
+
+def test_evaluate_a_lora_run_serves_each_adapter_on_its_base(shared, tiny_model_path, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncrl.config import load_config
+    from asyncrl.lab.offline.evaluate import evaluate_runs
+    from asyncrl.lab.offline.run_policies import read_eval
+
+    loop, engine = shared
+    run = tmp_path / "lora-run"
+    cfg = load_config("configs/tiny_lora.yaml")
+    (run / "checkpoints" / "step_1" / "learner").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False))
+    random_adapter(tiny_model_path, run / "checkpoints" / "step_1" / "learner" / "policy", scale=0.5)
+    shutil.copy(run / "config.yaml", run / "checkpoints" / "step_1" / "config.yaml")
+    (run / "checkpoints" / "step_1" / "COMPLETE").write_text(json.dumps({"step": 1}))
+    random_adapter(tiny_model_path, run / "final", scale=0.05)
+    (run / "events.jsonl").write_text(json.dumps({"step": 2, "event": "end", "status": "finished"}) + "\n")
+
+    args = evaluate.parse_args([str(run), "--n", "4", "--k", "1", "--max-prompts", "4"])
+    assert loop.run_until_complete(evaluate_runs(args.runs, evaluate.options(args), engine)) == [run / "eval.json"]
+    doc = read_eval(run)
+    assert [(e["policy"], e["step"]) for e in doc["policies"]] == [("start", 0), ("checkpoints/step_1", 1),
+                                                                   ("final", 2)]
+    assert engine.num_engines == 1
+
+    # the engine serves final/'s adapter on the base: peft's logprobs, not the base's
+    ids = AutoTokenizer.from_pretrained(tiny_model_path)("12+7=\\boxed{19}")["input_ids"]
+    served = torch.tensor(loop.run_until_complete(engine.prompt_logprobs(ids)), dtype=torch.float64)
+
+    def hf_logprobs(model):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1].double()
+        return logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    base_lp = hf_logprobs(base)
+    adapted = hf_logprobs(PeftModel.from_pretrained(base, str(run / "final")))
+    assert (served - adapted).abs().max().item() < PARITY_NATS
+    assert (served - base_lp).abs().max().item() > 10 * PARITY_NATS
 
 
 def test_filter_difficulty_keeps_the_sometimes_solved(shared, tiny_model_path, tmp_path):

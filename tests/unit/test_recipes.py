@@ -228,3 +228,12 @@ def test_gpu_recipes_fill_one_4_gpu_node_or_a_learner_node_and_rollout_nodes():
     assert single.learner.num_ranks + single.rollout.num_actors == 4 and single.ray.address is None
     check_resources(single)  # the ranks and actors fit the local Ray it starts
     assert multi.learner.num_ranks == 8 and multi.rollout.num_actors % 8 == 0 and multi.ray.address == "auto"
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_gpu_lora_recipes_are_their_base_with_adapters_pushed_over_gloo(name):
+    base, lora = recipe(name), recipe(f"{name}_lora")
+    assert lora.learner.lora.rank == 16 and lora.learner.lr == pytest.approx(10 * base.learner.lr)
+    assert lora.sync.type == "gloo" and lora.learner.num_gpus == 1  # a GPU learner pushes its adapter from the CPU
+    same = {"name": base.name, "learner": base.learner, "sync": base.sync}
+    assert lora.model_copy(update=same) == base

@@ -32,9 +32,19 @@ SYNC_TIMEOUT_S = 120.0
 
 
 def architecture(policy_dir: str | Path) -> dict[str, Any]:
-    """The policy's config.json without the keys that do not affect its weights."""
+    """The policy's config.json without the keys that do not affect its weights; a LoRA adapter's
+    is its base's (an engine serving the base takes the adapter as a push)."""
+    adapter = adapter_config(policy_dir)
+    if adapter is not None:
+        policy_dir = adapter["base_model_name_or_path"]
     cfg = json.loads((Path(policy_dir) / "config.json").read_text())
     return {k: v for k, v in cfg.items() if k not in IGNORED_CONFIG_KEYS}
+
+
+def adapter_config(policy_dir: str | Path) -> dict[str, Any] | None:
+    """A LoRA adapter directory's adapter_config.json (None: a whole model)."""
+    path = Path(policy_dir) / "adapter_config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def policy_tensors(policy_dir: str | Path) -> list[tuple[str, torch.Tensor]]:
@@ -108,6 +118,9 @@ class PolicyEngine:
                                  self.engine.init_weight_sync("127.0.0.1", port, 1, 2, SYNC_TIMEOUT_S))
         tensors = policy_tensors(policy_dir)
         metadata = self._sender.metadata(tensors)
+        adapter = adapter_config(policy_dir)
+        if adapter is not None:  # the engine serves the base with this adapter (rollout/vllm_engine.py)
+            metadata["update_info"]["adapter"] = adapter
         self._version += 1
         await asyncio.gather(asyncio.to_thread(self._sender.push, tensors, self._version),
                              self.engine.load_weights(metadata, self._version))

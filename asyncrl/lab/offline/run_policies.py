@@ -61,13 +61,18 @@ def final_step(run_dir: Path) -> int | None:
     return None
 
 
+def is_policy(path: Path) -> bool:
+    """A saved policy: a Hugging Face model, or a LoRA run's adapter (learner/lora.py)."""
+    return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+
+
 def checkpoint_policies(run_dir: Path) -> list[SavedPolicy]:
     """The policy of every complete checkpoint (a COMPLETE marker), oldest first."""
     found = []
     ckpt_dir = run_dir / "checkpoints"
     for d in ckpt_dir.glob("step_*") if ckpt_dir.is_dir() else []:
         policy = d / "learner" / "policy"
-        if d.name[5:].isdecimal() and (d / "COMPLETE").is_file() and (policy / "config.json").is_file():
+        if d.name[5:].isdecimal() and (d / "COMPLETE").is_file() and is_policy(policy):
             found.append(SavedPolicy(f"checkpoints/{d.name}", int(d.name[5:]), policy))
     return sorted(found, key=lambda p: p.step)
 
@@ -85,7 +90,7 @@ def run_policies(run_dir: str | Path, final_only: bool = False) -> list[SavedPol
     run saved none."""
     run_dir = Path(run_dir)
     final = None
-    if (run_dir / FINAL / "config.json").is_file():
+    if is_policy(run_dir / FINAL):
         final = SavedPolicy(FINAL, final_step(run_dir), run_dir / FINAL)
     if final_only:
         return [final] if final else []
