@@ -405,9 +405,11 @@ class Config(_Section):
     def _lora_fits(self) -> "Config":
         if not self.learner.lora.enabled:
             return self
-        if self.learner.backend == "deepspeed":
-            raise ValueError("learner.lora with learner.backend=deepspeed is not supported yet (its float32 master "
-                             "copy would hold the frozen base too); use learner.backend=torch (FSDP2 on several ranks)")
+        resets = self.algo.kl.needs_reference and (self.algo.kl.reset_every or self.algo.kl.reset_kl_threshold)
+        if self.learner.backend == "deepspeed" and self.learner.deepspeed.stage == 3 and resets:
+            raise ValueError("learner.lora with ZeRO-3 (learner.deepspeed.stage=3) cannot reset the KL reference "
+                             "(algo.kl.reset_every, reset_kl_threshold): the reset's adapter copy needs whole "
+                             "parameters; use stage 2 or learner.backend=torch")
         if self.sync.type != "gloo":
             raise ValueError("learner.lora pushes its adapter over sync.type=gloo (from GPU learners too: it is "
                              "copied to the CPU); vLLM's NCCL receiver loads weights into the model, not adapters")

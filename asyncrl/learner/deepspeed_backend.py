@@ -67,7 +67,9 @@ class DeepSpeedBackend:
                              "(learner.param_dtype=float32) and set the compute dtype (model.dtype)")
         self.bf16 = compute_dtype == torch.bfloat16
         # the loaded float32 weights, before DeepSpeed's bf16 cast rounds them (restored below)
-        loaded = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()} if self.bf16 else {}
+        # (trained ones only: a LoRA policy's frozen base has no master copy)
+        loaded = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()
+                  if p.requires_grad} if self.bf16 else {}
         head = TokenHead(model.get_output_embeddings())
         model.add_module("token_head", head)  # before initialize: ZeRO-3 puts its hooks on it
         config = {
@@ -85,7 +87,7 @@ class DeepSpeedBackend:
         if self.stage == 3:
             deepspeed.zero.register_external_parameter(head, head.head.weight)
         self.model = model
-        for name, p in self._params() if self.bf16 else ():
+        for name, p in self._params(trainable_only=True) if self.bf16 else ():
             safe_set_full_fp32_param(p, loaded.pop(name).to(p.device))
         self._expected, self._calls = 1, 0
         self._reset_steps = False
@@ -127,7 +129,7 @@ class DeepSpeedBackend:
 
     def named_full_params(self, trainable_only: bool = False) -> Iterator[NamedTensor]:
         for name, p in self._params(trainable_only):
-            if self.bf16:  # the float32 master, not the module's bf16 copy
+            if self.bf16 and p.requires_grad:  # the float32 master, not the module's bf16 copy (frozen: none)
                 yield name, safe_get_full_fp32_param(p).detach().clone()
             elif self.stage == 3:
                 with deepspeed.zero.GatheredParameters([p]):

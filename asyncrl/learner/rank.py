@@ -116,7 +116,9 @@ class LearnerRank:
         params = param_dtype(learner, dtype)
         # the MoE experts' default kernel (grouped_mm) has no float64
         kernels = {"experts_implementation": "eager"} if params == torch.float64 else {}
-        if self.lora and params != torch.float64:  # the frozen base as the engines hold it: no float32 copy
+        # the frozen base as the engines hold it: no float32 copy (DeepSpeed wants float32 parameters and
+        # casts the module to bf16 itself, keeping float32 masters of the trained ones only)
+        if self.lora and params != torch.float64 and learner.backend != "deepspeed":
             params = self.engine_dtype
         # several FSDP2 ranks: each builds the model without weights and reads its own shard (sharded_load.py);
         # a LoRA base is loaded whole (peft renames the layers it wraps) in the engines' dtype, then sharded

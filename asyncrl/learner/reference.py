@@ -112,6 +112,9 @@ class AdapterReference:
     def reset_from(self, named_params) -> None:
         for name, tensor in named_params:
             if name in self.snapshot:
+                if hasattr(tensor, "ds_numel"):  # a ZeRO-3 partition: no rank holds the whole adapter here
+                    raise ValueError("a LoRA policy's KL reference cannot be reset under DeepSpeed ZeRO-3; "
+                                     "use stage 2 or learner.backend=torch")
                 _local(self.snapshot[name]).copy_(_local(tensor))
         self.num_resets += 1
 

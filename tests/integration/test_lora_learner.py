@@ -12,7 +12,7 @@ the written-out gradient to float64 rounding (the two sides sum in different ord
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_learner_ranks import (F64, MODES, build_model, feed, group_address, learner_cfg, mode_gradients,
+from test_learner_ranks import (F32, F64, MODES, build_model, feed, group_address, learner_cfg, mode_gradients,
                                 run_ranks, step_chunks)
 
 from asyncrl.config import AlgoConfig, ConfigError, LoraConfig
@@ -203,3 +203,49 @@ def test_bad_lora_settings_name_their_field(models):
     with pytest.raises(ConfigError, match="does not fit this model"):
         LearnerRank(adapter_dir, learner_cfg("torch", 2, 1, F64, lora={**LORA, "rank": 2}), AlgoConfig(),
                     dtype="float64")
+
+
+def run_deepspeed_lora_rank(rank, world, port, model, backend, stage):
+    """float32 (DeepSpeed has no float64 path): step 1's gradients per mode, then 3 optimizer steps
+    with a KL term (the reference: the base, the adapter switched off)."""
+    cfg = learner_cfg(backend, stage, world, F32, micro_batch_tokens=24, lora=LORA)
+    learner = LearnerRank(model, cfg, KL_ALGO, dtype="float32", rank=rank, world_size=world,
+                          group_address=group_address(port))
+    sender = FrameSender(learner.batch_endpoint())
+    grads = mode_gradients(learner, sender, rank, world)
+    learner.step.algo = KL_ALGO
+    for step in (1, 2, 3):
+        feed(learner, sender, step, rank, world)
+        learner.train_step(step)
+    adapter = {n: t.clone() for n, t in learner.backend.named_full_params(trainable_only=True)}
+    sender.close()
+    learner.shutdown()
+    return {"grads": grads, "adapter": adapter}
+
+
+@pytest.fixture(scope="module")
+def float32_adapter(models, tmp_path_factory):
+    """The random adapter in float32, as a float32 learner saves one."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = tmp_path_factory.mktemp("adapter32")
+    shutil.copytree(models[1], out, dirs_exist_ok=True)
+    tensors = load_file(f"{models[1]}/{lora.ADAPTER_WEIGHTS}")
+    save_file({k: v.float() for k, v in tensors.items()}, f"{out}/{lora.ADAPTER_WEIGHTS}")
+    return str(out)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_lora_matches_the_single_torch_rank(tmp_path, float32_adapter, stage):
+    """ZeRO-2 and ZeRO-3 on 2 ranks: the adapter's gradient and the adapter after 3 AdamW steps are
+    the single torch rank's within what float32 summation order allows (test_learner_ranks.py)."""
+    want = run_deepspeed_lora_rank(0, 1, None, float32_adapter, "torch", 2)
+    got = run_ranks(tmp_path, 2, run_deepspeed_lora_rank, float32_adapter, "deepspeed", stage)
+    for mode in MODES:
+        assert set(got["grads"][mode]) == set(want["grads"][mode])
+        for name, g in want["grads"][mode].items():
+            torch.testing.assert_close(got["grads"][mode][name], g, rtol=0, atol=F32.grad_tol, msg=f"{mode} {name}")
+    for name, p in want["adapter"].items():
+        torch.testing.assert_close(got["adapter"][name], p, rtol=0, atol=F32.param_tol(3, 1e-3), msg=name)

@@ -92,7 +92,8 @@ def test_the_engine_asks_vllm_for_a_rank_it_serves():
 
 
 @pytest.mark.parametrize("override,message", [
-    ({"learner": {"backend": "deepspeed", "lora": {"rank": 8}}}, "learner.lora with learner.backend=deepspeed"),
+    ({"learner": {"backend": "deepspeed", "deepspeed": {"stage": 3}, "lora": {"rank": 8}},
+      "algo": {"kl": {"coef": 0.01, "reset_every": 10}}}, "learner.lora with ZeRO-3"),
     ({"sync": {"type": "nccl"}, "learner": {"lora": {"rank": 8}}}, "learner.lora pushes its adapter over sync.type=gloo"),
     ({"learner": {"num_gpus": 1}}, "sync.type=gloo cannot push from a CUDA learner"),
     ({"learner": {"lora": {"rank": 1024}}}, "less than or equal to 512"),
@@ -124,3 +125,10 @@ def test_a_lora_runs_saved_policies_are_found(tmp_path):
 def test_a_gpu_lora_learner_pushes_its_adapter_over_gloo():
     cfg = config_from_dict({"learner": {"num_gpus": 1, "lora": {"rank": 16}}, "sync": {"type": "gloo"}})
     assert cfg.learner.lora.enabled and cfg.sync.type == "gloo"
+
+
+def test_lora_trains_on_deepspeed_zero2_and_zero3_without_resets():
+    for stage in (2, 3):
+        cfg = config_from_dict({"learner": {"backend": "deepspeed", "deepspeed": {"stage": stage}, "lora": {"rank": 8}},
+                                "algo": {"kl": {"coef": 0.01}}})
+        assert cfg.learner.lora.enabled
