@@ -4,7 +4,9 @@ response whose versions change from 0 to 1 must carry the behaviour logprob of t
 sampled it: transformers' log-softmax of version 0 for the tokens tagged 0, of version 1 for the
 rest, each computed in float64 over the prompt plus the response. With sync.keep_kv the requests
 are paused in place instead: the engine prefills nothing after the push (its own statistics say
-so) and labels each token with the weights that sampled it."""
+so) and labels each token with the weights that sampled it. A LoRA policy's adapter pushed in flight
+(learner.lora) is swapped in place the same way: the tokens after the push are the new adapter's.
+The engine can serve adapters (`lora_rank`) and serves none until one is pushed."""
 
 import asyncio
 import copy
@@ -24,6 +26,7 @@ from asyncrl.types import PromptItem
 from test_weight_sync_vllm import build_tiny_model, hf_logprobs, perturb_
 
 MAX_TOKENS = 96
+LORA_RANK = 4
 NATS = 1e-3  # decode-path logprobs against transformers' full forward, float32
 
 
@@ -76,7 +79,8 @@ def shared(tmp_path_factory):
     path = tmp_path_factory.mktemp("model")
     build_tiny_model(path)
     loop = asyncio.new_event_loop()
-    engine = VLLMEngine(str(path), max_model_len=128, max_num_seqs=256, stat_loggers=[counting_logger])
+    engine = VLLMEngine(str(path), max_model_len=128, max_num_seqs=256, stat_loggers=[counting_logger],
+                        lora_rank=LORA_RANK)
     loop.run_until_complete(engine.start())
     yield loop, engine, path
     loop.run_until_complete(engine.shutdown())
@@ -95,6 +99,18 @@ async def push_perturbed(sender: GlooWeightSender, actor: RolloutActor, model, s
     return stats
 
 
+async def push_adapter(sender: GlooWeightSender, actor: RolloutActor, model, version: int) -> dict:
+    """Push a peft model's adapter alone, as a LoRA learner does (learner/rank.py)."""
+    from asyncrl.learner import lora
+
+    params = [(lora.wire_name(n), p.detach().float()) for n, p in model.named_parameters() if p.requires_grad]
+    metadata = sender.metadata(params)
+    metadata["update_info"]["adapter"] = lora.adapter_config(model, "unused")
+    _, stats = await asyncio.gather(asyncio.to_thread(sender.push, params, version),
+                                    actor.update_weights(metadata, version))
+    return stats
+
+
 async def generate_across_a_push(engine, model, prompts: list[list[int]],
                                  keep_kv: bool = False) -> tuple[list, dict, RolloutActor]:
     samples = []
@@ -106,12 +122,27 @@ async def generate_across_a_push(engine, model, prompts: list[list[int]],
     try:
         await asyncio.gather(asyncio.to_thread(sender.connect),
                              actor.init_weight_sync("127.0.0.1", port, 1, 2, 60))
-        await push_perturbed(sender, actor, model, seed=None, version=0)  # whatever the shared engine held
+        push = push_adapter if hasattr(model, "peft_config") else push_perturbed
+        if push is push_adapter:  # the base (the adapter's B is 0: merged, it is the base), then the adapter
+            from asyncrl.config import LoraConfig
+            from asyncrl.learner.lora import merge_stream
+
+            cfg = model.peft_config["default"]
+            base = list(merge_stream(model.named_parameters(), LoraConfig(rank=cfg.r, alpha=cfg.lora_alpha)))
+            await asyncio.gather(asyncio.to_thread(sender.push, base, 0),
+                                 actor.update_weights(sender.metadata(base), 0))
+            await push_adapter(sender, actor, model, version=0)
+        else:
+            await push_perturbed(sender, actor, model, seed=None, version=0)  # whatever the shared engine held
         await actor.submit([PromptItem(f"p{i}", ids, {}) for i, ids in enumerate(prompts)])
         while actor.engine is not None and actor.stats["samples"] < 8:
             await asyncio.sleep(0.01)  # generation is under way; most requests still run
         counts_before = (EngineCounts.prefill_tokens, EngineCounts.preempted)
-        stats = await push_perturbed(sender, actor, model, seed=1)
+        if push is push_adapter:  # a step's worth of change in the adapter alone
+            perturb_adapter_(model, seed=1)
+            stats = await push_adapter(sender, actor, model, version=1)
+        else:
+            stats = await push_perturbed(sender, actor, model, seed=1)
         stats["prefill_before_push"] = counts_before
         while len(samples) < len(prompts) * 4:
             await asyncio.sleep(0.05)
@@ -148,6 +179,45 @@ def test_resumed_tokens_carry_the_logprobs_of_the_weights_that_sampled_them(shar
         assert (got[k:] - v1[k:]).abs().max() < NATS, (got[k:] - v1[k:]).abs().max()
         # the versions differ enough that the check above can tell them apart
         assert (v0[k:] - v1[k:]).abs().mean() > 20 * NATS
+
+
+def perturb_adapter_(model, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+
+
+def test_an_adapter_pushed_in_flight_samples_the_tokens_after_it(shared):
+    """learner.lora in flight: requests aborted for the push resume under the new adapter (the same
+    LoRA id, swapped in place); every token has the logprob of the adapter that sampled it, the
+    base plus version 0's (B = 0: the base) before the push, version 1's after."""
+    from asyncrl.config import LoraConfig
+    from asyncrl.learner import lora
+
+    loop, engine, path = shared
+    base = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = lora.apply_lora(base, LoraConfig(rank=LORA_RANK, alpha=8.0)).eval()
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
+    prompts = [tok(f"{a} times {b} is")["input_ids"] for a in range(8) for b in range(4)]
+    samples, stats, actor = loop.run_until_complete(generate_across_a_push(engine, model, prompts))
+    assert stats["sync/aborted_requests"] > 0 and stats["sync/verify_failures"] == 0
+    model.double()
+    mixed = [s for s in samples if 0 in s.versions and 1 in s.versions]
+    assert len(mixed) >= 4, [s.versions for s in samples]
+    apart = []
+    for s in mixed[:16]:
+        k = s.versions.index(1)
+        ids, n = s.prompt_ids + s.response_ids, len(s.prompt_ids)
+        got = torch.tensor(s.logprobs, dtype=torch.float64)
+        v1 = hf_logprobs(model, ids)[n - 1:]
+        with model.disable_adapter():
+            v0 = hf_logprobs(model, ids)[n - 1:]
+        assert (got[:k] - v0[:k]).abs().max() < NATS, (got[:k] - v0[:k]).abs().max()
+        assert (got[k:] - v1[k:]).abs().max() < NATS, (got[k:] - v1[k:]).abs().max()
+        apart.append((v0[k:] - v1[k:]).abs())
+    assert torch.cat(apart).mean() > 20 * NATS  # the two adapters are far enough apart to tell
 
 
 def test_keep_kv_prefills_nothing_after_a_push_and_labels_each_token_with_its_weights(shared):
