@@ -183,11 +183,38 @@ def _check(path, prompt_field, answer_field, verifier_of, needs) -> None:
         raise ConfigError(str(e)) from None
 
 
+def check_lora(cfg: Config) -> None:
+    """learner.lora's targets and rank against the model's linear layers, on the model built on
+    the meta device (no weights read), so a wrong name is one line here, not a learner that fails
+    to start."""
+    if not cfg.learner.lora.enabled:
+        return
+    import torch
+
+    from asyncrl.compat import hide_broken_torch_extras
+    from asyncrl.learner.lora import check_targets
+
+    hide_broken_torch_extras()
+    with torch.device("meta"):
+        if cfg.model.path.startswith("builtin:"):
+            from asyncrl.tiny.build import new_model
+            from asyncrl.tiny.spec import spec_for
+            from asyncrl.tiny.tokenizer import build_tokenizer
+
+            model = new_model(spec_for(cfg.model.tiny), build_tokenizer())
+        else:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(_config_json(cfg.model.path).parent))
+    check_targets(model, cfg.learner.lora)
+
+
 def preflight(cfg: Config) -> Config:
     """Every check above; returns the resolved config. Raises ConfigError with one line."""
     context = model_context(cfg.model.path)
     cfg = resolve(cfg)
     check_lengths(cfg, context)
+    check_lora(cfg)
     check_packages(cfg)
     check_resources(cfg)
     check_data(cfg)

@@ -64,6 +64,9 @@ def check_targets(model: torch.nn.Module, cfg) -> list[str]:
                 raise ConfigError(f"learner.lora.target_modules: {target!r} names no linear layer of "
                                   f"{type(model).__name__} (it has {', '.join(suffixes)})")
             chosen += hits
+    if head is not None and any(linears[name] is head for name in chosen):
+        raise ConfigError("learner.lora.target_modules: the LM head cannot take an adapter (vLLM serves adapters "
+                          "on the decoder's linear layers only); name those, or use all-linear")
     if not chosen:
         raise ConfigError(f"learner.lora.target_modules: {type(model).__name__} has no linear layer to adapt")
     for name in chosen:

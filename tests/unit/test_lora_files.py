@@ -68,6 +68,8 @@ def test_all_linear_leaves_the_head_alone_and_bad_targets_name_the_field():
     assert "lm_head" not in chosen and len(chosen) == 2 * 7
     with pytest.raises(ConfigError, match=r"learner.lora.target_modules: 'wq' names no linear layer .*q_proj"):
         lora.check_targets(model, LoraConfig(rank=2, target_modules=["wq"]))
+    with pytest.raises(ConfigError, match=r"learner.lora.target_modules: the LM head cannot take an adapter"):
+        lora.check_targets(model, LoraConfig(rank=2, target_modules=["q_proj", "lm_head"]))
     with pytest.raises(ConfigError, match=r"learner.lora.rank=33 is larger than .*q_proj \(32x32\)"):
         lora.check_targets(model, LoraConfig(rank=33, target_modules=["q_proj"]))
 
@@ -132,3 +134,14 @@ def test_lora_trains_on_deepspeed_zero2_and_zero3_without_resets():
         cfg = config_from_dict({"learner": {"backend": "deepspeed", "deepspeed": {"stage": stage}, "lora": {"rank": 8}},
                                 "algo": {"kl": {"coef": 0.01}}})
         assert cfg.learner.lora.enabled
+
+
+def test_preflight_names_a_target_the_model_lacks_before_anything_starts(tmp_path):
+    from asyncrl.preflight import check_lora
+
+    small_model().save_pretrained(tmp_path)
+    check_lora(config_from_dict({"model": {"path": str(tmp_path)}, "learner": {"lora": {"rank": 4}}}))
+    check_lora(config_from_dict({"learner": {"lora": {"rank": 4, "target_modules": ["q_proj"]}}}))  # builtin:tiny
+    for model, settings in ((str(tmp_path), {"rank": 4, "target_modules": ["wq"]}), ("builtin:tiny", {"rank": 200})):
+        with pytest.raises(ConfigError, match="learner.lora"):
+            check_lora(config_from_dict({"model": {"path": model}, "learner": {"lora": settings}}))
