@@ -230,6 +230,22 @@ def first_of(version: int) -> tuple[int, int]:
     return (0, 1) if version % 2 else (1, 0)
 
 
+def two_groups(sides, transfers, rounds: int, bucket_bytes: int):
+    """A `transfer_receiver` process and one sender per side (its own group, its plan from the
+    side's tensors and its transfer); the process, the senders and the queue it reports on."""
+    plans = [plan_buckets(specs_of(named), bucket_bytes) for named in sides]
+    ports, ctx = (free_port(), free_port()), mp.get_context("spawn")
+    done = ctx.Queue()
+    proc = ctx.Process(target=transfer_receiver, args=(ports, plans, rounds, done))
+    proc.start()
+    senders = [GlooWeightSender(HOST, port, 2, timeout_s=300, bucket_bytes=bucket_bytes, transfer=transfer)
+               for port, transfer in zip(ports, transfers)]
+    for sender, named in zip(senders, sides):
+        sender.connect()
+        sender.metadata(named)
+    return proc, senders, done
+
+
 def alternating_rounds(senders, pushed, rounds: int, done, before=None) -> list[dict]:
     """Versions 0..rounds: `before(version)`, then both senders push `pushed(which)` in `first_of`'s
     order; per push, seconds from its start to the receiver's last byte, and bytes on the wire."""
@@ -260,16 +276,7 @@ def bench_transfer(engine_dtype: torch.dtype, rounds: int, lr: float, bucket_byt
     def engine_weights():
         return ((n, p.detach().to(engine_dtype)) for n, p in master)
 
-    plan = plan_buckets(specs_of(engine_weights()), bucket_bytes)
-    ports, ctx = (free_port(), free_port()), mp.get_context("spawn")
-    done = ctx.Queue()
-    proc = ctx.Process(target=transfer_receiver, args=(ports, [plan, plan], rounds, done))
-    proc.start()
-    senders = [GlooWeightSender(HOST, port, 2, timeout_s=300, bucket_bytes=bucket_bytes, transfer=transfer)
-               for port, transfer in zip(ports, ("full", "delta"))]
-    for sender in senders:
-        sender.connect()
-        sender.metadata(engine_weights())
+    proc, senders, done = two_groups([list(engine_weights())] * 2, ("full", "delta"), rounds, bucket_bytes)
     def step(version):  # version 0: both whole, the delta side's shadow filled
         if version:
             for _, p in master:
@@ -319,15 +326,7 @@ def bench_lora(engine_dtype: torch.dtype, rounds: int, rank: int, bucket_bytes: 
     random, alternating which goes first; per round and side, seconds and bytes on the wire."""
     sides = [make_params(QWEN25_05B, seed=0), make_params(lora_shapes(QWEN25_05B, rank), seed=1)]
     sides = [[(n, t.to(engine_dtype)) for n, t in named] for named in sides]
-    plans = [plan_buckets(specs_of(named), bucket_bytes) for named in sides]
-    ports, ctx = (free_port(), free_port()), mp.get_context("spawn")
-    done = ctx.Queue()
-    proc = ctx.Process(target=transfer_receiver, args=(ports, plans, rounds, done))
-    proc.start()
-    senders = [GlooWeightSender(HOST, port, 2, timeout_s=300, bucket_bytes=bucket_bytes) for port in ports]
-    for sender, named in zip(senders, sides):
-        sender.connect()
-        sender.metadata(named)
+    proc, senders, done = two_groups(sides, ("full", "full"), rounds, bucket_bytes)
     # version 0: first touches of both receivers' memory, not reported
     rows = [{**row, "side": ("full", "adapter")[row["which"]]}
             for row in alternating_rounds(senders, lambda which: sides[which], rounds, done)]

@@ -26,6 +26,8 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 
 class ReferencePolicy:
+    before_backward = False  # its own model: its forwards run beside the policy's (AdapterReference's do not)
+
     def __init__(self, policy: torch.nn.Module, chunk: int, device: torch.device, head_fp32: bool = False):
         """A copy of `policy` (before any sharding; on the meta device if the policy is), unplaced."""
         self.model = copy.deepcopy(policy).eval()

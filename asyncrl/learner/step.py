@@ -112,7 +112,7 @@ class PolicyStep:
             cut = m2po_threshold(collectives.cat_over_ranks(log_ratio) if self.distributed else log_ratio,
                                  self.algo.m2po_tau)
         ref_logprobs = self._reference_logprobs if self.reference else None
-        if getattr(self.reference, "before_backward", False):
+        if self.reference is not None and self.reference.before_backward:
             ref_logprobs = self._reference_first(mbs, pad)
         self._padding(pad, grad=True, moe=moe)
         metrics = forward_backward(self._forward, mbs, self.algo, counts, entropy_coef=alpha,
@@ -170,7 +170,7 @@ class PolicyStep:
             with torch.set_grad_enabled(grad):
                 out = self._forward(mb)
             if grad and self.reference is not None and self.reference.sharded \
-                    and not getattr(self.reference, "before_backward", False):
+                    and not self.reference.before_backward:
                 self._reference_logprobs(mb)  # a real micro-batch's gathers come in this order
             if grad:
                 self._backward(padding_loss(out, self.algo, moe))

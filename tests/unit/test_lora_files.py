@@ -129,7 +129,7 @@ def test_a_gpu_lora_learner_pushes_its_adapter_over_gloo():
     assert cfg.learner.lora.enabled and cfg.sync.type == "gloo"
 
 
-def test_lora_trains_on_deepspeed_zero2_and_zero3_without_resets():
+def test_lora_is_accepted_on_deepspeed_zero2_and_zero3_without_resets():
     for stage in (2, 3):
         cfg = config_from_dict({"learner": {"backend": "deepspeed", "deepspeed": {"stage": stage}, "lora": {"rank": 8}},
                                 "algo": {"kl": {"coef": 0.01}}})
