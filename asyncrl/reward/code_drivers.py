@@ -26,6 +26,7 @@ import ast
 import json
 import math
 import operator
+import time
 from typing import Any
 
 PROBE = "_asyncrl_probe"
@@ -195,25 +196,73 @@ class Opaque:
     __hash__ = object.__hash__
 
 
-def decode(value: Any) -> Any:
-    """A tagged-JSON value (see ENCODER) back as the Python value."""
+MAX_SAME_HASH = 64
+"""Elements of one decoded set or dict that may share a hash. Python hashes an int as the int
+modulo 2**61 - 1, so a program can return thousands of distinct values that all collide, and
+building them into a set costs the verifier quadratic CPU time (40,000 of them: 6 s, outside every
+limit of the sandbox). An honest value comes nowhere near: distinct small ints never collide."""
+VERIFIER_CPU_S = 1.0
+"""CPU seconds the verifier spends decoding one report, at most (1 MiB of output decodes in ~0.05 s)."""
+
+
+class ReportTooCostly(ValueError):
+    """A report whose decoding would cost the verifier more than its budget: the test fails with
+    outcome `verifier_limit`."""
+
+
+class _Budget:
+    """Checks this thread's CPU time every 1024 values decoded (reading the clock costs ~1 us)."""
+
+    def __init__(self, cpu_s: float):
+        self.deadline, self.count = time.thread_time() + cpu_s, 0
+
+    def spend(self) -> None:
+        self.count += 1
+        if self.count % 1024 == 0 and time.thread_time() > self.deadline:
+            raise ReportTooCostly(f"decoding the report took over {VERIFIER_CPU_S:g} CPU-s")
+
+
+def decode(value: Any, cpu_s: float = VERIFIER_CPU_S) -> Any:
+    """A tagged-JSON value (see ENCODER) back as the Python value. Raises ReportTooCostly for a
+    value whose sets or dict keys collide in their hashes, or whose decoding runs past cpu_s."""
+    return _decode(value, _Budget(cpu_s))
+
+
+def _decode(value: Any, budget: _Budget) -> Any:
+    budget.spend()
     if isinstance(value, list):
-        return [decode(v) for v in value]
+        return [_decode(v, budget) for v in value]
     if not isinstance(value, dict):
         return value
     tag, v = value.get("$"), value.get("v")
     if tag == "float":
         return float(v)
     if tag == "complex":
-        return complex(decode(v[0]), decode(v[1]))
+        return complex(_decode(v[0], budget), _decode(v[1], budget))
     if tag == "bytes":
         return v.encode("latin-1")
-    if tag in ("list", "tuple", "set", "frozenset"):
-        items = [decode(x) for x in v]
-        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
+    if tag in ("list", "tuple"):
+        return (list if tag == "list" else tuple)(_decode(x, budget) for x in v)
+    if tag in ("set", "frozenset"):
+        items = _hashable([_decode(x, budget) for x in v])
+        return (set if tag == "set" else frozenset)(items)
     if tag == "dict":
-        return {decode(k): decode(x) for k, x in v}
+        pairs = [(_decode(k, budget), _decode(x, budget)) for k, x in v]
+        _hashable([k for k, _ in pairs])
+        return dict(pairs)
     return Opaque()
+
+
+def _hashable(items: list) -> list:
+    """items, once it is sure that no more than MAX_SAME_HASH of them share a hash (TypeError for
+    an unhashable one, as the set itself would raise)."""
+    counts: dict[int, int] = {}
+    for x in items:
+        h = hash(x)
+        counts[h] = n = counts.get(h, 0) + 1
+        if n > MAX_SAME_HASH:
+            raise ReportTooCostly(f"over {MAX_SAME_HASH} values of one set or dict share a hash")
+    return items
 
 
 def check(op: str, actual: Any, expected: Any, options: dict) -> bool:
@@ -230,19 +279,22 @@ def check(op: str, actual: Any, expected: Any, options: dict) -> bool:
 
 
 def probes_pass(reported: list, checks: list[tuple[str, Any, dict]]) -> bool:
-    """Whether every probe reported at least once and every report passes its check."""
+    """Whether every probe reported at least once and every report passes its check (raises
+    ReportTooCostly, see decode)."""
     if not isinstance(reported, list):
         return False  # the driver writes a list: forged
-    seen = set()
+    seen, budget = set(), _Budget(VERIFIER_CPU_S)  # one budget for the whole report
     for item in reported:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
                 and 0 <= item[0] < len(checks)):
             return False
         op, expected, options = checks[item[0]]
         try:
-            actual = decode(item[1])
+            actual = _decode(item[1], budget)
             if not check(op, actual, expected, options):
                 return False
+        except ReportTooCostly:
+            raise
         except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, OverflowError):
             return False  # not what the driver writes (forged), or a value no check can compare
         seen.add(item[0])

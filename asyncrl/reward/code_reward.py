@@ -29,6 +29,7 @@ import ast
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -44,7 +45,7 @@ from asyncrl.reward.sandbox import RunResult, remove_tree, run_sandboxed
 
 OUTCOMES = ("passed", "failed", "syntax_error", "compile_error", "no_code", "no_tests", "bad_tests",
             "bad_input", "no_compiler", "timeout", "memory", "output_limit", "killed", "crashed",
-            "sandbox_error", "time_budget")
+            "sandbox_error", "time_budget", "verifier_limit")
 LANGUAGES = {"python": "python", "py": "python", "python3": "python",
              "cpp": "cpp", "c++": "cpp", "cxx": "cpp", "cc": "cpp"}
 PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
@@ -160,30 +161,39 @@ def _apps_tests(raw: dict) -> list[CodeTest]:
             for i, o in zip(inputs, outputs)]
 
 
+INTEGER = re.compile(r"[+-]?\d+")
+
+
 def outputs_match(actual: str, expected: str, tol: float | None) -> bool:
-    """Whitespace-insensitive token comparison; numeric tokens within tol when tol is set."""
+    """Whitespace-insensitive token comparison; where tol is set, an expected token that is a real
+    number (not an integer) matches any number within tol of it."""
     got, want = actual.split(), expected.split()
     if len(got) != len(want):
         return False
     return all(g == w or (tol is not None and _numbers_close(g, w, tol)) for g, w in zip(got, want))
 
 
-def _numbers_close(a: str, b: str, tol: float) -> bool:
+def _numbers_close(got: str, want: str, tol: float) -> bool:
+    """An integer compares exactly (a relative tolerance would pass 10**9 for 1000000007);
+    any other number within tol."""
+    if INTEGER.fullmatch(want):
+        return False  # exact tokens were compared already; "+7" for "7" is not asked for either
     try:
-        return math.isclose(float(a), float(b), rel_tol=tol, abs_tol=tol)
+        return math.isclose(float(got), float(want), rel_tol=tol, abs_tol=tol)
     except ValueError:
         return False
 
 
 def values_match(actual: Any, expected: Any, tol: float | None) -> bool:
-    """Equality of JSON values (tuples came back as lists); numbers within tol when set."""
+    """Equality of JSON values (tuples came back as lists); where tol is set, an expected float
+    matches any number within tol of it (an expected integer only itself)."""
     if isinstance(actual, list) and isinstance(expected, list):
         return len(actual) == len(expected) and all(map(values_match, actual, expected, [tol] * len(actual)))
     if isinstance(actual, dict) and isinstance(expected, dict):
         return actual.keys() == expected.keys() and all(values_match(actual[k], expected[k], tol)
                                                         for k in actual)
-    numbers = (int, float)
-    if tol is not None and isinstance(actual, numbers) and isinstance(expected, numbers):
+    if (tol is not None and type(expected) is float and isinstance(actual, (int, float))
+            and not isinstance(actual, bool)):
         try:
             return math.isclose(actual, expected, rel_tol=tol, abs_tol=tol)
         except OverflowError:  # an int beyond any float: only equal to itself
@@ -234,6 +244,10 @@ class CodeReward:
 
     def _score(self, code: str, language: str, tests: list[CodeTest],
                base: Path) -> tuple[float, dict[str, Any]]:
+        """all_pass stops at the first test that crashed, timed out or ran out of memory (what the
+        program did, known to it already) but not at a wrong answer: how many tests a sample ran
+        can be read by a later sample (through the page cache they share), and a stop after a
+        wrong answer would tell it which of its earlier answers were right."""
         start = time.monotonic()
         info: dict[str, Any] = {"language": language, "tests_total": len(tests), "tests_passed": 0}
         program = base / ("solution.py" if language == "python" else "solution.cpp")
@@ -252,8 +266,8 @@ class CodeReward:
                 break
             statuses.append(self._run_test(test, program, base))
             info[f"tests_{statuses[-1]}"] = info.get(f"tests_{statuses[-1]}", 0) + 1  # sandbox outcomes
-            if statuses[-1] != "passed" and self.cfg.mode == "all_pass":
-                break  # the reward is 0 already
+            if statuses[-1] not in ("passed", "failed") and self.cfg.mode == "all_pass":
+                break  # the reward is 0 already (a wrong answer does not stop: see below)
         info["tests_run"] = len(statuses)
         failed = next((s for s in statuses if s != "passed"), None)
         info["outcome"] = failed or ("time_budget" if "tests_not_run" in info else "passed")
@@ -301,6 +315,8 @@ class CodeReward:
             return result.status
         try:
             return self._judge(test, result.stdout, nonce)
+        except code_drivers.ReportTooCostly:  # a report built to cost the verifier CPU time
+            return "verifier_limit"
         except Exception:  # untrusted output made decoding or comparing raise: the test failed,
             return "failed"  # never a verifier error (reward.max_error_frac stops runs for those)
 
@@ -326,6 +342,8 @@ class CodeReward:
             return False
         try:
             actual = _as_json(code_drivers.decode(probes[0][1]))
+        except code_drivers.ReportTooCostly:
+            raise
         except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, OverflowError):
             return False
         tol, expected = self.cfg.float_tolerance, test.expected

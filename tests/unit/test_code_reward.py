@@ -108,7 +108,12 @@ def test_parse_tests_rejects(raw, outcome):
     ("3", "4", None, False),
     ("0.30000000000000004", "0.3", None, False),
     ("0.30000000000000004", "0.3", 1e-6, True),
-    ("1.0000001 x", "1 x", 1e-6, True),
+    ("1.0000001 x", "1.0 x", 1e-6, True),
+    ("1.0000001 x", "1 x", 1e-6, False),  # an expected integer compares exactly, tolerance or not
+    ("1000000000", "1000000007", 1e-6, False),  # within 1e-6 relative: the wrong answer it let pass
+    ("1e9", "1000000007", 1e-6, False),
+    ("-12", "-12", 1e-6, True),
+    ("1000000000.0", "1000000007.0", 1e-6, True),  # written as a real number: the tolerance is asked for
     ("1.1", "1", 1e-6, False),
     ("abc", "abd", 1e-6, False),
     ("nan", "nan", 1e-6, True),  # equal tokens are equal, tolerance or not
@@ -131,6 +136,12 @@ def test_outputs_match(actual, expected, tol, match):
     (0.1 + 0.2, 0.3, 1e-9, True),
     ([0.1 + 0.2, "x"], [0.3, "x"], 1e-9, True),
     ("3", 3, None, False),
+    (10**9, 1000000007, 1e-6, False),  # an expected integer compares exactly, tolerance or not
+    (1e9, 1000000007, 1e-6, False),
+    (7.0, 7, 1e-6, True),  # equal values
+    (10**9, 1000000007.0, 1e-6, True),  # an expected real number: within the tolerance
+    (True, 1.0, 1e-6, True),  # True == 1.0 in Python, as before: only the tolerance skips bools
+    (True, 1.0000001, 1e-6, False),
     (None, None, None, True),
 ])
 def test_values_match(actual, expected, tol, match):
