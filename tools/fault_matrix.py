@@ -171,6 +171,7 @@ SCENARIOS = {
     "sigstop_actor": (sigstop_actor, ["rollout.num_actors=2", "sync.timeout_s=5"]),
     "checkpoint_write_fails": (checkpoint_write_fails, ["checkpoint.every_steps=3"]),
     "crafted_reports": (no_operator, ["reward.type=import:asyncrl.reward.fault_injection:crafted_report_on_some"]),
+    "memory_cycles": (no_operator, ["reward.type=import:asyncrl.reward.fault_injection:memory_cycle_on_some"]),
     "corrupt_push": (corrupt_push, ["sync.transfer=delta"]),
 }
 NEEDS_VLLM = {"corrupt_push"}  # not in the matrix on fake engines
@@ -223,6 +224,8 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str, 
         len(orch.history) == steps and ok_balance and (resumed or name not in ("sigterm_then_resume",
                                                                                "kill_learner_then_resume"))
         and (name != "crafted_reports" or last.get("reward/errors_total") == 0)
+        and (name != "memory_cycles" or (_outcomes(orch, "cycle_") > 0 and _outcomes(orch, "honest_") > 0
+                                         and _outcomes(orch, "honest_") == _outcomes(orch, "honest_passed")))
         and (name != "corrupt_push" or (sum(h.get("sync/verify_failures", 0) for h in orch.history) == 1
                                         and sum("sync/heal_s" in h for h in orch.history) == 1))
         and (name != "kill_learner_twice" or (not resumed and events.count("learner_restarted") == 2))
@@ -232,11 +235,19 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str, 
             "verify_failures": sum(h.get("sync/verify_failures", 0) for h in orch.history),
             "crafted_steps": sum(any(k.startswith("reward/outcome_crafted_") and v for k, v in h.items())
                                  for h in orch.history),  # steps that scored a crafted report
+            "memory_cycles": _outcomes(orch, "cycle_"), "honest_samples": _outcomes(orch, "honest_"),
+            "honest_passed": _outcomes(orch, "honest_passed"),
             "accounting_balanced": ok_balance, "actors_lost": events.count("actor_lost"),
             "reward_crashes": orch.driver.reward_stats().crashes, "frames_dropped": orch.samples.num_dropped,
             "checkpoints": events.count("checkpoint"), "checkpoints_failed": events.count("checkpoint_failed"),
             "learner_restarts": events.count("learner_restarted"),
             "seconds": round(time.monotonic() - t0, 1)}
+
+
+def _outcomes(orch, prefix: str) -> float:
+    """Samples whose reward outcome starts with prefix, over the run (from each step's shares)."""
+    return round(sum(v * h.get("reward/num_samples", 0) for h in orch.history for k, v in h.items()
+                     if k.startswith(f"reward/outcome_{prefix}")), 6)
 
 
 def main(argv: list[str] | None = None) -> int:

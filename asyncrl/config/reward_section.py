@@ -28,6 +28,9 @@ class SandboxConfig(_Section):
     """Largest file the program may write (RLIMIT_FSIZE), in MiB."""
     max_output_kb: int = Field(1024, gt=0)
     """Standard output kept per run; more is cut and the run fails as output_limit."""
+    max_open_files: int = Field(1024, ge=32)
+    """Descriptors each process of the program may hold (RLIMIT_NOFILE): without a limit one run
+    could hold a large share of the machine's fs.file-max, which every process shares."""
     compile_time_s: float = Field(15.0, gt=0)
     """Wall-clock limit of compiling a C++ solution (its CPU limit too, rounded up)."""
     compile_memory_mb: int = Field(2048, ge=256)
@@ -36,7 +39,7 @@ class SandboxConfig(_Section):
     memory_mb)."""
     syscall_filter: bool = True
     """Run programs under the seccomp filter (no keyrings, ptrace, mounts, new user namespaces,
-    bpf, io_uring, vsock, ...; asyncrl/reward/sandbox/seccomp.py), where this machine allows one.
+    bpf, io_uring and AIO, inotify, vsock, ...; asyncrl/reward/sandbox/seccomp.py), where this machine allows one.
     false: only for programs that need a refused call; each run still gets a fresh session
     keyring, and its uid's keyrings are cleared after it."""
     backend: Literal["auto", "namespaces", "bwrap"] = "auto"
@@ -48,7 +51,9 @@ class CodeRewardConfig(_Section):
     mode: Literal["all_pass", "fraction"] = "all_pass"
     """all_pass: 1 only if every test passes (Ring-lite, Skywork-OR1); fraction: passed / total (ProRL)."""
     float_tolerance: float | None = Field(None, ge=0)
-    """Standard-output tests: compare numbers with this absolute/relative tolerance (None: exact tokens)."""
+    """Standard-output and call tests: an expected real number matches any number within this
+    absolute/relative tolerance (None: exact). Integers compare exactly either way, or a relative
+    tolerance would pass 10**9 for 1000000007."""
     max_tests: int = Field(32, ge=1)
     """At most this many tests per sample are run (the first ones)."""
     sandbox: SandboxConfig = SandboxConfig()

@@ -13,6 +13,9 @@ a run survives hangs and crashes (they never reach a real run unless a config na
   scored by the real code verifier on a program whose report is built to make a verifier raise
   (a 400-digit number against a float within a tolerance; a number where the driver writes a
   list). Both must score 0 as failed tests, never count as verifier errors.
+- `memory_cycle_on_some`: the math verifier's reward, but every sample also runs a program in the
+  code sandbox: one in `CYCLE_EVERY` parks its memory past its end (`MEMORY_CYCLE`), the others
+  print the right answer and must score `passed` whatever ran before them on their launcher.
 """
 
 from __future__ import annotations
@@ -36,6 +39,29 @@ CRAFTED = [  # (program, tests)
      f"sys.stdout.write('\\n' + nonce + '7\\n')\nsys.stdout.flush()\nos._exit(0)\n{F}",
      [{"type": "assert", "code": "assert f(1) == 2"}]),
 ]
+
+CYCLE_EVERY = 10
+MEMORY_CYCLE = """
+import array, os, socket
+# memory files of 1 MiB each (under any max_file_mb), sent with both ends of their socket over
+# that socket: once closed, nothing but the kernel's Unix-socket garbage collector frees them
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+block, fds = b"x" * ((1 << 20) - 4096), []
+for _ in range(MIB):
+    fds.append(os.memfd_create("parked"))
+    os.write(fds[-1], block)
+    if len(fds) == 200:
+        a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        [os.close(fd) for fd in fds]
+        fds = []
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [*fds, a.fileno(), b.fileno()]))])
+print("parked")
+"""
+
+
+def memory_cycle(mib: int) -> str:
+    """The program that parks about `mib` MiB in a descriptor cycle (run it with memory_mb above)."""
+    return MEMORY_CYCLE.replace("MIB", str(int(mib)))
 
 
 def scripted(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -98,6 +124,21 @@ def crafted_report_on_some(response: str, metadata: dict[str, Any]) -> tuple[flo
     program, tests = CRAFTED[digest // CRAFTED_EVERY % len(CRAFTED)]
     reward, info = _code(program, {"tests": tests})
     return reward, {**info, "outcome": f"crafted_{info['outcome']}"}
+
+
+def memory_cycle_on_some(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    global _code
+    if _code is None:
+        from asyncrl.config import CodeRewardConfig
+        from asyncrl.reward.code_reward import CodeReward
+
+        _code = CodeReward(CodeRewardConfig())
+    reward, info = _math_reward(response, metadata)
+    attack = zlib.crc32(f"{metadata.get('record_key')}/{response}".encode("utf-8", "replace")) % CYCLE_EVERY == 0
+    parked = memory_cycle(_code.cfg.sandbox.memory_mb - 16)
+    program = f"{F}python\n{parked if attack else 'print(3)'}\n{F}"
+    _, sandboxed = _code(program, {"tests": [{"type": "stdio", "input": "", "output": "3"}]})
+    return reward, {**info, "outcome": f"{'cycle' if attack else 'honest'}_{sandboxed['outcome']}"}
 
 
 def solves_even_records(response: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:

@@ -16,7 +16,7 @@ def test_every_fault_is_survived_and_accounted(tmp_path, tiny_model_path):
     assert [r["scenario"] for r in rows] == ["kill_actor", "kill_actor_in_push", "sigterm_then_resume",
                                              "kill_learner_then_resume", "kill_learner_twice", "reward_worker_crash",
                                              "malformed_frame", "sync_timeout", "sigstop_actor", "checkpoint_write_fails",
-                                             "crafted_reports"], proc.stderr[-3000:]
+                                             "crafted_reports", "memory_cycles"], proc.stderr[-3000:]
     assert all(r["ok"] for r in rows), rows
     assert proc.returncode == 0
     by = {r["scenario"]: r for r in rows}
@@ -33,3 +33,6 @@ def test_every_fault_is_survived_and_accounted(tmp_path, tiny_model_path):
     assert by["checkpoint_write_fails"]["checkpoints_failed"] == 2 and by["checkpoint_write_fails"]["checkpoints"] >= 2
     # one code sample in ten reported a value built to make the verifier raise: scored 0, no error
     assert by["crafted_reports"]["crafted_steps"] > 0 and by["crafted_reports"]["verifier_errors"] == 0
+    # one sandboxed sample in ten parked its memory past its end: every other one still passed
+    cycles = by["memory_cycles"]
+    assert cycles["memory_cycles"] > 0 and cycles["honest_samples"] == cycles["honest_passed"] > 0

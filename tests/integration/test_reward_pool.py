@@ -2,11 +2,14 @@
 crashes and exceptions cost one sample's reward, workers are replaced, nothing is lost."""
 
 import json
+import os
 import time
 
 import pytest
 
-from asyncrl.reward.fault_injection import scripted
+from asyncrl.config import CodeRewardConfig, SandboxConfig
+from asyncrl.reward.code_reward import CodeReward
+from asyncrl.reward.fault_injection import memory_cycle, scripted
 from asyncrl.reward.pool import RewardPool
 
 
@@ -266,3 +269,34 @@ def test_an_offline_tool_imports_the_reward_module_the_run_imported(tmp_path, ti
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"0": [1.0, "mine"], "1": [0.0, "not mine"]}
+
+
+def code_verifier_512():
+    return CodeReward(CodeRewardConfig(sandbox=SandboxConfig(memory_mb=512, wall_time_s=20.0)))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the memory of a run is a cgroup's only as root")
+def test_through_the_pool_samples_behind_a_memory_cycle_score_as_alone():
+    """One attack in every 10 samples, 3 rounds, one reward worker (so every sample runs on the
+    launcher the attack used): each ordinary sample passes, and no launcher is lost (that would
+    be a sandbox_error). Before, 5-9 of the 9 samples behind an attack scored memory or
+    sandbox_error (tests/integration/test_sandbox_budgets.py has the attack run by run)."""
+    pool = RewardPool(code_verifier_512, num_workers=1, timeout_s=60.0)
+    try:
+        three = {"tests": [{"type": "stdio", "input": "", "output": "3"}]}
+        calls = [(f"{r}-{i}", fenced(memory_cycle(496) if i == 0 else "print(3)"), three)
+                 for r in range(3) for i in range(10)]
+        pool.submit_many(calls)
+        results, deadline = {}, time.monotonic() + 120
+        while len(results) < len(calls):
+            assert time.monotonic() < deadline, f"{len(results)} of {len(calls)} results"
+            results.update({r.key: r for r in pool.poll(0.1)})
+    finally:
+        pool.close()
+    ordinary = [results[k] for k, *_ in calls if not k.endswith("-0")]
+    assert [(r.reward, r.info["outcome"]) for r in ordinary] == [(1.0, "passed")] * 27
+    assert all(results[f"{r}-0"].info["outcome"] == "failed" for r in range(3))  # ran, printed "parked"
+
+
+def fenced(code):
+    return f"```python\n{code.strip()}\n```"

@@ -402,7 +402,7 @@ logging.basicConfig(stream=log, level=logging.INFO)
 from asyncrl.reward.sandbox import isolation, run_sandboxed, runner
 iso = isolation()
 limits = types.SimpleNamespace(wall_time_s=5.0, cpu_time_s=2, memory_mb=256, max_processes=8, max_file_mb=1,
-                               max_output_kb=64, backend="auto", syscall_filter=True, cpu_cores=1.0)
+                               max_output_kb=64, max_open_files=64, backend="auto", syscall_filter=True, cpu_cores=1.0)
 workdir = tempfile.mkdtemp()
 probe = "import os; print(os.getpid(), os.getuid(), sorted(os.listdir('/tmp')), os.path.exists(sys_argv1))"
 result = run_sandboxed(["/usr/bin/python3", "-I", "-S", "-c", probe.replace("sys_argv1", repr(sys.argv[1]))],

@@ -24,12 +24,12 @@ missing ones once):
 | file system | mount namespace, new root: read-only system dirs, fresh /tmp, /dev/shm, run dir (rootfs.py) | same, in a user namespace |
 | processes | pid namespace with its own /proc; killing its init kills every process of the run | same |
 | network | a network namespace per run with only a loopback that is down (no TCP, no abstract Unix socket of the host or of another run) | same |
-| system calls | a seccomp filter (seccomp.py): no keyrings, ptrace, mounts, new user namespaces, bpf, io_uring, kernel modules; sockets of AF_UNIX, AF_INET(6) and AF_NETLINK only (no vsock) | same |
+| system calls | a seccomp filter (seccomp.py): no keyrings, ptrace, mounts, new user namespaces, bpf, io_uring or AIO, inotify, kernel modules; sockets of AF_UNIX, AF_INET(6) and AF_NETLINK only (no vsock) | same |
 | kernel keyrings | a fresh empty session keyring per run; without the filter, the uid's keyrings cleared after it | same, but not cleared |
 | System V IPC, hostname | ipc and uts namespaces | same |
 | privileges | a uid of its own per run, no_new_privs, nosuid mounts | root of a user namespace with every capability dropped |
-| memory, processes, CPU | a cgroup per launcher (v1 memory+pids+cpu+cpuacct, or v2): the tree's memory, processes, cores (cpu_cores) and CPU time (cpu_time_s); RLIMIT_AS per process | RLIMIT_AS per process only; no process limit but the wall clock |
-| time, files, output | RLIMIT_CPU per process, wall clock, RLIMIT_FSIZE, tmpfs sizes, output cap | same |
+| memory, processes, CPU | a cgroup per launcher (v1 memory+pids+cpu+cpuacct, or v2): the tree's memory, processes, cores (cpu_cores) and CPU time (cpu_time_s), and what a run parks past its end collected before the next (runner.py); RLIMIT_AS per process | RLIMIT_AS per process only; no process limit but the wall clock |
+| time, files, output | RLIMIT_CPU per process, wall clock, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE 1, tmpfs sizes, output cap | same |
 
 The kernel's namespaces are used directly (spawn.py); bubblewrap (`apt-get install bubblewrap`)
 builds the same ones and the same root where that is not possible, or when asked. Where no

@@ -29,6 +29,7 @@ import itertools
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -136,6 +137,35 @@ class Slot:
         else:
             peak = None
         return (None if peak is None else peak / (1 << 20)), self._oom_kills() - self._oom_before
+
+    def held_mb(self) -> float:
+        """Memory charged to the slot that reclaim cannot take back (all but file pages, which
+        the kernel drops under pressure): what a run may have left behind it."""
+        if self.version == 1:
+            used = int((self.dirs["memory"] / "memory.usage_in_bytes").read_text())
+            names = ("total_active_file", "total_inactive_file")
+        else:
+            used = int((self.dirs["memory"] / "memory.current").read_text())
+            names = ("active_file", "inactive_file")
+        stat = dict(line.split() for line in (self.dirs["memory"] / "memory.stat").read_text().splitlines())
+        return max(0, used - sum(int(stat.get(n, 0)) for n in names)) / (1 << 20)
+
+    def settle(self, held_mb: float, timeout_s: float) -> bool:
+        """Whether what the last run left in the slot falls to held_mb within timeout_s. A run can
+        park memory past its end in a cycle of Unix sockets that hold each other's descriptors
+        (SCM_RIGHTS), which the kernel frees only when its Unix-socket garbage collector runs,
+        0.1-2 s later; closing a Unix socket of our own starts it now (~0.1 s)."""
+        if self.held_mb() <= held_mb:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            a, b = socket.socketpair()
+            a.close(), b.close()
+            time.sleep(0.005)
+            if self.held_mb() <= held_mb:
+                return True
+            if time.monotonic() > deadline:
+                return False
 
     def _oom_kills(self) -> int:
         name = "memory.oom_control" if self.version == 1 else "memory.events"

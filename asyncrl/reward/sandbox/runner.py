@@ -34,6 +34,8 @@ _uid_counter = itertools.count()
 _pools: dict[Isolation, Launchers] = {}
 _active: set[Launcher] = set()
 BROKEN = (-signal.SIGKILL, 0.0)  # the result of a run whose launcher broke
+SETTLED_MB = 16  # memory a slot may still hold after a run (besides file cache) and be reused
+SETTLE_S = 2.0  # how long a run's leftovers get to be freed before its slot is replaced
 CPU_CHECK_S = 0.05  # how often a run's CPU time is read, where its cgroup counts it
 
 
@@ -69,6 +71,7 @@ class _ProbeLimits:  # the fields of SandboxConfig a run reads (config is not im
     max_processes: int = 4
     max_file_mb: int = 1
     max_output_kb: int = 64
+    max_open_files: int = 64
     syscall_filter: bool = True
     cpu_cores: float = 1.0
 
@@ -133,6 +136,8 @@ def _run(argv: list[str], stdin: bytes, limits: SandboxConfig, workdir: Path, pe
         pool.discard(launcher)
         if launcher.error:  # it said why: a fault of the sandbox, not of the program
             return RunResult("sandbox_error", None, stdout, launcher.error, time.monotonic() - start, iso.backend, uid)
+    elif launcher.slot is not None and not launcher.slot.settle(SETTLED_MB, SETTLE_S):
+        pool.discard(launcher)  # what the run left would be charged to the next: a fresh slot instead
     else:
         pool.put_back(launcher)
     returncode, cpu_s = ended
@@ -192,7 +197,10 @@ def _request(argv, limits, workdir, persist, iso, uid, launcher) -> dict:
     rlimits = [(resource.RLIMIT_CPU, limits.cpu_time_s, limits.cpu_time_s + 1),  # SIGXCPU, then SIGKILL
                (resource.RLIMIT_AS, limits.memory_mb << 20, limits.memory_mb << 20),
                (resource.RLIMIT_FSIZE, limits.max_file_mb << 20, limits.max_file_mb << 20),
-               (resource.RLIMIT_CORE, 0, 0)]
+               (resource.RLIMIT_NOFILE, limits.max_open_files, limits.max_open_files),
+               # 1, not 0: where core_pattern pipes to a helper the kernel starts it whatever the
+               # limit, except at exactly 1; a file core needs a page at least, so 1 writes none
+               (resource.RLIMIT_CORE, 1, 1)]
     if uid is not None:  # counted per uid; the run's uid is its own, also its init's or bwrap's two
         nproc = limits.max_processes + {"namespaces": 1, "bwrap": 2}.get(iso.backend, 0)
         rlimits.append((resource.RLIMIT_NPROC, nproc, nproc))

@@ -15,6 +15,9 @@ What it refuses, as Docker's default profile does (errno EPERM unless noted):
 - namespaces and mounts: unshare and clone with CLONE_NEWUSER (the one namespace an
   unprivileged process may create), setns, mount and the new mount API, pivot_root;
 - kernel attack surface: bpf, perf_event_open, userfaultfd, io_uring, open_by_handle_at;
+- host-wide budgets and views: the AIO calls (one io_setup(65536) takes the whole machine's
+  fs.aio-max-nr, and io_setup fails for every other process until the run ends), and inotify and
+  fanotify (a watch on the shared read-only /usr shows a run what a concurrent one opens, live);
 - the machine: kernel modules, kexec, reboot, swapon/off, acct, quotactl, syslog, iopl/ioperm;
 - sockets of any family but AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (what libc and the
   runtimes use; EAFNOSUPPORT): no AF_VSOCK (not covered by the network namespace: inside a VM it
@@ -32,6 +35,7 @@ import errno
 import os
 import platform
 import struct
+from pathlib import Path
 
 # classic BPF opcodes (linux/filter.h) and seccomp's return values (linux/seccomp.h)
 LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -46,7 +50,9 @@ REFUSED = ("add_key", "keyctl", "request_key", "ptrace", "process_vm_readv", "pr
            "fsconfig", "fsmount", "fspick", "mount_setattr", "bpf", "perf_event_open", "userfaultfd",
            "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at", "name_to_handle_at",
            "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon",
-           "swapoff", "acct", "quotactl", "syslog", "iopl", "ioperm")  # the last two: x86 only
+           "swapoff", "acct", "quotactl", "syslog", "iopl", "ioperm",  # iopl, ioperm, inotify_init: x86 only
+           "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents",
+           "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark")
 # the system calls the filter names, by architecture (asm/unistd_64.h; asm-generic/unistd.h)
 TABLES = {
     "x86_64": (0xC000003E, {
@@ -58,6 +64,9 @@ TABLES = {
         "name_to_handle_at": 303, "init_module": 175, "finit_module": 313, "delete_module": 176,
         "kexec_load": 246, "kexec_file_load": 320, "reboot": 169, "swapon": 167, "swapoff": 168, "acct": 163,
         "quotactl": 179, "syslog": 103, "iopl": 172, "ioperm": 173,
+        "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209, "io_cancel": 210,
+        "io_pgetevents": 333, "inotify_init": 253, "inotify_add_watch": 254, "inotify_init1": 294,
+        "fanotify_init": 300, "fanotify_mark": 301,
         "unshare": 272, "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53}),
     "aarch64": (0xC00000B7, {
         "add_key": 217, "request_key": 218, "keyctl": 219, "ptrace": 117, "process_vm_readv": 270,
@@ -68,6 +77,8 @@ TABLES = {
         "name_to_handle_at": 264, "init_module": 105, "finit_module": 273, "delete_module": 106,
         "kexec_load": 104, "kexec_file_load": 294, "reboot": 142, "swapon": 224, "swapoff": 225, "acct": 89,
         "quotactl": 60, "syslog": 116,
+        "io_setup": 0, "io_destroy": 1, "io_submit": 2, "io_cancel": 3, "io_getevents": 4, "io_pgetevents": 292,
+        "inotify_init1": 26, "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263,
         "unshare": 97, "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199}),
 }
 X32_BIT = 0x40000000  # x86_64: x32 system calls are numbered from here
@@ -153,11 +164,19 @@ def join_fresh_session_keyring(libc) -> None:
     _keyctl(libc, KEYCTL_JOIN_SESSION_KEYRING, 0)
 
 
-def clear_user_keyrings(libc) -> None:
+def clear_user_keyrings(libc, proc_keys: Path = Path("/proc/keys")) -> None:
     """Empty this uid's user and user-session keyrings, which outlive its processes (a later run
-    with the same uid would find what a program left there). Called as the run's uid."""
-    for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
-        _keyctl(libc, KEYCTL_CLEAR, keyring)
+    with the same uid would find what a program left there). Called as the run's uid. Naming one
+    creates it, and the kernel keeps it for good, so only those that exist (listed in /proc/keys,
+    which creates nothing) are touched: a run that made none leaves none."""
+    uid = os.getuid()
+    try:
+        listed = proc_keys.read_text()
+    except OSError:  # cannot tell: clear both
+        listed = None
+    for keyring, name in ((KEY_SPEC_USER_KEYRING, f"_uid.{uid}:"), (KEY_SPEC_USER_SESSION_KEYRING, f"_uid_ses.{uid}:")):
+        if listed is None or f" {name}" in listed:
+            _keyctl(libc, KEYCTL_CLEAR, keyring)
 
 
 def unavailable(libc) -> str | None:

@@ -70,6 +70,11 @@ class _Server:
             spawn.unshare(self.net_flags)
         if self.backend in ("bare", "bwrap"):
             fallback.become_subreaper()  # every orphan of a run is ours to reap (we have no others)
+        # It shares its slot's memory limit with the runs: never the OOM killer's choice where it
+        # may say so (CAP_SYS_RESOURCE; a run's programs raise theirs to 1000 before they start,
+        # spawn.py). Without it, runner.py makes sure no run's memory outlives the run.
+        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+            f.write("-1000")
 
     def _template(self, steps: tuple) -> bytes:
         if steps not in self.templates:
