@@ -15,7 +15,8 @@ a run survives hangs and crashes (they never reach a real run unless a config na
   list). Both must score 0 as failed tests, never count as verifier errors.
 - `memory_cycle_on_some`: the math verifier's reward, but every sample also runs a program in the
   code sandbox: one in `CYCLE_EVERY` parks its memory past its end (`MEMORY_CYCLE`), the others
-  print the right answer and must score `passed` whatever ran before them on their launcher.
+  take 64 MiB and print the right answer (`ORDINARY`), and must score `passed` whatever ran
+  before them on their launcher.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ for _ in range(MIB):
 a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [*fds, a.fileno(), b.fileno()]))])
 print("parked")
 """
+
+ORDINARY = 'block = b"x" * (64 << 20)  # an ordinary program\'s memory, written so that it is resident\nprint(3)'
 
 
 def memory_cycle(mib: int) -> str:
@@ -136,7 +139,7 @@ def memory_cycle_on_some(response: str, metadata: dict[str, Any]) -> tuple[float
     reward, info = _math_reward(response, metadata)
     attack = zlib.crc32(f"{metadata.get('record_key')}/{response}".encode("utf-8", "replace")) % CYCLE_EVERY == 0
     parked = memory_cycle(_code.cfg.sandbox.memory_mb - 16)
-    program = f"{F}python\n{parked if attack else 'print(3)'}\n{F}"
+    program = f"{F}python\n{parked if attack else ORDINARY}\n{F}"
     _, sandboxed = _code(program, {"tests": [{"type": "stdio", "input": "", "output": "3"}]})
     return reward, {**info, "outcome": f"{'cycle' if attack else 'honest'}_{sandboxed['outcome']}"}
 

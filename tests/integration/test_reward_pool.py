@@ -9,7 +9,7 @@ import pytest
 
 from asyncrl.config import CodeRewardConfig, SandboxConfig
 from asyncrl.reward.code_reward import CodeReward
-from asyncrl.reward.fault_injection import memory_cycle, scripted
+from asyncrl.reward.fault_injection import ORDINARY, memory_cycle, scripted
 from asyncrl.reward.pool import RewardPool
 
 
@@ -284,7 +284,7 @@ def test_through_the_pool_samples_behind_a_memory_cycle_score_as_alone():
     pool = RewardPool(code_verifier_512, num_workers=1, timeout_s=60.0)
     try:
         three = {"tests": [{"type": "stdio", "input": "", "output": "3"}]}
-        calls = [(f"{r}-{i}", fenced(memory_cycle(496) if i == 0 else "print(3)"), three)
+        calls = [(f"{r}-{i}", fenced(memory_cycle(496) if i == 0 else ORDINARY), three)
                  for r in range(3) for i in range(10)]
         pool.submit_many(calls)
         results, deadline = {}, time.monotonic() + 120

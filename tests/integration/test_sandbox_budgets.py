@@ -16,7 +16,7 @@ from sandbox_support import (ROOT, limits, nothing_left_behind, our_uids, py, re
 
 from asyncrl.config import CodeRewardConfig, SandboxConfig
 from asyncrl.reward.code_reward import CodeReward
-from asyncrl.reward.fault_injection import memory_cycle
+from asyncrl.reward.fault_injection import ORDINARY, memory_cycle
 
 BIG = dict(memory_mb=512, wall_time_s=20.0)  # room for the attack on a busy machine
 
@@ -25,13 +25,13 @@ BIG = dict(memory_mb=512, wall_time_s=20.0)  # room for the attack on a busy mac
 def test_memory_parked_past_a_run_is_not_charged_to_the_next(workdir):
     """496 MiB of memory files sent over a socket with both its ends and closed: only the kernel's
     Unix-socket collector frees them, 0.1-2 s later, and until then they were charged to the
-    launcher's cgroup, so the next run on it (`print(3)`) failed as memory. Through the reward
+    launcher's cgroup, so the next run on it (64 MiB and `print(3)`) failed as memory. Through the reward
     pool: test_reward_pool.py."""
     require_isolation()
     for _ in range(3):
         attack = run_python(memory_cycle(496), workdir, **BIG)
         assert attack.status == "ok" and attack.stdout == b"parked\n", attack
-        honest = run_python("print(3)", workdir, **BIG)
+        honest = run_python(ORDINARY, workdir, **BIG)
         assert (honest.status, honest.stdout) == ("ok", b"3\n"), honest
 
 
