@@ -17,6 +17,7 @@ from sandbox_support import (ROOT, limits, nothing_left_behind, our_uids, py, re
 from asyncrl.config import CodeRewardConfig, SandboxConfig
 from asyncrl.reward.code_reward import CodeReward
 from asyncrl.reward.fault_injection import ORDINARY, memory_cycle
+from asyncrl.reward.sandbox import runner
 
 BIG = dict(memory_mb=512, wall_time_s=20.0)  # room for the attack on a busy machine
 
@@ -25,14 +26,18 @@ BIG = dict(memory_mb=512, wall_time_s=20.0)  # room for the attack on a busy mac
 def test_memory_parked_past_a_run_is_not_charged_to_the_next(workdir):
     """496 MiB of memory files sent over a socket with both its ends and closed: only the kernel's
     Unix-socket collector frees them, 0.1-2 s later, and until then they were charged to the
-    launcher's cgroup, so the next run on it (64 MiB and `print(3)`) failed as memory. Through the reward
-    pool: test_reward_pool.py."""
-    require_isolation()
+    launcher's cgroup, so the next run on it (64 MiB and `print(3)`) failed as memory. The
+    launcher lives on: collected in time, nothing had to be replaced. Through the reward pool:
+    test_reward_pool.py."""
+    iso = require_isolation()
+    launchers = set()
     for _ in range(3):
         attack = run_python(memory_cycle(496), workdir, **BIG)
         assert attack.status == "ok" and attack.stdout == b"parked\n", attack
         honest = run_python(ORDINARY, workdir, **BIG)
         assert (honest.status, honest.stdout) == ("ok", b"3\n"), honest
+        launchers |= {launcher.proc.pid for launcher in runner._pool(iso)._all}
+    assert len(launchers) == 1  # one run at a time: one launcher, the same all along
 
 
 P = 2**61 - 1  # Python hashes an int as the int modulo P
