@@ -1,6 +1,6 @@
 """Token-level clipped policy loss with separate lower and upper clip bounds (pure torch).
 
-    rho_t = exp(logp_t - old_logp_t)
+    rho_t = exp(logp_t - old_logp_t)       (the log-ratio clamped to +-20 first, as verl does)
     l_t   = -min(rho_t * A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) * A_t)
 
 eps_high > eps_low is DAPO's clip-higher (ProRL: 0.2 / 0.4); eps_low == eps_high is GRPO/PPO's
@@ -25,7 +25,18 @@ import torch
 
 from asyncrl.algo.aggregation import AGGREGATIONS, StepCounts, token_weights, weighted_sum
 
-__all__ = ["AGGREGATIONS", "StepCounts", "clipped_policy_loss", "token_weights", "weighted_sum"]
+__all__ = ["AGGREGATIONS", "LOG_RATIO_CLAMP", "StepCounts", "clamp_log_ratio", "clipped_policy_loss", "token_weights",
+           "weighted_sum"]
+
+LOG_RATIO_CLAMP = 20.0
+"""|log rho_t| above this is clamped before exp, here and in every loss and weight of
+corrections.py (verl's value): e^20 is 4.9e8, finite in float32 and bfloat16, where an inf ratio
+would make the step's gradient NaN."""
+
+
+def clamp_log_ratio(log_ratio: torch.Tensor, bound: float = LOG_RATIO_CLAMP) -> torch.Tensor:
+    """log_ratio clamped to [-bound, bound]; the gradient is 0 outside (verl's clamp)."""
+    return torch.clamp(log_ratio, -bound, bound)
 
 
 def clipped_policy_loss(
@@ -55,7 +66,7 @@ def clipped_policy_loss(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     anchor = old_logprobs if proximal_logprobs is None else proximal_logprobs
-    ratio = torch.exp(logprobs - anchor)
+    ratio = torch.exp(clamp_log_ratio(logprobs - anchor))
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
@@ -72,7 +83,7 @@ def clipped_policy_loss(
         loss = torch.where(dual, cap.to(loss.dtype), loss)
     if proximal_logprobs is not None:
         with torch.no_grad():
-            weight = torch.exp(proximal_logprobs - old_logprobs)
+            weight = torch.exp(clamp_log_ratio(proximal_logprobs - old_logprobs))
             if is_weight_cap is not None:
                 diag["is_weight_capped"] = weight > is_weight_cap
                 weight = torch.clamp(weight, max=is_weight_cap)

@@ -34,10 +34,14 @@ length L against max_tokens M: len_q1 L <= M/4 < len_q2 <= M/2 < len_q3 <= 3M/4 
 Step-wide, with r_t = exp(d_t) over the N tokens:
 
     mismatch_abs = mean_{s_t = 0} |d_t|
-    mismatch_k3  = mean_{s_t = 0} exp(d_t) - d_t - 1   (Schulman, "Approximating KL divergence",
-                   2020: a_t ~ pi_b, so it is unbiased for KL(pi_b || pi_theta), engine || trainer)
-    sampler_k3   = mean over all N tokens of exp(d_t) - d_t - 1: KL(pi_b || pi_theta) of the sampler
-                   to the trainer, staleness and mismatch together (Tinker's "sampler-trainer KL")
+    mismatch_k3  = mean_{s_t = 0} exp(min(d_t, 20)) - d_t - 1   (Schulman, "Approximating KL
+                   divergence", 2020: a_t ~ pi_b, so it is unbiased for KL(pi_b || pi_theta),
+                   engine || trainer, wherever d_t <= 20)
+    sampler_k3   = mean over all N tokens of exp(min(d_t, 20)) - d_t - 1: KL(pi_b || pi_theta) of
+                   the sampler to the trainer, staleness and mismatch together (Tinker's
+                   "sampler-trainer KL")
+    Both clamp d_t in the exponential only (RATIO_LOG_CLAMP, as the ratios), so a token with d_t
+    beyond 20 adds e^20 - d_t - 1, not inf.
     ess          = (sum r_t)^2 / (N * sum r_t^2), in (0, 1]; ess_is_weight the same of the
                    importance weights the loss applied, when given
 

@@ -57,6 +57,7 @@ class KLConfig(_Section):
 
 
 IS_WEIGHT_CAP = 2.0
+GSPO_AGGREGATION = "seq_mean_token_mean"
 
 
 class AlgoConfig(_Section):
@@ -106,7 +107,15 @@ class AlgoConfig(_Section):
     icepop_high: float = Field(5.0, gt=1)
     """IcePop's upper bound beta on pi_prox / pi_b (Ring-1T: 5)."""
     m2po_tau: float = Field(0.04, gt=0)
-    """M2PO's bound tau on the mean squared log ratio of the tokens kept (M2PO: 0.04)."""
+    """M2PO's bound tau on the mean squared log ratio of the tokens kept (M2PO: 0.04). The ratio is
+    pi_theta / pi_b, with decoupled PPO too (to pi_prox it is 1 on a streaming step)."""
+    m2po_candidates: Literal["all", "clip"] = "all"
+    """The tokens M2PO may mask: all (AReaL's reading of the paper), or clip, only those where
+    PPO's clip would act (A > 0 and ratio > 1 + eps_high, A < 0 and ratio < 1 - eps_low: the
+    authors' code)."""
+    cispo_eps_low: float | None = Field(None, ge=0, lt=1)
+    """CISPO's lower bound on its IS weight, 1 - cispo_eps_low (None: none, as MiniMax-M1, which
+    clips above only at 1 + eps_high)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Fixed entropy bonus coefficient alpha (loss -= alpha * entropy); 0 with entropy_control."""
     entropy_control: EntropyControlConfig = EntropyControlConfig()
@@ -118,7 +127,8 @@ class AlgoConfig(_Section):
     moe_z_loss_coef: float = Field(0.0, ge=0)
     """Coefficient of the router z-loss when the model returns one (Ring-lite eq. 5)."""
     aggregation: Literal["budget", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "budget"
-    """budget: sum / Phi (C3PO); token_mean: / step tokens; seq_mean_*: mean over the step's sequences."""
+    """budget: sum / Phi (C3PO); token_mean: / step tokens; seq_mean_*: mean over the step's sequences.
+    With policy_loss gspo, seq_mean_token_mean (GSPO's own) when not set; another is refused."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "AlgoConfig":
@@ -126,6 +136,16 @@ class AlgoConfig(_Section):
             raise ValueError("algo.is_weight_cap only applies with algo.decoupled=true")
         if self.dual_clip is not None and self.policy_loss != "ppo":
             raise ValueError(f"algo.dual_clip applies to algo.policy_loss=ppo, not {self.policy_loss}")
+        if self.cispo_eps_low is not None and self.policy_loss != "cispo":
+            raise ValueError(f"algo.cispo_eps_low applies to algo.policy_loss=cispo, not {self.policy_loss}")
+        if self.m2po_candidates != "all" and self.policy_loss != "m2po":
+            raise ValueError(f"algo.m2po_candidates applies to algo.policy_loss=m2po, not {self.policy_loss}")
+        if self.policy_loss == "gspo" and self.aggregation != GSPO_AGGREGATION:
+            if "aggregation" in self.model_fields_set:
+                raise ValueError(f"algo.policy_loss=gspo averages each sequence's tokens and then the sequences "
+                                 f"(GSPO eq. 5-7): it needs algo.aggregation={GSPO_AGGREGATION}; "
+                                 f"{self.aggregation} would weight sequences by their length")
+            self.aggregation = GSPO_AGGREGATION  # unset: GSPO's own
         if self.behaviour_weight != "token_tis" and not self.decoupled:
             raise ValueError("algo.behaviour_weight weights pi_prox / pi_b: it needs algo.decoupled=true")
         if self.decoupled and self.is_weight_cap is None:

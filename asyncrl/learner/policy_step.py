@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from asyncrl.algo.aggregation import StepCounts, token_weights, weighted_sum
-from asyncrl.algo.corrections import behaviour_weight, policy_terms
+from asyncrl.algo.corrections import behaviour_weight, m2po_candidates, m2po_log_ratio, policy_terms
 from asyncrl.algo.kl import token_kl
 from asyncrl.algo.moe import load_balance_from_sums, load_balance_share, router_sums
 from asyncrl.algo.token_decomposition import TokenTable, decompose
@@ -220,8 +220,12 @@ def policy_and_weight(algo: AlgoConfig, logp: torch.Tensor, old: torch.Tensor, a
     (`proximal`, decoupled) or pi_b (`old`), times algo.behaviour_weight of pi_prox / pi_b when
     decoupled (algo/corrections.py)."""
     anchor = old if proximal is None else proximal
+    candidates = None
+    if algo.policy_loss == "m2po":
+        candidates = m2po_candidates(m2po_log_ratio(logp, old), adv, algo.m2po_candidates, algo.eps_low, algo.eps_high)
     pg, diag = policy_terms(algo.policy_loss, logp, anchor, adv, eps_low=algo.eps_low, eps_high=algo.eps_high,
-                            dual_clip=algo.dual_clip, seq_ids=seq_ids, m2po_cut=m2po_cut)
+                            dual_clip=algo.dual_clip, seq_ids=seq_ids, m2po_cut=m2po_cut, behaviour_logprobs=old,
+                            m2po_candidates=candidates, cispo_eps_low=algo.cispo_eps_low)
     if proximal is not None:
         weight, weight_diag = behaviour_weight(algo.behaviour_weight, proximal - old, cap=algo.is_weight_cap,
                                                seq_ids=seq_ids, icepop_low=algo.icepop_low,
@@ -253,20 +257,18 @@ def _tally_tokens(tally: Tally, mb: MicroBatch, logp: torch.Tensor, entropy: tor
 
 @torch.no_grad()
 def m2po_log_ratios(forward: Callable[[MicroBatch], TokenForward], micro_batches: list[MicroBatch],
-                    algo: AlgoConfig, proximal: Callable[[MicroBatch], torch.Tensor] | None = None) -> torch.Tensor:
+                    algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """For M2PO's threshold over the whole step (algo/corrections.py m2po_threshold, over every
-    rank's values): a no-grad pass gives each loss token's log ratio of the current policy to the
-    anchor the loss will use (pi_prox when decoupled, else pi_b), [T] float64. The policy does not
-    move during the step, so the loss sees exactly these ratios."""
-    parts = [torch.zeros(0, dtype=torch.float64)]
+    rank's values): a no-grad pass gives each loss token's log q_t = log pi_theta - log pi_b
+    (m2po_log_ratio: the behaviour policy's ratio, decoupled or not) and whether it is a candidate
+    for the mask, [T] float64 and [T] bool. The policy does not move during the step, so the loss
+    sees exactly these values."""
+    ratios, candidates = [torch.zeros(0, dtype=torch.float64)], [torch.zeros(0, dtype=torch.bool)]
     for mb in micro_batches:
-        logp = forward(mb).logprobs.double().cpu()
-        if algo.decoupled:
-            anchor = proximal(mb).double().cpu() if proximal is not None else logp
-        else:
-            anchor = mb.old_logprobs.double()
-        parts.append(logp - anchor)
-    return torch.cat(parts)
+        log_q = m2po_log_ratio(forward(mb).logprobs.cpu(), mb.old_logprobs)
+        ratios.append(log_q)
+        candidates.append(m2po_candidates(log_q, mb.advantages, algo.m2po_candidates, algo.eps_low, algo.eps_high))
+    return torch.cat(ratios), torch.cat(candidates)
 
 
 def padding_loss(out: TokenForward, algo: AlgoConfig, moe: MoeStep | None = None) -> torch.Tensor:

@@ -107,10 +107,12 @@ class PolicyStep:
         proximal = self.proximal.lookup if plan.proximal else None
         cut = math.inf
         if plan.m2po:
-            log_ratio = m2po_log_ratios(self._forward, mbs, self.algo, proximal)
+            log_ratio, candidates = m2po_log_ratios(self._forward, mbs, self.algo)
             self._padding(pad, grad=False)  # before the gather: the others may still run forwards
-            cut = m2po_threshold(collectives.cat_over_ranks(log_ratio) if self.distributed else log_ratio,
-                                 self.algo.m2po_tau)
+            if self.distributed:  # one gather of both, as rows of one matrix
+                log_ratio, candidates = collectives.cat_over_ranks(torch.stack([log_ratio, candidates.double()]))
+                candidates = candidates.bool()
+            cut = m2po_threshold(log_ratio, self.algo.m2po_tau, candidates)
         ref_logprobs = self._reference_logprobs if self.reference else None
         if self.reference is not None and self.reference.before_backward:
             ref_logprobs = self._reference_first(mbs, pad)

@@ -238,14 +238,18 @@ def run_entropy_rank(rank, world, port, model, backend, stage):
 
 DECOUPLED_ALGO = AlgoConfig(decoupled=True, is_weight_cap=3.0, aggregation="token_mean")
 DECOUPLED_LR = 2e-2  # ratios that reach the clip
+# M2PO's cut over both ranks' tokens: q = pi_theta / pi_b, candidates where PPO's clip would act
+M2PO_ALGO = AlgoConfig(decoupled=True, is_weight_cap=3.0, aggregation="token_mean", policy_loss="m2po",
+                       m2po_tau=0.01, m2po_candidates="clip", eps_low=0.05, eps_high=0.05)
 
 
-def run_decoupled_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, precision=None):
+def run_decoupled_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, precision=None,
+                       algo=DECOUPLED_ALGO):
     """Decoupled PPO over one rollout batch of 3 steps (N_SGD = 3, data reused): the whole batch,
     then its responses again in two halves; pi_prox is the batch's start policy throughout."""
     precision = precision or precision_of(backend)
     cfg = learner_cfg(backend, stage, world, precision, lr=DECOUPLED_LR, micro_batch_tokens=micro_batch_tokens)
-    learner = LearnerRank(model, cfg, DECOUPLED_ALGO, dtype=precision.dtype, rank=rank, world_size=world,
+    learner = LearnerRank(model, cfg, algo, dtype=precision.dtype, rank=rank, world_size=world,
                           group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     batch = step_chunks(1)
@@ -535,6 +539,19 @@ def test_decoupled_reuse_on_two_ranks_equals_one_rank(tmp_path, tied_model, deco
                     "is_weight/capped_frac", "loss/total"):
             assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=precision.metric_abs), key
 
+
+
+def test_m2po_cuts_over_both_ranks_tokens_as_one_rank_does(tmp_path, tied_model):
+    """M2PO's threshold is one over the step: each rank's log q_t and candidates gathered (one
+    matrix), so two FSDP2 ranks mask the single rank's tokens and reach its parameters."""
+    precision = precision_of("torch")
+    one = run_decoupled_rank(0, 1, None, tied_model, "torch", 2, 4096, precision, M2PO_ALGO)
+    two = run_ranks(tmp_path, 2, "decoupled", tied_model, "torch", 2, 24, precision, M2PO_ALGO)
+    assert any(m["clip/m2po_masked_frac"] > 0 for m in one["metrics"])  # the cut acted
+    for m2, m1 in zip(two["metrics"], one["metrics"], strict=True):
+        assert m2["clip/m2po_masked_frac"] == pytest.approx(m1["clip/m2po_masked_frac"], abs=1e-12)
+    assert_close(two["params"], one["params"], "decoupled M2PO parameters after 3 steps",
+                 precision.param_tol(3, DECOUPLED_LR))
 
 
 def relative_error(got, want):

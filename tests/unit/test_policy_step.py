@@ -104,14 +104,15 @@ def test_dual_clip_caps_negative_advantage_tokens_and_is_reported():
     assert dual["loss/policy"] == pytest.approx(expected, rel=1e-5)
 
 
-def reference_grads(model, cs, term):
-    """Gradient of sum over tokens of term(logp, chunk) / 64, straight from autograd (the reference)."""
+def reference_grads(model, cs, term, per_sequence=False):
+    """Gradient of sum over tokens of term(logp, chunk) / 64 (or, per_sequence, the mean over
+    chunks of each chunk's mean term: GSPO's aggregation), straight from autograd (the reference)."""
     model.zero_grad()
     total = 0
     for c in cs:
         mb = collate([c])
         logp = torch.log_softmax(model(mb.input_ids)[mb.rows, mb.cols], -1).gather(-1, mb.targets[:, None]).squeeze(-1)
-        total = total + term(logp, c).sum() / 64
+        total = total + (term(logp, c).mean() / len(cs) if per_sequence else term(logp, c).sum() / 64)
     total.backward()
     return [p.grad.clone() for p in model.parameters()], float(total)
 
@@ -296,8 +297,8 @@ def test_each_policy_loss_gives_the_gradient_of_its_formula_and_splits_like_ppo(
         r = torch.exp(logp - old)
         if name == "is":
             return -r * a
-        if name == "cispo":
-            return -torch.clamp(r, 0.9, 1.15).detach() * a * logp
+        if name == "cispo":  # no lower bound: MiniMax-M1's weight min(r, 1 + eps_high)
+            return -torch.clamp(r, max=1.15).detach() * a * logp
         if name == "gspo":
             s = torch.exp((logp - old).mean())
             s_t = s.detach() * torch.exp(logp - logp.detach())
@@ -305,7 +306,7 @@ def test_each_policy_loss_gives_the_gradient_of_its_formula_and_splits_like_ppo(
         keep = ((logp.detach() - old).double() ** 2 < cut).to(logp.dtype)
         return -keep * r * a
 
-    want, _ = reference_grads(model, cs, term)
+    want, _ = reference_grads(model, cs, term, per_sequence=name == "gspo")  # gspo: its paper's aggregation
     got, m = grads(model, [cs], algo, m2po_cut=cut)
     for a, b in zip(want, got):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
