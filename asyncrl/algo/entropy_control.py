@@ -47,8 +47,16 @@ class AdaptiveEntropyController:
         self.last_alpha = alpha
         return alpha
 
+    @property
+    def saturated(self) -> bool:
+        """c is at its cap: the controller cannot raise it any further."""
+        return self.coef >= self.c_max
+
     def metrics(self) -> dict[str, float]:
-        return {"entropy_control/alpha": self.last_alpha, "entropy_control/c": self.coef}
+        """alpha_k, c and `saturated` (1.0 while c sits at c_max; averaged over steps, the share
+        of them a cap too low for the model's entropy gradient held the controller at)."""
+        return {"entropy_control/alpha": self.last_alpha, "entropy_control/c": self.coef,
+                "entropy_control/saturated": float(self.saturated)}
 
     def state_dict(self) -> dict[str, float | int]:
         return {"coef": self.coef, "num_updates": self.num_updates, "last_alpha": self.last_alpha,

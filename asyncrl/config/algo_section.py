@@ -28,12 +28,25 @@ class EntropyControlConfig(_Section):
     """Step Delta by which c moves toward the target each optimizer step (paper: 0.005; released
     scripts: 1e-4)."""
     coef_max: float | None = Field(0.005, ge=0)
-    """Upper bound c_max of c (released scripts: 0.005; None: unbounded, as the paper's text)."""
+    """Upper bound c_max of c (released scripts: 0.005; None: unbounded, as the paper's text). With
+    the paper's delta 0.005 the released cap is reached in one step, after which c is 0 or the cap:
+    a fixed coefficient switched on below the target (warned at start; entropy_control/saturated
+    is the share of steps at the cap)."""
     measure: Literal["exact", "lagged", "sampled_nll"] = "exact"
     """exact: e_k is the current policy's entropy on this step's loss tokens, measured by an extra
     no-grad forward before the step; lagged: e_k is the previous step's (free, one step late);
     sampled_nll: the mean -log pi_behaviour of the sampled tokens (free, the actors' policy, as
     the released scripts measure it)."""
+
+
+    @model_validator(mode="after")
+    def _cap_leaves_room(self) -> "EntropyControlConfig":
+        if self.enabled and self.coef_max is not None and self.coef_max <= self.delta:
+            warnings.warn(f"algo.entropy_control.coef_max ({self.coef_max:g}) <= delta ({self.delta:g}): c starts "
+                          f"at 0 and reaches the cap in one step, so the controller can only switch a fixed "
+                          f"coefficient of {self.coef_max:g} on and off; raise coef_max (or set it null, as the "
+                          f"paper's text) for it to adapt", stacklevel=2)
+        return self
 
 
 class KLConfig(_Section):

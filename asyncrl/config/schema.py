@@ -135,6 +135,10 @@ class RolloutConfig(_Section):
     whose vLLM bfloat16 kernels fault (SIGILL, an engine that dies at its first step), use float16."""
     group_size: int = Field(8, ge=1)
     """Samples per prompt (n), at least 2; advantages are computed within each group."""
+    sampling_seed_offset: int = 0
+    """Added to `seed` for the rollouts' sampling only (the prompt order and the learner keep
+    `seed`): a run that differs from another by this alone differs by what a rerun varies. A
+    study's A/A copy sets it, since runs of one seed are otherwise identical."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the learner scales logits by the same value."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -464,6 +468,11 @@ class Config(_Section):
                 raise ValueError(f"stages.{i}.max_tokens ({max_tokens}) leaves no room for the prompt "
                                  f"within model.max_model_len ({self.model.max_model_len})")
         return self
+
+    @property
+    def sampling_seed(self) -> int:
+        """The seed of the rollouts' sampling (each actor adds its id, each request hashes it)."""
+        return self.seed + self.rollout.sampling_seed_offset
 
     @property
     def run_dir(self) -> Path:

@@ -64,7 +64,7 @@ class ActorPool:
         actor still starting is waited for first."""
         self.admit_started(block=True)
         self.cfg, self.endpoint, self.model_path = cfg, sample_endpoint, model_path
-        ray.get([handle.reset.remote(sample_endpoint, cfg.seed, log_env(
+        ray.get([handle.reset.remote(sample_endpoint, cfg.sampling_seed, log_env(
             cfg.run_dir, f"actor-{i}", cfg.observe.worker_logs).get(LOG_ENV)) for i, handle in self.actors.items()])
         self._calls = {i: [] for i in self.actors}
 

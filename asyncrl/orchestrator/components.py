@@ -115,5 +115,5 @@ def start_rollout_actor(cfg: Config, model_path: str, sample_endpoint: str, acto
         runtime_env={"env_vars": env}).remote(
         actor_id, engine_factory(cfg, model_path, actor_id, cfg.rollout.num_gpus_per_actor, locator(cfg)), spec,
         cfg.rollout.group_size, sample_endpoint,
-        seed=cfg.seed, sync_mode=cfg.sync.mode, scorer=scorer, episodes=episodes,
+        seed=cfg.sampling_seed, sync_mode=cfg.sync.mode, scorer=scorer, episodes=episodes,
         keep_kv=cfg.sync.keep_kv)

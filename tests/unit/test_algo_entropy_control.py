@@ -1,5 +1,6 @@
 import math
 import random
+import warnings
 
 import pytest
 
@@ -28,7 +29,36 @@ def test_alpha_sequence_by_hand():
     alphas = [ctrl.update(e) for e in entropies]
     assert alphas == pytest.approx([0.0, 0.0, 0.01, 0.02, 0.0, 0.01, 0.02, 0.025], abs=1e-15)
     assert ctrl.coef == pytest.approx(0.025) and ctrl.num_updates == 8
-    assert ctrl.metrics() == pytest.approx({"entropy_control/alpha": 0.025, "entropy_control/c": 0.025})
+    assert ctrl.metrics() == pytest.approx({"entropy_control/alpha": 0.025, "entropy_control/c": 0.025,
+                                            "entropy_control/saturated": 1.0})
+
+
+def test_saturated_says_when_c_sits_at_its_cap():
+    """The shipped Skywork preset's c sat at its cap 0.005 from step 1 (delta 0.005): a fixed
+    coefficient, not a controller. `saturated` is 1 exactly while c == c_max."""
+    ctrl = AdaptiveEntropyController(target=0.2, delta=0.005, c_max=0.005)
+    seen = []
+    for e in [0.1, 0.1, 0.3, 0.1]:
+        ctrl.update(e)
+        seen.append(ctrl.metrics()["entropy_control/saturated"])
+    assert seen == [1.0, 1.0, 0.0, 1.0]  # c: 0.005, 0.005, 0, 0.005
+    free = AdaptiveEntropyController(target=0.2, delta=0.005)  # the paper's text: no cap
+    for _ in range(3):
+        free.update(0.1)
+        assert free.metrics()["entropy_control/saturated"] == 0.0
+    assert free.coef == pytest.approx(0.015, abs=1e-15)
+
+
+def test_a_cap_reached_in_one_step_is_warned_at_start():
+    from asyncrl.config import AlgoConfig
+
+    with pytest.warns(UserWarning, match=r"coef_max \(0.005\) <= delta \(0.005\)"):
+        AlgoConfig(entropy_control={"enabled": True})  # the defaults: the paper's delta, the scripts' cap
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AlgoConfig(entropy_control={"enabled": True, "coef_max": None})
+        AlgoConfig(entropy_control={"enabled": True, "coef_max": 0.05})
+        AlgoConfig(entropy_control={"enabled": False})
 
 
 def test_alpha_sequence_matches_equation_on_a_long_run():

@@ -275,3 +275,36 @@ def test_plot_runs_settings_are_what_differs_between_the_configs(tmp_path, runs)
     assert "| eta4 | buffer.max_staleness=4 | 2/2 finished |" in text
     settings = {a["arm"]: a["settings"] for a in json.loads((tmp_path / "out" / "report.json").read_text())["arms"]}
     assert settings == {"eta0": "buffer.max_staleness=0", "eta4": "buffer.max_staleness=4"}
+
+
+def test_report_gives_each_arms_share_of_steps_at_the_entropy_cap(tmp_path, runs):
+    """entropy_control/saturated (1 while c sits at c_max): a run's mean, then mean ± sd over seeds;
+    an arm without the controller gets no share."""
+    for d, flags in zip(runs["eta0"], ([1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0])):
+        rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for row, flag in zip(rows, flags):
+            row["entropy_control/saturated"] = flag
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arms = arms_from_dirs(runs["eta0"] + runs["eta4"], group_seeds=True)
+    analyse(arms, tmp_path / "out", AnalysisSpec(figures=["entropy/learner"], window=2), "t")
+    cells = {a["arm"]: a["cells"]["steps at the entropy cap"]
+             for a in json.loads((tmp_path / "out" / "report.json").read_text())["arms"]}
+    assert cells == {"eta0": "0.75 ± 0.354", "eta4": "–"}  # (0.5 + 1) / 2; sd sqrt(0.125)
+    assert "fixed coefficient, not the controller" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_one_seed_study_says_its_verdicts_cannot_be_decided(tmp_path, runs):
+    study = StudyConfig.model_validate({
+        "name": "s", "total_steps": 4, "arms": [{"name": "eta0"}, {"name": "eta4"}],
+        "findings": [{"name": "staleness lowers entropy", "checks": [
+            {"kind": "compare", "left": {"arm": "eta4", "stat": "final"}, "op": "lt",
+             "right": {"arm": "eta0", "stat": "final"}}]}]})
+    one_seed = arms_from_dirs([runs["eta0"][0], runs["eta4"][0]], group_seeds=True)
+    analyse(one_seed, tmp_path / "one", AnalysisSpec(figures=["entropy/learner"], window=2), "t",
+            findings=study.findings)
+    text = (tmp_path / "one" / "report.md").read_text()
+    assert "One seed an arm" in text and "**inconclusive**" in text
+    two_seeds = arms_from_dirs(runs["eta0"] + runs["eta4"], group_seeds=True)
+    analyse(two_seeds, tmp_path / "two", AnalysisSpec(figures=["entropy/learner"], window=2), "t",
+            findings=study.findings)
+    assert "One seed an arm" not in (tmp_path / "two" / "report.md").read_text()

@@ -142,7 +142,7 @@ def test_every_shipped_study_plans(path, quick, tmp_path):
         assert all(r.fields["eval.every_steps"] == 0 for r in plan.runs)
 
 
-def test_the_aa_arm_runs_twice_under_two_names_with_the_same_settings():
+def test_the_aa_arm_runs_twice_under_two_names_with_the_same_settings_but_its_sampling():
     from asyncrl.lab.study.config import StudyConfig
 
     study = StudyConfig.model_validate({"name": "s", "total_steps": 4, "aa_arm": "b",
@@ -150,7 +150,10 @@ def test_the_aa_arm_runs_twice_under_two_names_with_the_same_settings():
                                                  {"name": "b", "overrides": {"algo.eps_high": 0.3}, "steps_factor": 2}]})
     arms = study.arm_specs(quick=False)
     assert [a.name for a in arms] == ["a", "b", "b-aa"]
-    assert arms[2].overrides == arms[1].overrides and arms[2].steps_factor == 2
+    # the same settings, prompts and seeds; another sampling seed, or the copy would be its source
+    # to the last digit (runs of a seed are deterministic) and its spread 0
+    assert arms[2].overrides == {**arms[1].overrides, "rollout.sampling_seed_offset": 1_000_003}
+    assert arms[2].steps_factor == 2
     first = StudyConfig.model_validate({"name": "s", "total_steps": 4, "aa_arm": "a",
                                         "arms": [{"name": "a"}, {"name": "b"}]})
     assert [a.name for a in first.arm_specs(quick=False)] == ["a", "a-aa", "b"]  # right after its source

@@ -9,7 +9,7 @@ def fits(a, b):
 
 
 def test_runs_that_differ_in_algorithm_data_or_seed_share_processes():
-    assert fits([], ["seed=3", "algo.policy_loss=cispo", "buffer.max_staleness=4", "learner.lr=1e-3",
+    assert fits([], ["seed=3", "rollout.sampling_seed_offset=5", "algo.policy_loss=cispo", "buffer.max_staleness=4", "learner.lr=1e-3",
                      "total_steps=7", "name=other", "rollout.temperature=1.2", "algo.kl.coef=0.01"]) == []
 
 
@@ -26,3 +26,15 @@ def test_a_process_shaping_field_is_named():
 
 def test_differences_walks_nested_keys():
     assert differences({"a": {"b": 1, "c": 2}, "d": 3}, {"a": {"b": 1, "c": 5}, "d": 3, "e": 0}) == ["a.c", "e"]
+
+
+def test_the_sampling_seed_moves_the_engines_and_requests_but_not_the_prompts():
+    """An A/A copy differs from its source by its sampling alone: the engine's seed and every
+    request's (the actor hashes its seed with the request id) take seed + the offset; the
+    prompt source and the learner keep `seed`."""
+    from asyncrl.rollout import engine_factory
+
+    cfg = load_config(None, ["seed=3", "rollout.sampling_seed_offset=1000003"])
+    assert cfg.sampling_seed == 1000006 and cfg.seed == 3
+    assert engine_factory(cfg, "model", actor_id=2).keywords["seed"] == 1000008
+    assert load_config(None, ["seed=3"]).sampling_seed == 3

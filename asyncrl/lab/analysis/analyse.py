@@ -90,6 +90,25 @@ def eval_column(arms: list[Arm]) -> tuple[str, dict[str, str]] | None:
     return f"final policy {'/'.join(keys)} (eval.json)", cells
 
 
+SATURATED = "entropy_control/saturated"
+
+
+def saturation_column(arms: list[Arm]) -> tuple[str, dict[str, str]] | None:
+    """Per arm that ran adaptive entropy control, the share of its steps at the cap (each run's
+    mean of `entropy_control/saturated`, then mean ± sample sd over seeds); None if no arm did."""
+    cells = {}
+    for arm in arms:
+        shares = [sum(v) / len(v) for r in arm.runs if (v := list(r.series(SATURATED).values))]
+        if not shares:
+            continue
+        mean = sum(shares) / len(shares)
+        text = fmt(mean)
+        if len(shares) > 1:
+            text += f" ± {fmt(math.sqrt(sum((x - mean) ** 2 for x in shares) / (len(shares) - 1)))}"
+        cells[arm.name] = text
+    return ("steps at the entropy cap", cells) if cells else None
+
+
 def _label(cfg: dict, fields: list[str], names: dict[str, str]) -> str:
     def short(v):
         return str(int(v)) if isinstance(v, bool) else str(v)
@@ -167,6 +186,19 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
             row.cells[header] = cells[row.arm]
         metrics = [*metrics, header]
         notes.append(f"{header}: held-out avg@n of each run's final/ by `asyncrl evaluate`, mean ± sd over seeds.")
+    saturation = saturation_column(arms)
+    if saturation:
+        header, cells = saturation
+        for row in rows:
+            row.cells[header] = cells.get(row.arm, "–")
+        metrics = [*metrics, header]
+        notes.append(f"{header}: the share of a run's steps at which adaptive entropy control's c sat at its "
+                     f"cap c_max, mean ± sd over seeds; near 1 the arm tested a fixed coefficient, not the "
+                     f"controller.")
+    if findings and max((len(a.runs) for a in arms), default=0) < 2:
+        notes.insert(0, "One seed an arm: a paired interval needs 2 seeds at least, so no verdict can be "
+                        "decided and every one reads inconclusive by construction. Run with 2 or more seeds "
+                        "(without --quick, or a seeds override) to decide.")
     if figures:
         notes.append(figure_note(smooth))
     text = render(title, description, verdicts, rows, metrics, analysis.collapse_metric, definitions(analysis),

@@ -7,9 +7,10 @@ so arm L and arm R run with seed s differ by their setting and by the run's asyn
 seeds both arms ran (against a constant: d_s = stat(L, s) - constant), and its mean gets the
 two-sided 95% Student-t interval mean ± t(0.975, n - 1) * sd / sqrt(n), sd the sample sd.
 
-The A/A arm (`aa_arm` in the study: the same config and seeds run again under another name) gives
-the noise floor: the same statistic's paired differences between the arm and its copy, whose
-spread |mean| + half-width is what asynchrony alone produces between two arms. A check of one
+The A/A arm (`aa_arm` in the study: the same config, seeds and prompts run again under another
+name with another sampling seed, since a run of one seed is deterministic) gives the noise floor:
+the same statistic's paired differences between the arm and its copy, whose spread |mean| +
+half-width is what a rerun varies between two arms. A check of one
 statistic between two arms then (a check against a constant, of two metrics, or within one arm,
 has no floor: 0)
 

@@ -120,6 +120,10 @@ class ArmSpec(_Section):
     so that arms with more optimizer steps per rollout batch see as many rollout batches)."""
 
 
+AA_SAMPLING_SEED_OFFSET = 1_000_003
+"""The A/A copy's rollout.sampling_seed_offset: far from any seed list a study uses."""
+
+
 class QuickSpec(_Section):
     total_steps: int | None = Field(None, gt=0)
     """total_steps under --quick (None: the study's)."""
@@ -203,9 +207,11 @@ class StudyConfig(_Section):
     """What the study tests, each with its verdict rule (on paired seed differences with 95%
     intervals, asyncrl/lab/analysis/paired.py)."""
     aa_arm: str | None = None
-    """An arm run twice: as itself and as `<name>-aa`, the same config and seeds. Their paired
-    differences are the noise floor (asynchrony alone) that a difference between two arms must
-    exceed to count (None: no floor, only the interval)."""
+    """An arm run twice: as itself and as `<name>-aa`, the same config, seeds and prompts but
+    another sampling seed (rollout.sampling_seed_offset): their paired differences are what a
+    rerun varies, the noise floor a difference between two arms must exceed to count (None: no
+    floor, only the interval). A copy with the same sampling seed would be identical to its source
+    (runs of a seed are deterministic) and measure nothing."""
 
     @property
     def aa_pair(self) -> tuple[str, str] | None:
@@ -250,7 +256,10 @@ class StudyConfig(_Section):
             arms = [a for a in arms if a.name in self.quick.arms]
         index = next((i for i, a in enumerate(arms) if a.name == self.aa_arm), None)
         if index is not None:  # right after its source: runs of one setting share processes (warm.py)
-            arms.insert(index + 1, arms[index].model_copy(update={"name": f"{self.aa_arm}-aa"}))
+            source = arms[index]
+            copy = {"name": f"{self.aa_arm}-aa",
+                    "overrides": {**source.overrides, "rollout.sampling_seed_offset": AA_SAMPLING_SEED_OFFSET}}
+            arms.insert(index + 1, source.model_copy(update=copy))
         return arms
 
     def _all_arms(self, quick: bool) -> list[ArmSpec]:
