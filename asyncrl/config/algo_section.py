@@ -38,7 +38,6 @@ class EntropyControlConfig(_Section):
     sampled_nll: the mean -log pi_behaviour of the sampled tokens (free, the actors' policy, as
     the released scripts measure it)."""
 
-
     @model_validator(mode="after")
     def _cap_leaves_room(self) -> "EntropyControlConfig":
         if self.enabled and self.coef_max is not None and self.coef_max <= self.delta:

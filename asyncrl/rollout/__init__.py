@@ -29,6 +29,6 @@ def engine_factory(cfg: Config, model_path: str, actor_id: int,
         VLLMEngine, model_path=model_path, dtype=cfg.engine_dtype, max_model_len=cfg.model.max_model_len,
         max_num_seqs=cfg.rollout.max_num_seqs, kv_cache_gib=cfg.rollout.kv_cache_gib,
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sync_type=cfg.sync.type,
-        bucket_bytes=cfg.sync.bucket_mb << 20, seed=cfg.sampling_seed + actor_id, enforce_eager=cfg.rollout.enforce_eager,
-        num_gpus=num_gpus, locate=locate, tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-        lora_rank=cfg.learner.lora.rank)
+        bucket_bytes=cfg.sync.bucket_mb << 20, seed=cfg.sampling_seed + actor_id,
+        enforce_eager=cfg.rollout.enforce_eager, num_gpus=num_gpus, locate=locate,
+        tensor_parallel_size=cfg.rollout.tensor_parallel_size, lora_rank=cfg.learner.lora.rank)

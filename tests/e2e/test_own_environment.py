@@ -74,7 +74,8 @@ def starts_an_answer(text):
 
 def test_an_answer_cut_by_the_budget_is_told_from_a_wrong_one():
     whole = {"finish_reason": "stop", "response_tokens": 40,
-             "turns": [{"origin": "model", "text": "<calc>2*3</calc>"}, {"origin": "env", "text": "<result>6</result>"}]}
+             "turns": [{"origin": "model", "text": "<calc>2*3</calc>"},
+                       {"origin": "env", "text": "<result>6</result>"}]}
     cut = {"finish_reason": "length", "response_tokens": 56,
            "turns": [*whole["turns"], {"origin": "model", "text": "<calc>4*5</calc>"},
                      {"origin": "env", "text": "<result>20</re"}]}

@@ -71,7 +71,8 @@ def test_cispo_has_no_lower_bound_unless_asked():
     loss.sum().backward()
     w = [math.exp(-0.5), 1.0, 1.28]
     assert logp.grad.tolist() == pytest.approx([-wt * a for wt, a in zip(w, adv.tolist())], abs=1e-15)
-    assert diag["clipped_low"].tolist() == [False, False, False] and diag["clipped_high"].tolist() == [False, False, True]
+    assert diag["clipped_low"].tolist() == [False, False, False]
+    assert diag["clipped_high"].tolist() == [False, False, True]
     banded, diag = cispo_loss(logp, old, adv, 0.2, 0.28)  # a band on request: the first weight is 0.8
     assert banded[0].item() == pytest.approx(-0.8 * 1.0 * -1.0, abs=1e-15) and diag["clipped_low"][0]
     with pytest.raises(ValueError, match="cispo_eps_low applies to algo.policy_loss=cispo"):
