@@ -195,10 +195,17 @@ def analyse(arms: list[Arm], out_dir: Path, analysis: AnalysisSpec, title: str, 
         notes.append(f"{header}: the share of a run's steps at which adaptive entropy control's c sat at its "
                      f"cap c_max, mean ± sd over seeds; near 1 the arm tested a fixed coefficient, not the "
                      f"controller.")
-    if findings and max((len(a.runs) for a in arms), default=0) < 2:
+    seeds = max((len(a.runs) for a in arms), default=0)
+    if findings and seeds < 2:
         notes.insert(0, "One seed an arm: a paired interval needs 2 seeds at least, so no verdict can be "
                         "decided and every one reads inconclusive by construction. Run with 2 or more seeds "
                         "(without --quick, or a seeds override) to decide.")
+    elif findings and seeds == 2:
+        notes.insert(0, "Two seeds an arm: each 95% interval is the mean difference ± 12.7 x its sd / sqrt(2) "
+                        "(Student's t with 1 degree of freedom), so only a difference about 9 times larger "
+                        "than its seed-to-seed spread is decided; an inconclusive verdict here says the "
+                        "effect is not that large, not that it is absent. Run the full preset to decide "
+                        "smaller ones.")
     if figures:
         notes.append(figure_note(smooth))
     text = render(title, description, verdicts, rows, metrics, analysis.collapse_metric, definitions(analysis),
