@@ -19,6 +19,7 @@ from docs_commands import commands_in  # noqa: E402
 GUIDE = ROOT / "docs/guides/environments.md"
 WRITE = "cat > mycalc.py <<'PY'"
 ASYNCRL = str(Path(sys.executable).with_name("asyncrl"))  # the command the install put beside this Python
+BUDGET = load_config(ROOT / "configs/tiny_tool.yaml").rollout.max_tokens  # response tokens of an episode
 
 
 def guide_command(prefix):
@@ -55,11 +56,10 @@ def answered_as_the_guide_says(sample):
     the runner cuts an episode's last observation to the response budget: a second call can leave
     less room than its answer takes (tiny_tool's budget is 56 of a character-level vocabulary)."""
     turns = sample.get("turns", [])
-    budget = load_config(ROOT / "configs/tiny_tool.yaml").rollout.max_tokens
     for i, t in enumerate(turns):
         if t["origin"] != "env" or re.fullmatch(r"<result>(-?\d+|error)</result>", t["text"]):
             continue
-        cut = i == len(turns) - 1 and sample["finish_reason"] == "length" and sample["response_tokens"] == budget
+        cut = i == len(turns) - 1 and sample["finish_reason"] == "length" and sample["response_tokens"] == BUDGET
         if not (cut and starts_an_answer(t["text"])):
             return False
     return True

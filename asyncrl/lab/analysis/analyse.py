@@ -80,10 +80,7 @@ def eval_column(arms: list[Arm]) -> tuple[str, dict[str, str]] | None:
         if not values:
             cells[name] = "–"
             continue
-        mean = sum(values) / len(values)
-        text = fmt(mean)
-        if len(values) > 1:
-            text += f" ± {fmt(math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)))}"
+        text = mean_sd(values)
         if len(values) < len(found):
             text += f" ({len(values)}/{len(found)} runs)"
         cells[name] = text
@@ -99,14 +96,17 @@ def saturation_column(arms: list[Arm]) -> tuple[str, dict[str, str]] | None:
     cells = {}
     for arm in arms:
         shares = [sum(v) / len(v) for r in arm.runs if (v := list(r.series(SATURATED).values))]
-        if not shares:
-            continue
-        mean = sum(shares) / len(shares)
-        text = fmt(mean)
-        if len(shares) > 1:
-            text += f" ± {fmt(math.sqrt(sum((x - mean) ** 2 for x in shares) / (len(shares) - 1)))}"
-        cells[arm.name] = text
+        if shares:
+            cells[arm.name] = mean_sd(shares)
     return ("steps at the entropy cap", cells) if cells else None
+
+
+def mean_sd(values: list[float]) -> str:
+    """"mean ± sample sd" of per-seed values (the mean alone for one)."""
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return fmt(mean)
+    return f"{fmt(mean)} ± {fmt(math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)))}"
 
 
 def _label(cfg: dict, fields: list[str], names: dict[str, str]) -> str:
