@@ -10,6 +10,7 @@ found here costs the user one line (exit 2), not 20 s of start-up and a tracebac
 - data: every jsonl record the run and its evaluation will read has the fields its verifier
   needs (data/records.py), and user reward functions import (reward/registry.py); a user function
   seen reading metadata["answer"] makes the answer field required like a built-in verifier's.
+- teacher: algo.distill.teacher is a model here with the student's vocabulary.
 - GPUs (config load, schema.py): a CUDA learner (learner.num_gpus > 0) pushes over NCCL, not gloo.
 
 `compat.check_gpu_visibility` runs where a component starts (learner rank, vLLM engine), not
@@ -129,12 +130,15 @@ def check_resources(cfg: Config) -> None:
         return
     learner = cfg.learner.num_ranks * cfg.learner.num_cpus
     actors = cfg.rollout.num_actors * cfg.rollout.num_cpus_per_actor
-    if learner + actors > cfg.ray.num_cpus:
+    d = cfg.algo.distill
+    teachers = d.num_engines * d.num_cpus_per_engine if d.enabled else 0
+    if learner + actors + teachers > cfg.ray.num_cpus:
         raise ConfigError(
             f"learner.num_ranks={cfg.learner.num_ranks} ranks of learner.num_cpus={cfg.learner.num_cpus:g} and "
-            f"{cfg.rollout.num_actors} rollout actor(s) of {cfg.rollout.num_cpus_per_actor:g} need "
-            f"{learner + actors:g} Ray CPUs, more than ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus "
-            "(logical CPUs: it may exceed the cores) or lower learner.num_ranks")
+            f"{cfg.rollout.num_actors} rollout actor(s) of {cfg.rollout.num_cpus_per_actor:g} "
+            + (f"and {d.num_engines} teacher engine(s) of {d.num_cpus_per_engine:g} " if teachers else "")
+            + f"need {learner + actors + teachers:g} Ray CPUs, more than ray.num_cpus={cfg.ray.num_cpus}; raise "
+            "ray.num_cpus (logical CPUs: it may exceed the cores) or lower learner.num_ranks")
 
 
 def check_data(cfg: Config) -> None:
@@ -209,12 +213,40 @@ def check_lora(cfg: Config) -> None:
     check_targets(model, cfg.learner.lora)
 
 
+def model_vocab(path: str) -> int | None:
+    """The vocabulary size the model's config states (the built-in model's: its tokenizer's)."""
+    if path.startswith("builtin:"):
+        from asyncrl.tiny.tokenizer import build_tokenizer
+
+        return len(build_tokenizer())
+    cfg = json.loads(_config_json(path).read_text())
+    return cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+
+
+def check_teacher(cfg: Config) -> None:
+    """algo.distill.teacher is a model here, with the student's vocabulary (the teacher scores the
+    student's token ids: another tokenizer's ids would be other tokens)."""
+    d = cfg.algo.distill
+    if not d.enabled:
+        return
+    try:
+        teacher_vocab = model_vocab(d.teacher)
+    except ConfigError as e:
+        raise ConfigError(f"algo.distill.teacher: {str(e).replace('model.path ', '')}") from None
+    student_vocab = model_vocab(cfg.model.path)
+    if teacher_vocab and student_vocab and teacher_vocab != student_vocab:
+        raise ConfigError(f"algo.distill.teacher {d.teacher!r} has a vocabulary of {teacher_vocab} tokens and the "
+                          f"student {cfg.model.path!r} one of {student_vocab}: the teacher must share the student's "
+                          "tokenizer (it scores the student's token ids)")
+
+
 def preflight(cfg: Config) -> Config:
     """Every check above; returns the resolved config. Raises ConfigError with one line."""
     context = model_context(cfg.model.path)
     cfg = resolve(cfg)
     check_lengths(cfg, context)
     check_lora(cfg)
+    check_teacher(cfg)
     check_packages(cfg)
     check_resources(cfg)
     check_data(cfg)

@@ -159,6 +159,10 @@ class Sample:
     versions never decrease along a response and an observation is never staler than that turn."""
     episode: EpisodeRecord | None = None
     """A multi-turn episode's record (env.type set); None for a single-turn response."""
+    teacher_logprobs: FloatSeq = field(default_factory=list)
+    """On-policy distillation (algo.distill): the teacher's logprob of every response token, set by
+    the driver when the teacher has scored the sample; empty otherwise. Actors never send it (the
+    codec leaves it out of their frames)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -181,6 +185,9 @@ class Sample:
             raise ValueError(f"finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
         if self.sample_index < 0:
             raise ValueError(f"negative sample_index {self.sample_index}")
+        if self.teacher_logprobs and len(self.teacher_logprobs) != n:
+            raise ValueError(f"sample {self.group_id}/{self.sample_index}: {n} response tokens but "
+                             f"{len(self.teacher_logprobs)} teacher logprobs")
         if self.reward is not None and not math.isfinite(self.reward):
             raise ValueError(f"sample {self.group_id}/{self.sample_index}: reward {self.reward} is not finite")
 
@@ -233,6 +240,8 @@ class SequenceChunk:
     entered_at: int | None = None
     """The learner version at which the response entered training (buffer/base.py ResponseCursor);
     the orchestrator's staleness split reads it, the learner does not (not on the wire)."""
+    teacher_logprobs: FloatSeq = field(default_factory=list)
+    """Sample.teacher_logprobs over [loss_start, loss_end) (on-policy distillation); empty: none."""
 
     @property
     def loss_end(self) -> int:

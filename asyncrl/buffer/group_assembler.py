@@ -7,6 +7,11 @@ section 3.2.3: "before" / "after"). Groups left with no non-zero advantage after
 no signal and are rejected, counted as `groups_zero_variance` (Skywork-OR1 section 3.1 rejection
 sampling; without a mask this is DAPO's dynamic sampling, rewards all equal). A group whose
 rewards differ only in masked responses is rejected too.
+
+With on-policy distillation (`distill`, algo.distill.reward) the learner adds the teacher's term
+to every token's advantage. "add" keeps the rejection as configured (the term rides on the groups
+RL trains on, and each step's Phi tokens all carry a reward signal); "replace" zeroes the group
+advantages and rejects nothing (the teacher's term is the whole signal, in every group).
 """
 
 from __future__ import annotations
@@ -43,12 +48,14 @@ class Rejected:
 
 class GroupAssembler:
     def __init__(self, advantage: str = "grpo", eps: float = 1e-6, drop_zero_variance: bool = True,
-                 truncation_mask: str = "none", std: str = "population"):
-        self.advantage = advantage
+                 truncation_mask: str = "none", std: str = "population", distill: str | None = None):
+        if distill not in (None, "add", "replace"):
+            raise ValueError(f"distill must be None, 'add' or 'replace', got {distill!r}")
+        self.advantage, self.distill = advantage, distill
         self.truncation_mask = truncation_mask
         self.eps = eps
         self.std = std
-        self.drop_zero_variance = drop_zero_variance
+        self.drop_zero_variance = drop_zero_variance and distill != "replace"
         self.stats = AssemblerStats()
 
     def state_dict(self) -> dict[str, Any]:
@@ -64,6 +71,8 @@ class GroupAssembler:
         truncated = [m.sample.finish_reason == "length" for m in samples]
         advantages = masked_group_advantages([m.reward for m in samples], truncated, self.truncation_mask,
                                              self.advantage, self.eps, self.std)
+        if self.distill == "replace":
+            advantages = [0.0] * len(samples)
         if self.drop_zero_variance and not has_signal(advantages):
             self.stats.groups_zero_variance += 1
             self.stats.samples_zero_variance += len(samples)

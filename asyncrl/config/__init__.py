@@ -9,7 +9,7 @@ value fails at load with a message naming the field and what is allowed.
 
 from asyncrl.config.load import (DEFAULT_CONFIG, ConfigError, config_from_dict, dump_config, load_config,
                                  parse_override, write_resolved)
-from asyncrl.config.algo_section import AlgoConfig, EntropyControlConfig, KLConfig
+from asyncrl.config.algo_section import AlgoConfig, DistillConfig, EntropyControlConfig, KLConfig
 from asyncrl.config.reward_section import BUILTIN_VERIFIERS, CodeRewardConfig, RewardConfig, SandboxConfig
 from asyncrl.config.schema import (BufferConfig, Config, DataConfig, DataMixConfig, EvalConfig, LearnerConfig,
                                    ModelConfig, ObserveConfig, RayConfig, RolloutConfig, StageConfig, TinyModelConfig)
@@ -20,7 +20,8 @@ __all__ = [
     "DEFAULT_CONFIG", "ConfigError", "config_from_dict", "dump_config", "load_config", "parse_override",
     "write_resolved",
     "BUILTIN_VERIFIERS", "AlgoConfig", "BufferConfig", "CodeRewardConfig", "Config", "DataConfig",
-    "DataMixConfig", "EntropyControlConfig", "EvalConfig", "KLConfig", "LearnerConfig", "LoraConfig", "ModelConfig", "ObserveConfig",
+    "DataMixConfig", "DistillConfig", "EntropyControlConfig", "EvalConfig", "KLConfig", "LearnerConfig", "LoraConfig",
+    "ModelConfig", "ObserveConfig",
     "RayConfig", "RewardConfig", "RolloutConfig", "SandboxConfig", "StageConfig", "SyncConfig",
     "TinyModelConfig",
 ]

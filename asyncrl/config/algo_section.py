@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.config.section import _Section
 
-__all__ = ["IS_WEIGHT_CAP", "AlgoConfig", "EntropyControlConfig", "KLConfig"]
+__all__ = ["IS_WEIGHT_CAP", "AlgoConfig", "DistillConfig", "EntropyControlConfig", "KLConfig"]
 
 
 class EntropyControlConfig(_Section):
@@ -70,6 +70,36 @@ class KLConfig(_Section):
 
 IS_WEIGHT_CAP = 2.0
 GSPO_AGGREGATION = "seq_mean_token_mean"
+
+
+class DistillConfig(_Section):
+    """On-policy distillation (algo/distill.py): a teacher engine scores every token the student
+    samples, and each token's advantage gains coef * (log pi_teacher - log pi_behaviour)."""
+
+    teacher: str | None = None
+    """The teacher's model directory (a Hugging Face model with the student's tokenizer, e.g.
+    another run's final/); None: no distillation."""
+    coef: float = Field(1.0, gt=0)
+    """Weight of the teacher's per-token term in the advantage."""
+    mode: Literal["reverse_kl"] = "reverse_kl"
+    """reverse_kl: the term is the sampled token's log pi_teacher - log pi_behaviour, minus the
+    reverse KL KL(pi_student || pi_teacher) estimated per token."""
+    reward: Literal["add", "replace"] = "add"
+    """add: the verifier's group advantage plus the teacher's term (groups of equal rewards are
+    dropped as algo.drop_zero_variance_groups says); replace: the teacher's term alone, in every
+    group (rewards are still computed and logged)."""
+    num_engines: int = Field(1, ge=1)
+    """Teacher engines (each a Ray actor with one vLLM engine); samples go to the least busy."""
+    num_cpus_per_engine: float = Field(1.0, ge=0)
+    """Ray CPUs each teacher engine's actor asks for (counted with the learner's and actors')."""
+    num_gpus_per_engine: float = Field(0.0, ge=0)
+    """GPUs each teacher engine's actor asks for (0: a CPU engine)."""
+    kv_cache_gib: int = Field(1, ge=1)
+    """KV cache of a teacher engine on CPU (vLLM-CPU's VLLM_CPU_KVCACHE_SPACE)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.teacher is not None
 
 
 class AlgoConfig(_Section):
@@ -138,6 +168,8 @@ class AlgoConfig(_Section):
     """Coefficient of the router load-balance loss when the model returns one (Ring-lite eq. 5)."""
     moe_z_loss_coef: float = Field(0.0, ge=0)
     """Coefficient of the router z-loss when the model returns one (Ring-lite eq. 5)."""
+    distill: DistillConfig = DistillConfig()
+    """On-policy distillation from a teacher model (off: no teacher)."""
     aggregation: Literal["budget", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "budget"
     """budget: sum / Phi (C3PO); token_mean: / step tokens; seq_mean_*: mean over the step's sequences.
     With policy_loss gspo, seq_mean_token_mean (GSPO's own) when not set; another is refused."""

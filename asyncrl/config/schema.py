@@ -4,6 +4,7 @@ algo_section.py). Loading (YAML, dotted overrides, error messages) is in config/
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -440,6 +441,16 @@ class Config(_Section):
                              "cached) and prints the path")
         if calc_data and self.env.type is None:
             raise ValueError("data.type tiny_calc is solved with the calculator: set env.type calculator")
+        return self
+
+    @model_validator(mode="after")
+    def _distill_fits(self) -> "Config":
+        d = self.algo.distill
+        if d.enabled and self.rollout.temperature != 1.0:
+            warnings.warn(f"algo.distill with rollout.temperature={self.rollout.temperature:g}: the teacher scores "
+                          "at temperature 1 and the behaviour logprobs are the tempered ones, so the per-token "
+                          "term also rewards the temperature's own shift; sample at 1.0 to distil the teacher "
+                          "itself", stacklevel=2)
         return self
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.algo.distill import distill_advantages
 from asyncrl.types import SequenceChunk
 
 
@@ -66,8 +67,11 @@ class MicroBatch:
         return torch.repeat_interleave(torch.arange(len(self.spans)), torch.tensor(counts, dtype=torch.long))
 
 
-def collate(chunks: list[SequenceChunk], pad_id: int = 0, packed: bool = False) -> MicroBatch:
-    """The micro-batch in the packed or the padded layout (module docstring)."""
+def collate(chunks: list[SequenceChunk], pad_id: int = 0, packed: bool = False,
+            distill_coef: float = 0.0) -> MicroBatch:
+    """The micro-batch in the packed or the padded layout (module docstring). With `distill_coef`
+    (algo.distill), each token's advantage gains coef * (log pi_teacher - log pi_b) where its
+    chunk carries teacher logprobs (algo/distill.py)."""
     seqs = [c.prompt_ids + c.response_ids for c in chunks]
     if packed:
         starts = [0]
@@ -84,7 +88,7 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0, packed: bool = False) 
             ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[b, : len(seq)] = 1
         starts, positions = [0] * len(chunks), None
-    rows, cols, targets, old, adv, ver, seq_len, temps, lengths = [], [], [], [], [], [], [], [], []
+    rows, cols, targets, old, adv, ver, seq_len, temps, lengths, teacher = [], [], [], [], [], [], [], [], [], []
     for b, c in enumerate(chunks):
         row, offset = (0, starts[b]) if packed else (b, 0)
         p, n = len(c.prompt_ids), c.num_loss_tokens
@@ -95,17 +99,22 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0, packed: bool = False) 
             cols.append(offset + p + c.loss_start + i - 1)
             targets.append(c.response_ids[c.loss_start + i])
         old.extend(c.old_logprobs if not c.loss_mask else [c.old_logprobs[i] for i in keep])
+        if distill_coef:  # a chunk without the teacher's (a rank's empty one) gets no term: pi_b for pi_teacher
+            taught = c.teacher_logprobs or c.old_logprobs
+            teacher.extend(taught if not c.loss_mask else [taught[i] for i in keep])
         ver.extend(c.versions if not c.loss_mask else [c.versions[i] for i in keep])
         adv.extend([c.advantage] * n)
         seq_len.extend([n] * n)
         temps.extend([c.temperature] * n)
         lengths.extend([c.response_length or c.loss_end] * n)
+    old_t, adv_t = torch.tensor(old, dtype=torch.float32), torch.tensor(adv, dtype=torch.float32)
+    if distill_coef:
+        adv_t = distill_advantages(adv_t, torch.tensor(teacher, dtype=torch.float32), old_t, distill_coef)
     return MicroBatch(
         input_ids=ids, attention_mask=mask,
         rows=torch.tensor(rows, dtype=torch.long), cols=torch.tensor(cols, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
-        old_logprobs=torch.tensor(old, dtype=torch.float32),
-        advantages=torch.tensor(adv, dtype=torch.float32),
+        old_logprobs=old_t, advantages=adv_t,
         versions=torch.tensor(ver, dtype=torch.long),
         seq_loss_tokens=torch.tensor(seq_len, dtype=torch.long),
         temperatures=torch.tensor(temps, dtype=torch.float32),

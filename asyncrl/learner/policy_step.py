@@ -243,6 +243,7 @@ def _tally_tokens(tally: Tally, mb: MicroBatch, logp: torch.Tensor, entropy: tor
     tally.add("behaviour_nll", -old)  # E[-log pi_b(a)] = H(pi_b): the actors' entropy, sampled
     tally.add("ratio", diag["ratio"])
     tally.add("abs_logp_diff", (logp - old).abs())
+    tally.add("advantage", mb.advantages.to(logp.device))  # with algo.distill: the group's plus the teacher's term
     for flag in ("clipped_low", "clipped_high", "clipped_dual", "is_weight_capped", "is_weight_masked", "masked"):
         if flag in diag:
             tally.add(flag, diag[flag])
@@ -317,6 +318,7 @@ def _metrics(t: TallyValues, s: dict[str, float], vectors: dict[str, torch.Tenso
         "clip/dual_frac": t.mean("clipped_dual"),
         "clip/m2po_masked_frac": t.mean("masked"),
         "loss/abs_logp_diff_behaviour": t.mean("abs_logp_diff"),
+        "advantage/token_mean": t.mean("advantage"),
         "learner/loss_tokens": t.tokens,
     }
     if with_kl:

@@ -153,7 +153,8 @@ class PolicyStep:
         return lambda mb: table[id(mb)]
 
     def _collate(self, chunks) -> MicroBatch:
-        return collate(chunks, self.pad_id, packed=self.packed)
+        distill = self.algo.distill
+        return collate(chunks, self.pad_id, packed=self.packed, distill_coef=distill.coef if distill.enabled else 0.0)
 
     def _micro_batches(self, chunks) -> tuple[list, int]:
         """This rank's micro-batches, and how many zero-loss ones it must add to match the

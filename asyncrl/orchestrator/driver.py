@@ -42,6 +42,7 @@ from asyncrl.orchestrator.ledger import GroupLedger, Shaping, group_by_settings
 from asyncrl.orchestrator.scoring import ResultRouter
 from asyncrl.orchestrator.stage_runner import StageChange, StageRunner
 from asyncrl.orchestrator.stale_gate import StaleGate
+from asyncrl.orchestrator.teacher import Teacher
 from asyncrl.orchestrator.step_stats import StepStats
 from asyncrl.reward.errors import RewardErrorMonitor, env_error_monitor
 from asyncrl.reward.pool import RewardPool, RewardResult
@@ -341,16 +342,21 @@ def build_ledger(cfg: Config, stage: ResolvedStage) -> GroupLedger:
     a = cfg.algo
     return GroupLedger(
         build_buffer(cfg.buffer, stage.token_budget, cfg.seed),
-        GroupAssembler(a.advantage, a.advantage_eps, a.drop_zero_variance_groups, a.truncation_mask, a.advantage_std),
+        GroupAssembler(a.advantage, a.advantage_eps, a.drop_zero_variance_groups, a.truncation_mask, a.advantage_std,
+                       distill=a.distill.reward if a.distill.enabled else None),
         Shaping(a.no_eos_penalty, a.overlong_buffer, a.overlong_penalty_factor), cfg.reward.num_workers)
 
 
 def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = print,
-                 rewards: RewardPool | None = None, virtual_clock: bool = False) -> Driver:
+                 rewards: RewardPool | None = None, virtual_clock: bool = False,
+                 teacher: Teacher | None = None) -> Driver:
     """The driver of a run of `cfg` on the model at `model_path` (its tokenizer and data);
     `metrics` receives the run's events (reward errors, evaluations). `rewards`: a pool to use
     instead of the config's; `virtual_clock`: each turn waits for the texts its samples are
-    decoded into off the thread (both the twin's, whose clock stands still meanwhile)."""
+    decoded into off the thread (both the twin's, whose clock stands still meanwhile); `teacher`:
+    what scores every training sample first, with algo.distill (the driver closes it)."""
+    if cfg.algo.distill.enabled and teacher is None:
+        raise ValueError("algo.distill is on: build_driver needs the teacher that scores the samples")
     stages = StageRunner(cfg, model_path)
     rewards = rewards or build_reward_pool(cfg.reward, stages.data_sources)
     ledger = build_ledger(cfg, stages.current)
@@ -359,6 +365,7 @@ def build_driver(cfg: Config, model_path: str, metrics: EventLog, say: Say = pri
     route = ResultRouter(ledger, stats, stages, evaluator, stages.tokenizer,
                          RewardErrorMonitor(cfg.reward.max_error_frac), metrics, say,
                          env_errors=env_error_monitor(cfg.env.max_error_frac) if cfg.env.type else None)
-    intake = SampleIntake(ledger, rewards, stages.tokenizer, route, evaluator, wait_decodes=virtual_clock)
+    intake = SampleIntake(ledger, rewards, stages.tokenizer, route, evaluator, wait_decodes=virtual_clock,
+                          teacher=teacher)
     return Driver(cfg, ledger, stages, rewards, intake, route, evaluator, stats,
                   StaleGate(cfg.buffer.stale_policy, cfg.buffer.max_staleness))

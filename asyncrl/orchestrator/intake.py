@@ -6,6 +6,8 @@ back to the ledger (shaping, groups, advantages, the buffer) through the result 
 
 A sample that arrives scored (reward.placement: actor: its actor ran the verifier beside the
 engine, rollout/local_rewards.py) skips the pool: its reward goes to the router with the next poll.
+With on-policy distillation (algo.distill) every training sample goes to the teacher first
+(teacher.py) and takes the path above once the teacher has scored it, at a later poll.
 
 The orchestrator's loop calls `ingest` with whatever the stream holds and `poll_rewards` once per
 turn; tools/bench_orchestrator.py drives the same object to measure how many samples a second one
@@ -32,6 +34,7 @@ from typing import Any
 from asyncrl.orchestrator.evaluation import Evaluator
 from asyncrl.orchestrator.ledger import GroupLedger
 from asyncrl.orchestrator.scoring import ResultRouter
+from asyncrl.orchestrator.teacher import Teacher
 from asyncrl.reward.decode import batch_decoder
 from asyncrl.reward.episode_reward import verifier_metadata
 from asyncrl.reward.pool import RewardPool, RewardResult
@@ -44,8 +47,9 @@ DECODE_THREADS = 2
 
 class SampleIntake:
     def __init__(self, ledger: GroupLedger, rewards: RewardPool, tokenizer: Any, route: ResultRouter,
-                 evaluator: Evaluator, wait_decodes: bool = False):
+                 evaluator: Evaluator, wait_decodes: bool = False, teacher: Teacher | None = None):
         self.ledger, self.rewards, self.tokenizer = ledger, rewards, tokenizer
+        self.teacher = teacher  # algo.distill: training samples are scored by the teacher first
         # the twin's: its clock does not run while a helper thread decodes, so each poll waits for them
         self.wait_decodes = wait_decodes
         self.route, self.evaluator = route, evaluator
@@ -58,13 +62,21 @@ class SampleIntake:
 
     def ingest(self, samples: list[Sample]) -> None:
         """Samples as they arrive: recorded by the ledger, then off to the reward pool (unless
-        their actor scored them)."""
-        wanted = []
+        their actor scored them), or to the teacher first."""
+        arrived = []
         for s in samples:
             if self.probe_ids is None and s.response_ids:
                 self.probe_ids = [*s.prompt_ids, *s.response_ids]  # a list: it goes to engines and checkpoints
-            if self.ledger.on_generated(s) is None:
-                continue
+            if self.ledger.on_generated(s) is not None:
+                arrived.append(s)
+        if self.teacher is not None:
+            self.teacher.submit(arrived)
+            arrived = []
+        self._to_rewards(arrived)
+
+    def _to_rewards(self, samples: list[Sample]) -> None:
+        wanted = []
+        for s in samples:
             if s.reward is None:
                 wanted.append(s)
             else:
@@ -96,11 +108,15 @@ class SampleIntake:
         self.probe_ids = probe_ids
 
     def close(self) -> None:
+        if self.teacher is not None:
+            self.teacher.close()
         if self._decoder is not None:
             self._decoder.shutdown(wait=False, cancel_futures=True)
 
     def poll_rewards(self, step: int, timeout_s: float = 0.0) -> list[RewardResult]:
         """Rewards as they come back, routed; eval samples handed to the pool. Returns them."""
+        if self.teacher is not None:
+            self._to_rewards(self.teacher.poll())
         self.submit_decoded(self.wait_decodes)
         self.evaluator.poll(self.rewards, self.tokenizer, step)
         results, self._scored = self._scored, []
@@ -113,5 +129,6 @@ class SampleIntake:
         (their outcomes): the driver's pool reports its own in `reward/pool_*`."""
         return {"reward/actor_scored_total": self.actor_outcomes.total(),
                 "reward/actor_pool_timeouts_total": self.actor_outcomes["timeout"],
-                "reward/actor_pool_crashes_total": self.actor_outcomes["worker_crash"]}
+                "reward/actor_pool_crashes_total": self.actor_outcomes["worker_crash"],
+                **(self.teacher.take_metrics() if self.teacher is not None else {})}
 

@@ -36,6 +36,7 @@ from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.checkpointer import Checkpointer, StartPoint
 from asyncrl.orchestrator.driver import Driver, build_driver
 from asyncrl.orchestrator.learner_group import LearnerGroup
+from asyncrl.orchestrator.teacher_engines import TeacherEngines
 from asyncrl.orchestrator.warm import Warm
 from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
 from asyncrl.transport.codec import decode_samples
@@ -86,8 +87,13 @@ def start_run(cfg: Config, run_dir: Path, resume: StartPoint | None, warm: Warm 
     model_path = resume.model_path(base_model) if resume else base_model
     started: list[Callable[[], Any]] = []
     try:
-        driver = build_driver(cfg, model_path, metrics, say)
-        started.append(driver.close)
+        teacher = TeacherEngines(cfg, say) if cfg.algo.distill.enabled else None  # they start meanwhile
+        try:
+            driver = build_driver(cfg, model_path, metrics, say, teacher=teacher)
+        except BaseException:
+            shut_down(say, teacher and teacher.close)
+            raise
+        started.append(driver.close)  # the teacher's engines too
         samples = FrameReceiver(decode_samples, host=components.node_ip())
         started.append(samples.close)
         begin = start_processes if warm is None else functools.partial(take_over, warm)

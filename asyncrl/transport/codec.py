@@ -124,7 +124,11 @@ def _count(obj: dict) -> int:
 EPISODE = "episode"  # a list of maps (EpisodeRecord.to_dict), nil for a sample that is no episode
 _KINDS = {"str": str, "int": int, "float": float, "float | None": float, "dict[str, Any]": dict,
           "IntSeq": INT, "FloatSeq": FLOAT, "EpisodeRecord | None": EPISODE}
-SAMPLE_COLUMNS: list[tuple[str, Any]] = [(f.name, _KINDS[f.type]) for f in fields(Sample)]
+DRIVER_ONLY = ("teacher_logprobs",)
+"""Sample fields the driver sets after a sample arrived (on-policy distillation's teacher
+logprobs): never in an actor's frame, so they are Sample's last fields and decode as defaults."""
+SAMPLE_COLUMNS: list[tuple[str, Any]] = [(f.name, _KINDS[f.type]) for f in fields(Sample) if f.name not in DRIVER_ONLY]
+assert [f.name for f in fields(Sample)][-len(DRIVER_ONLY):] == list(DRIVER_ONLY), "driver-only fields come last"
 ACTOR_SCORED = ("reward", "reward_info", "reward_latency_s")
 """Columns only a frame of samples scored by their actor carries (reward.placement: actor)."""
 MASKED = ("loss_mask",)
@@ -222,6 +226,9 @@ def _episodes(obj: dict, k: int) -> list[EpisodeRecord | None]:
 # -- batches: orchestrator -> learner rank -----------------------------------------------------
 
 def _chunk_columns(chunks: list[SequenceChunk]) -> dict[str, Any]:
+    taught = any(c.teacher_logprobs for c in chunks)
+    if taught and any(len(c.teacher_logprobs) != len(c.old_logprobs) for c in chunks):
+        raise ValueError("a batch's chunks must all carry teacher logprobs over their loss range, or none")
     return {
         "count": len(chunks),
         "group_id": [c.group_id for c in chunks],
@@ -239,6 +246,9 @@ def _chunk_columns(chunks: list[SequenceChunk]) -> dict[str, Any]:
         # an episode's chunks only (see MASKED)
         **({"mask_lengths": [len(c.loss_mask) for c in chunks], "loss_mask": _pack([c.loss_mask for c in chunks], INT)}
            if any(c.loss_mask for c in chunks) else {}),
+        # a distillation run's only: the teacher's logprobs over each chunk's loss range
+        **({"teacher_logprobs": _pack([c.teacher_logprobs for c in chunks], FLOAT)}
+           if taught else {}),
     }
 
 
@@ -266,7 +276,11 @@ def _decode_chunks(obj: Any, name: str) -> list[SequenceChunk]:
     if "loss_mask" in obj:
         columns.append(_unpack(obj, "loss_mask", INT, _lengths(obj, "mask_lengths", k)))
         _check_masks(columns[-1], loss_lens, name)
-    return [SequenceChunk(*fields) for fields in zip(*columns)]
+    chunks = [SequenceChunk(*fields) for fields in zip(*columns)]
+    if "teacher_logprobs" in obj:  # every chunk has them: a distillation run's teacher scored every sample
+        for c, teacher in zip(chunks, _unpack(obj, "teacher_logprobs", FLOAT, loss_lens)):
+            c.teacher_logprobs = teacher
+    return chunks
 
 
 def encode_batch(b: Batch) -> bytes:

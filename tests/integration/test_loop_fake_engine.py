@@ -202,3 +202,35 @@ def test_a_group_that_cannot_form_at_start_stops_the_run_with_the_timeout_to_rai
     finally:
         orch.shutdown()
     assert waited == [90.0]
+
+
+def test_distillation_routes_every_sample_through_the_teacher_engines_and_its_term_reaches_the_learner(
+        ray_cluster, tmp_path, small_model):
+    """algo.distill with fake engines, the real TeacherEngines under Ray: the fake teacher's logprob
+    is log(1/16) for every token and a fake actor's is log(1/16) - 0.001 v for version v, so each
+    token's teacher term is 0.001 v exactly. With reward "replace" the group advantages are 0 and
+    the learner's mean advantage is that term alone: 0 on the first step (version 0 tokens only)
+    and 0.001 x the mean version of the trained tokens after it."""
+    cfg = load_config(None, [
+        f"model.path={small_model}", "rollout.engine=fake", "total_steps=6", "buffer.token_budget=48",
+        "buffer.max_staleness=1", f"algo.distill.teacher={small_model}", "algo.distill.reward=replace",
+        "algo.distill.coef=2.0", "observe.console=off", "observe.tensorboard=false",
+        f"observe.output_dir={tmp_path}", "save_final=false", "eval.every_steps=0"])
+    orch = Orchestrator(cfg)
+    try:
+        orch.run()
+        taught = orch.driver.intake.teacher.tally.total
+    finally:
+        orch.shutdown()
+    rows = orch.history
+    assert [h["learner/loss_tokens"] for h in rows] == [48] * 6
+    assert rows[0]["advantage/token_mean"] == 0.0
+    for h in rows[1:]:  # 2 * 0.001 * mean version, versions within the staleness bound of the step
+        assert h["advantage/token_mean"] == pytest.approx(0.002 * (h["learner/version"] - 1 - h["staleness/mean"]),
+                                                          abs=1e-6)
+    assert any(h["advantage/token_mean"] > 0 for h in rows[1:])
+    # the driver's side of the same term: log pi_b - log pi_teacher = -0.001 v per sampled token
+    kl = [h["distill/reverse_kl"] for h in rows if h["distill/reverse_kl"] == h["distill/reverse_kl"]]
+    assert kl and all(-0.001 * 6 - 1e-6 <= v <= 1e-7 for v in kl) and min(kl) < 0
+    assert rows[-1]["distill/scored_total"] == taught >= orch.driver.ledger.counts.samples_received - rows[-1][
+        "distill/pending"]

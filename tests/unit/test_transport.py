@@ -49,15 +49,20 @@ def test_decoded_token_columns_are_packed_arrays_and_re_encode_as_they_came():
 
 def test_the_sample_wire_format_is_the_dataclass_fields():
     """Declared once: every field of Sample is a column of the frame, in constructor order, so a
-    new field needs no edit in the codec (an annotation it has no column kind for fails at import)."""
+    new field needs no edit in the codec (an annotation it has no column kind for fails at import);
+    only the driver's own last fields (the teacher's logprobs) never travel."""
     from dataclasses import fields
 
-    from asyncrl.transport.codec import ACTOR_SCORED, EPISODIC, MASKED, SAMPLE_COLUMNS
+    from asyncrl.transport.codec import ACTOR_SCORED, DRIVER_ONLY, EPISODIC, MASKED, SAMPLE_COLUMNS
 
-    assert [name for name, _ in SAMPLE_COLUMNS] == [f.name for f in fields(Sample)]
-    frame = msgpack.unpackb(encode_samples([sample()]))
+    assert DRIVER_ONLY == ("teacher_logprobs",)
+    assert [name for name, _ in SAMPLE_COLUMNS] == [f.name for f in fields(Sample)][:-1]
+    taught = replace(sample(), teacher_logprobs=[-0.1, -0.2, -0.3])  # set on the driver, never sent
+    frame = msgpack.unpackb(encode_samples([taught]))
     assert set(frame) == ({"v", "kind", "count", "prompt_lengths", "response_lengths"}
-                          | {f.name for f in fields(Sample)} - set(ACTOR_SCORED) - set(MASKED) - set(EPISODIC))
+                          | {f.name for f in fields(Sample)} - set(ACTOR_SCORED) - set(MASKED) - set(EPISODIC)
+                          - set(DRIVER_ONLY))
+    assert one(encode_samples([taught])).teacher_logprobs == []
 
 
 def episode(status=EpisodeStatus.DONE, **kw):
