@@ -234,13 +234,22 @@ class VLLMEngine:
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        # vLLM refuses a prompt that leaves no room for the one token every request generates: a
+        # sequence that fills the context (a response cut at max_model_len) is scored as its prefix,
+        # whose one generated position gives the last token's logprob (logprob_token_ids)
+        full = len(token_ids) >= self.max_model_len
+        prompt = token_ids[:-1] if full else token_ids
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0,
+                                logprob_token_ids=[token_ids[-1]] if full else None)
         final = None
-        async for out in self.llm.generate({"prompt_token_ids": token_ids}, params,
+        async for out in self.llm.generate({"prompt_token_ids": prompt}, params,
                                            f"probe-{os.urandom(4).hex()}", lora_request=self._lora):
             final = out
         # position 0 has no logprob; each later position holds at least the actual token
-        return [pos[tok].logprob for tok, pos in zip(token_ids[1:], final.prompt_logprobs[1:])]
+        logprobs = [pos[tok].logprob for tok, pos in zip(prompt[1:], final.prompt_logprobs[1:])]
+        if full:
+            logprobs.append(final.outputs[0].logprobs[0][token_ids[-1]].logprob)
+        return logprobs
 
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
                                timeout_s: float) -> None:
