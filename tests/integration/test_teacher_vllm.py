@@ -8,7 +8,6 @@ import functools
 
 import pytest
 import torch
-from transformers import Qwen2ForCausalLM
 
 from asyncrl.rollout.teacher import TeacherActor
 from asyncrl.rollout.vllm_engine import VLLMEngine
