@@ -85,7 +85,8 @@ SURFACE: list[VllmName] = [
              call=("lora_name", "lora_int_id", "lora_path")),
     VllmName("vllm:SamplingParams", "rollout/vllm_engine.py",
              call=("*", "n", "temperature", "top_p", "max_tokens", "logprobs", "output_kind", "skip_clone",
-                   "detokenize", "prompt_logprobs", "stop", "include_stop_str_in_output"),
+                   "detokenize", "prompt_logprobs", "stop", "include_stop_str_in_output",
+                   "logprob_token_ids"),  # the last token's logprob of a sequence that fills the context
              attrs=("seed",)),
     VllmName("vllm.sampling_params:RequestOutputKind", "rollout/vllm_engine.py", attrs=("FINAL_ONLY",)),
     # the prompt dicts generate() is given, and what it yields

@@ -16,17 +16,7 @@ from __future__ import annotations
 
 import torch
 
-DISTILL_MODES = ("reverse_kl",)
-
-
 def distill_advantages(advantages: torch.Tensor, teacher_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
                        coef: float) -> torch.Tensor:
     """[T] per-token advantages: the group's `advantages` plus coef * (log pi_teacher - log pi_b)."""
     return advantages + coef * (teacher_logprobs - behaviour_logprobs).to(advantages.dtype)
-
-
-def reverse_kl_per_token(teacher_logprobs, behaviour_logprobs) -> float:
-    """Mean of log pi_b - log pi_teacher over the sampled tokens (a sequence of each, one per
-    token): the single-sample estimate of the reverse KL per token; 0.0 for no tokens."""
-    n = len(behaviour_logprobs)
-    return sum(b - t for b, t in zip(behaviour_logprobs, teacher_logprobs)) / n if n else 0.0

@@ -82,8 +82,8 @@ class DistillConfig(_Section):
     coef: float = Field(1.0, gt=0)
     """Weight of the teacher's per-token term in the advantage."""
     mode: Literal["reverse_kl"] = "reverse_kl"
-    """reverse_kl: the term is the sampled token's log pi_teacher - log pi_behaviour, minus the
-    reverse KL KL(pi_student || pi_teacher) estimated per token."""
+    """reverse_kl: the term is the sampled token's log pi_teacher - log pi_behaviour, whose mean
+    over the sampled tokens estimates minus the reverse KL KL(pi_student || pi_teacher) per token."""
     reward: Literal["add", "replace"] = "add"
     """add: the verifier's group advantage plus the teacher's term (groups of equal rewards are
     dropped as algo.drop_zero_variance_groups says); replace: the teacher's term alone, in every
@@ -94,12 +94,23 @@ class DistillConfig(_Section):
     """Ray CPUs each teacher engine's actor asks for (counted with the learner's and actors')."""
     num_gpus_per_engine: float = Field(0.0, ge=0)
     """GPUs each teacher engine's actor asks for (0: a CPU engine)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one teacher engine spreads its model over (a teacher larger than one GPU holds); with
+    more than 1, num_gpus_per_engine must equal it."""
     kv_cache_gib: int = Field(1, ge=1)
     """KV cache of a teacher engine on CPU (vLLM-CPU's VLLM_CPU_KVCACHE_SPACE)."""
 
     @property
     def enabled(self) -> bool:
         return self.teacher is not None
+
+    @model_validator(mode="after")
+    def _tp_has_its_gpus(self) -> "DistillConfig":
+        if self.tensor_parallel_size > 1 and self.num_gpus_per_engine != self.tensor_parallel_size:
+            raise ValueError(f"algo.distill.tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs per "
+                             f"engine: set algo.distill.num_gpus_per_engine={self.tensor_parallel_size} "
+                             f"(it is {self.num_gpus_per_engine:g})")
+        return self
 
 
 class AlgoConfig(_Section):

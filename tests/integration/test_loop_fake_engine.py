@@ -234,3 +234,61 @@ def test_distillation_routes_every_sample_through_the_teacher_engines_and_its_te
     assert kl and all(-0.001 * 6 - 1e-6 <= v <= 1e-7 for v in kl) and min(kl) < 0
     assert rows[-1]["distill/scored_total"] == taught >= orch.driver.ledger.counts.samples_received - rows[-1][
         "distill/pending"]
+
+
+def test_a_teacher_engine_that_cannot_start_ends_the_run_with_its_reason_at_the_next_poll(ray_cluster, tmp_path):
+    """A teacher whose model vLLM cannot load: the driver's next poll raises RunFailed naming the
+    engine and the reason, before any sample was sent to it (nothing waits on a dead engine)."""
+    import time
+
+    from asyncrl.orchestrator.teacher_engines import TeacherEngines
+    from asyncrl.types import RunFailed
+
+    cfg = load_config(None, [f"algo.distill.teacher={tmp_path / 'missing'}", "model.max_model_len=64",
+                             f"observe.output_dir={tmp_path}"])
+    engines = TeacherEngines(cfg, say=lambda _: None)
+    try:
+        deadline = time.monotonic() + 120
+        with pytest.raises(RunFailed, match=r"^teacher engine 0 \(.*missing.*\): the run cannot go on"):
+            while time.monotonic() < deadline:
+                assert engines.poll() == []
+                time.sleep(0.2)
+    finally:
+        engines.close()
+
+
+class KillingTeacherOrchestrator(Orchestrator):
+    """The real loop, whose teacher engine's process is killed once, after the second step."""
+
+    killed = False
+
+    def _receive(self):
+        if not self.killed and self.step >= 2:
+            import ray
+
+            ray.kill(self.driver.intake.teacher.actors[0])
+            KillingTeacherOrchestrator.killed = True
+        return super()._receive()
+
+
+def test_a_teacher_engine_that_dies_is_replaced_and_no_sample_is_lost(ray_cluster, tmp_path, small_model):
+    cfg = load_config(None, [
+        f"model.path={small_model}", "rollout.engine=fake", "total_steps=6", "buffer.token_budget=48",
+        f"algo.distill.teacher={small_model}", "observe.console=off", "observe.tensorboard=false",
+        f"observe.output_dir={tmp_path}", "save_final=false", "eval.every_steps=0",
+        "algo.drop_zero_variance_groups=false"])
+    orch = KillingTeacherOrchestrator(cfg)
+    try:
+        orch.run()
+        teacher = orch.driver.intake.teacher
+        restarts, pending = teacher.restarts, teacher.num_pending
+    finally:
+        orch.shutdown()
+    assert KillingTeacherOrchestrator.killed and restarts == 1
+    assert orch.history[-1]["distill/teacher_restarts_total"] == 1.0
+    assert [h["learner/loss_tokens"] for h in orch.history] == [48] * 6
+    # every sample the ledger took in was scored by a teacher, or is still at one, or its group
+    # was given up: none waits on the dead engine
+    t = orch.driver.ledger.token_accounting()
+    assert t["in"] == t["out"] + t["dropped_stale"] + t["buffered"]
+    assert orch.history[-1]["distill/scored_total"] + pending >= sum(h["reward/num_samples"] for h in orch.history)

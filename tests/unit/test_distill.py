@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from asyncrl.algo.distill import distill_advantages, reverse_kl_per_token
+from asyncrl.algo.distill import distill_advantages
 from asyncrl.buffer.base import BufferStats, ResponseCursor, cut_budget
 from asyncrl.buffer.group_assembler import GroupAssembler, Kept, Rejected
 from asyncrl.buffer.token_buffer import TokenBuffer
@@ -27,7 +27,7 @@ from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.teacher import TeacherActor, response_logprobs
 from asyncrl.tiny.tokenizer import build_tokenizer
 from asyncrl.transport.codec import decode_batch, encode_batch
-from asyncrl.types import Batch, PromptItem, Sample, ScoredSample, SequenceChunk
+from asyncrl.types import Batch, PromptItem, Sample, ScoredSample
 
 F64 = torch.float64
 
@@ -38,9 +38,6 @@ def test_the_advantage_gains_coef_times_the_teachers_minus_the_behaviour_logprob
     behaviour = torch.tensor([-0.4, -0.5, -0.3], dtype=F64)
     # by hand: 0.5 + 0.5 * 0.3 = 0.65; 0.5 + 0.5 * -1.5 = -0.25; -1.0 + 0
     assert distill_advantages(adv, teacher, behaviour, 0.5).tolist() == pytest.approx([0.65, -0.25, -1.0], abs=1e-15)
-    # the reverse KL per token, sampled: mean of log pi_b - log pi_teacher = (-0.3 + 1.5 + 0) / 3
-    assert reverse_kl_per_token(teacher.tolist(), behaviour.tolist()) == pytest.approx(0.4, abs=1e-15)
-    assert reverse_kl_per_token([], []) == 0.0
 
 
 def taught_sample(index=0, mask=()):
@@ -233,3 +230,12 @@ def test_the_recipe_distils_the_demos_policy_and_a_tempered_student_is_warned():
         load_config("configs/tiny_distill.yaml")
     with pytest.raises(Exception, match="reverse_kl"):
         load_config("configs/tiny_distill.yaml", overrides=["algo.distill.mode=forward_kl"])
+
+
+def test_a_tensor_parallel_teacher_must_ask_for_its_gpus():
+    with pytest.raises(Exception, match="algo.distill.tensor_parallel_size=2 needs that many GPUs per engine: set "
+                                        "algo.distill.num_gpus_per_engine=2 \\(it is 0\\)"):
+        load_config("configs/tiny_distill.yaml", overrides=["algo.distill.tensor_parallel_size=2"])
+    cfg = load_config("configs/tiny_distill.yaml", overrides=["algo.distill.tensor_parallel_size=2",
+                                                               "algo.distill.num_gpus_per_engine=2"])
+    assert cfg.algo.distill.tensor_parallel_size == 2

@@ -33,7 +33,7 @@ def test_a_start_that_fails_shuts_down_what_it_started_in_reverse(monkeypatch, t
     monkeypatch.setattr(lifecycle.components, "resolve_model_path", lambda cfg, log: "base")
     monkeypatch.setattr(lifecycle.components, "node_ip", lambda: "127.0.0.1")
     monkeypatch.setattr(lifecycle.components, "tiny_spec", lambda cfg: None)
-    monkeypatch.setattr(lifecycle, "build_driver", lambda *a: part("driver"))
+    monkeypatch.setattr(lifecycle, "build_driver", lambda *a, teacher: part("driver"))  # no teacher: no algo.distill
     monkeypatch.setattr(lifecycle, "FrameReceiver", lambda *a, **k: part("samples"))
     monkeypatch.setattr(lifecycle, "start_processes", lambda *a: procs)
 
