@@ -68,7 +68,6 @@ class TeacherEngines:
         for i in range(d.num_engines):
             self._spawn(i)
         self._calls: dict[Any, tuple[int, Any, list[Sample], float]] = {}  # ref -> (engine, actor, samples, sent)
-        self._load = [0] * d.num_engines  # samples outstanding per engine
         self.tally = TeacherTally()
         self.restarts = 0
         self._lost_in_a_row = 0  # engines lost since a call last succeeded
@@ -86,10 +85,13 @@ class TeacherEngines:
     def submit(self, samples: list[Sample]) -> None:
         if not samples:
             return
-        i = min(range(len(self.actors)), key=self._load.__getitem__)
+        i = min(range(len(self.actors)), key=self._load)
         ref = self.actors[i].score.remote([(as_list(s.prompt_ids), as_list(s.response_ids)) for s in samples])
         self._calls[ref] = (i, self.actors[i], samples, time.monotonic())
-        self._load[i] += len(samples)
+
+    def _load(self, engine: int) -> int:
+        """Samples outstanding at one engine."""
+        return sum(len(samples) for i, _, samples, _ in self._calls.values() if i == engine)
 
     def poll(self) -> list[Sample]:
         self._check_started()
@@ -99,7 +101,6 @@ class TeacherEngines:
         done = []
         for ref in ready:
             i, actor, samples, sent = self._calls.pop(ref)
-            self._load[i] -= len(samples)
             try:
                 logprobs = ray.get(ref)
             except RayActorError as e:  # its process died: a new engine, and the samples sent again
@@ -148,7 +149,7 @@ class TeacherEngines:
 
     @property
     def num_pending(self) -> int:
-        return sum(self._load)
+        return sum(len(samples) for _, _, samples, _ in self._calls.values())
 
     def take_metrics(self) -> dict[str, float]:
         return {**self.tally.take(self.num_pending), "distill/teacher_restarts_total": float(self.restarts)}

@@ -28,6 +28,7 @@ from asyncrl.rollout.teacher import TeacherActor, response_logprobs
 from asyncrl.tiny.tokenizer import build_tokenizer
 from asyncrl.transport.codec import decode_batch, encode_batch
 from asyncrl.types import Batch, PromptItem, Sample, ScoredSample
+from test_intake import NoEval, Pool  # the intake tests' stand-ins for the pool and the evaluator
 
 F64 = torch.float64
 
@@ -103,22 +104,6 @@ def test_a_teacher_answer_of_the_wrong_length_is_refused():
         attach(taught_sample(), [-1.0] * 3)
     with pytest.raises(ValueError, match="4 response tokens but 3 teacher logprobs"):
         replace(taught_sample(), teacher_logprobs=[-1.0] * 3).validate()
-
-
-class Pool:
-    def __init__(self):
-        self.calls = []
-
-    def submit_many(self, calls):
-        self.calls += calls
-
-    def poll(self, timeout_s=0.0):
-        return []
-
-
-class NoEval:
-    def poll(self, *args):
-        pass
 
 
 def test_the_intake_sends_each_sample_to_the_teacher_first_and_to_its_reward_after():
