@@ -240,6 +240,24 @@ def check_teacher(cfg: Config) -> None:
                           "tokenizer (it scores the student's token ids)")
 
 
+def check_moe_routing(cfg: Config) -> None:
+    """algo.moe_routing: replay needs a mixture-of-experts model whose expert ids fit a byte."""
+    if cfg.algo.moe_routing != "replay":
+        return
+    if cfg.model.path.startswith("builtin:"):
+        experts = cfg.model.tiny.num_experts
+    else:
+        config = json.loads(_config_json(cfg.model.path).read_text())
+        config = {**config, **(config.get("text_config") or {})}
+        experts = config.get("num_experts") or config.get("num_local_experts") or 0
+    if not experts:
+        raise ConfigError(f"algo.moe_routing: replay replays the experts a mixture-of-experts model routed to, and "
+                          f"{cfg.model.path!r} is dense (no num_experts in its config; the tiny model: "
+                          "model.tiny.num_experts)")
+    if experts > 254:
+        raise ConfigError(f"algo.moe_routing: replay records expert ids in a byte: {experts} experts is more than 254")
+
+
 def preflight(cfg: Config) -> Config:
     """Every check above; returns the resolved config. Raises ConfigError with one line."""
     context = model_context(cfg.model.path)
@@ -247,6 +265,7 @@ def preflight(cfg: Config) -> Config:
     check_lengths(cfg, context)
     check_lora(cfg)
     check_teacher(cfg)
+    check_moe_routing(cfg)
     check_packages(cfg)
     check_resources(cfg)
     check_data(cfg)

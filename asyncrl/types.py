@@ -159,6 +159,10 @@ class Sample:
     versions never decrease along a response and an observation is never staler than that turn."""
     episode: EpisodeRecord | None = None
     """A multi-turn episode's record (env.type set); None for a single-turn response."""
+    routed_experts: bytes = b""
+    """Rollout routing replay (algo.moe.routing: replay): the experts the engine routed each input
+    position to, uint8 [prompt + response positions, MoE layers, top-k] in C order, 255 where the
+    engine recorded none (the learner routes that position itself); empty: no routing recorded."""
     teacher_logprobs: FloatSeq = field(default_factory=list)
     """On-policy distillation (algo.distill): the teacher's logprob of every response token, set by
     the driver when the teacher has scored the sample; empty otherwise. Actors never send it (the
@@ -185,6 +189,9 @@ class Sample:
             raise ValueError(f"finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
         if self.sample_index < 0:
             raise ValueError(f"negative sample_index {self.sample_index}")
+        if len(self.routed_experts) % (len(self.prompt_ids) + n):
+            raise ValueError(f"sample {self.group_id}/{self.sample_index}: {len(self.routed_experts)} bytes of "
+                             f"routing is not a whole row for each of {len(self.prompt_ids) + n} positions")
         if self.teacher_logprobs and len(self.teacher_logprobs) != n:
             raise ValueError(f"sample {self.group_id}/{self.sample_index}: {n} response tokens but "
                              f"{len(self.teacher_logprobs)} teacher logprobs")
@@ -242,6 +249,8 @@ class SequenceChunk:
     the orchestrator's staleness split reads it, the learner does not (not on the wire)."""
     teacher_logprobs: FloatSeq = field(default_factory=list)
     """Sample.teacher_logprobs over [loss_start, loss_end) (on-policy distillation); empty: none."""
+    routed_experts: bytes = b""
+    """Sample.routed_experts over the positions fed, prompt + response[:loss_end]; empty: none."""
 
     @property
     def loss_end(self) -> int:

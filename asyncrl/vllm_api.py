@@ -76,7 +76,7 @@ SURFACE: list[VllmName] = [
                       "reset_prefix_cache": ("*", "reset_running_requests"),
                       "pause_generation": ("*", "mode", "clear_cache"),
                       "resume_generation": (),
-                      "collective_rpc": ("method",)},
+                      "collective_rpc": ("method", "*", "args")},
              awaited=("generate", "abort", "init_weight_transfer_engine", "shutdown_weight_transfer_engine",
                       "start_weight_update",
                       "update_weights", "finish_weight_update", "reset_prefix_cache", "pause_generation",
@@ -155,6 +155,28 @@ SURFACE: list[VllmName] = [
              "sync/vllm_gloo_engine.py", call=()),
     VllmName("vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm", "sync/vllm_gloo_engine.py",
              call=("layer", "*", "remove_weight")),
+    # the experts of a CPU MoE layer, packed again after a reload (refresh_cpu_moe)
+    VllmName("vllm.model_executor.layers.fused_moe.experts.cpu_moe:CPUUnquantizedExperts", "sync/vllm_gloo_engine.py",
+             methods={"process_weights_after_loading": ("layer",), "_padded_intermediate_size": ("moe_config",)},
+             attrs=("_use_zentorch", "moe_config")),
+    VllmName("vllm.model_executor.layers.fused_moe.config:FusedMoEConfig", "sync/vllm_gloo_engine.py",
+             attrs=("intermediate_size_per_partition",)),
+    # --- routing replay: the capture hook on every MoE router, in the worker (rollout/vllm_routing.py)
+    VllmName("vllm.model_executor.layers.fused_moe.router.base_router:BaseRouter", "rollout/vllm_routing.py",
+             methods={"set_capture_fn": ("capture_fn",)}),
+    VllmName("vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner", "rollout/vllm_routing.py",
+             attrs=("router", "layer_id")),
+    VllmName("vllm.v1.worker.gpu_model_runner:GPUModelRunner", "rollout/vllm_routing.py (the worker's model_runner)",
+             methods={"_prepare_inputs": ("scheduler_output", "num_scheduled_tokens"), "get_model": ()},
+             attrs=("input_batch", "vllm_config")),
+    VllmName("vllm.v1.worker.gpu_input_batch:InputBatch", "rollout/vllm_routing.py",
+             attrs=("req_ids", "num_reqs", "num_computed_tokens_cpu")),
+    VllmName("vllm.v1.core.sched.output:SchedulerOutput", "rollout/vllm_routing.py",
+             attrs=("scheduled_new_reqs", "finished_req_ids")),
+    VllmName("vllm.v1.core.sched.output:NewRequestData", "rollout/vllm_routing.py",
+             attrs=("req_id", "prompt_token_ids", "num_computed_tokens")),
+    VllmName("vllm.config:ModelConfig", "rollout/vllm_routing.py",
+             methods={"get_total_num_hidden_layers": (), "get_num_experts_per_tok": (), "get_num_experts": ()}),
 ]
 
 

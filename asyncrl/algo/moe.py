@@ -84,3 +84,30 @@ def router_z_loss(router_logits, token_mask: torch.Tensor | None = None) -> torc
     if logits.shape[0] == 0:
         return logits.new_zeros(())
     return torch.logsumexp(logits, dim=-1).square().mean()
+
+
+# -- rollout routing replay (R3, arXiv 2510.11370) -----------------------------------------------
+
+def replayed_routing(router_logits: torch.Tensor, own_indices: torch.Tensor, recorded: torch.Tensor,
+                     norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A top-k router's output with the engine's choice of experts forced (R3, eq. 3-4).
+
+    router_logits [N, E]; own_indices [N, k] the router's own top-k; recorded [N, k] the experts the
+    engine routed each position to, -1 in every slot where it recorded none (that row keeps its own
+    choice). Returns (weights [N, k], indices [N, k]): the indices the experts run, and their gate
+    weights, the softmax probabilities at those indices (renormalized over the k when
+    `norm_topk_prob`, as the router does), so the gradient reaches the router through the
+    replayed experts' probabilities. With recorded == own_indices it is the router's own output.
+    """
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32 if router_logits.dtype != torch.float64
+                          else torch.float64)
+    indices = torch.where((recorded >= 0).all(dim=-1, keepdim=True), recorded, own_indices)
+    weights = probs.gather(-1, indices)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), indices
+
+
+def same_experts(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[N] whether rows of two [N, k] expert choices are the same set (top-k order aside)."""
+    return (a.sort(dim=-1).values == b.sort(dim=-1).values).all(dim=-1)

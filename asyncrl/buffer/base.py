@@ -96,7 +96,9 @@ class ResponseCursor:
             response_ids=s.response_ids[:end], loss_start=start, old_logprobs=s.logprobs[start:end],
             versions=s.versions[start:end], advantage=self.advantage, temperature=s.temperature,
             response_length=len(s.response_ids), loss_mask=s.loss_mask[start:end] if s.loss_mask else [],
-            entered_at=self.entered_at, teacher_logprobs=s.teacher_logprobs[start:end] if s.teacher_logprobs else [])
+            entered_at=self.entered_at, teacher_logprobs=s.teacher_logprobs[start:end] if s.teacher_logprobs else [],
+            routed_experts=s.routed_experts[:len(s.routed_experts) // (len(s.prompt_ids) + len(s.response_ids))
+                                            * (len(s.prompt_ids) + end)])
 
     def emit(self, end: int, stats: BufferStats) -> SequenceChunk:
         """`chunk(end)`, counted as trained, with the cursor moved past it."""

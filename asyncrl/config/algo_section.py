@@ -179,6 +179,11 @@ class AlgoConfig(_Section):
     """Coefficient of the router load-balance loss when the model returns one (Ring-lite eq. 5)."""
     moe_z_loss_coef: float = Field(0.0, ge=0)
     """Coefficient of the router z-loss when the model returns one (Ring-lite eq. 5)."""
+    moe_routing: Literal["learner", "replay"] = "learner"
+    """Which experts a MoE model's learner forward uses. learner: its own routers' top-k. replay:
+    rollout routing replay (R3, arXiv 2510.11370): the engines record the experts each token was
+    routed to and the learner's forwards use those (gate weights still from its own router
+    probabilities); needs a MoE model and vLLM engines (docs/guides/moe.md)."""
     distill: DistillConfig = DistillConfig()
     """On-policy distillation from a teacher model (off: no teacher)."""
     aggregation: Literal["budget", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "budget"

@@ -41,6 +41,11 @@ class TinyModelConfig(_Section):
     """What the warm start teaches: arith (single-digit addition, data.type tiny_arith) or calc_tool
     (two-digit multiplication through the calculator tool, data.type tiny_calc with env.type
     calculator: copy the operands into `<calc>a*b</calc>`, then the result into the box)."""
+    num_experts: int = Field(0, ge=0, le=254)
+    """0: a dense model (Qwen2). More: a mixture-of-experts model (Qwen3-MoE, the architecture of
+    Qwen3-30B-A3B) whose every layer routes each token to `experts_per_token` of this many experts."""
+    experts_per_token: int = Field(2, gt=0)
+    """Experts each token is routed to, per layer (with num_experts > 0)."""
 
 
 class ModelConfig(_Section):

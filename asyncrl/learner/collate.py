@@ -43,6 +43,10 @@ class MicroBatch:
     position_ids: torch.Tensor | None = None
     """Packed: [1, N] int64, restarting at 0 for each sequence (the model is then given these and
     no attention mask); None: padded."""
+    routed_experts: torch.Tensor | None = None
+    """Routing replay: [B * L] rows (input_ids flattened) of uint8 [layers * top-k], the experts the
+    engine routed each position to, 255 for none (padding, or a position the engine did not
+    record); None: no chunk carries routing (learner/replay.py)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -107,6 +111,7 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0, packed: bool = False,
         seq_len.extend([n] * n)
         temps.extend([c.temperature] * n)
         lengths.extend([c.response_length or c.loss_end] * n)
+    routes = _routes(chunks, starts, ids.shape[1], packed) if any(c.routed_experts for c in chunks) else None
     old_t, adv_t = torch.tensor(old, dtype=torch.float32), torch.tensor(adv, dtype=torch.float32)
     if distill_coef:
         adv_t = distill_advantages(adv_t, torch.tensor(teacher, dtype=torch.float32), old_t, distill_coef)
@@ -121,8 +126,22 @@ def collate(chunks: list[SequenceChunk], pad_id: int = 0, packed: bool = False,
         response_lengths=torch.tensor(lengths, dtype=torch.long),
         spans=[(c.group_id, c.sample_index, c.loss_start, c.loss_end) for c in chunks],
         span_tokens=[c.num_loss_tokens for c in chunks],
-        position_ids=positions,
+        position_ids=positions, routed_experts=routes,
     )
+
+
+def _routes(chunks: list[SequenceChunk], starts: list[int], width: int, packed: bool) -> torch.Tensor:
+    """The chunks' routing rows laid out as input_ids flattened (module docstring's two layouts)."""
+    row = {len(c.routed_experts) // c.num_tokens for c in chunks if c.routed_experts}
+    if len(row) != 1:
+        raise ValueError(f"a micro-batch's chunks carry routing rows of different widths {sorted(row)}")
+    out = torch.full((len(chunks) * width if not packed else width, row.pop()), 255, dtype=torch.uint8)
+    for b, c in enumerate(chunks):
+        if c.routed_experts:
+            at = starts[b] if packed else b * width
+            out[at:at + c.num_tokens] = torch.frombuffer(bytearray(c.routed_experts), dtype=torch.uint8
+                                                         ).view(c.num_tokens, -1)
+    return out
 
 
 def empty_chunk(pad_id: int = 0) -> SequenceChunk:

@@ -16,6 +16,7 @@ import torch
 from asyncrl.algo.token_stats import token_logprobs_and_entropy_from_hidden
 from asyncrl.learner.collate import MicroBatch
 from asyncrl.learner.phases import phase
+from asyncrl.learner.replay import replay_of
 
 
 @dataclass
@@ -23,6 +24,7 @@ class TokenForward:
     logprobs: torch.Tensor   # [T] log pi(a_t) at the token's sampling temperature
     entropy: torch.Tensor    # [T] H_t over the vocabulary
     router_logits: tuple[torch.Tensor, ...] | None = None  # per MoE layer [B * L, E]
+    routes: torch.Tensor | None = None  # routing replay's ROUTE_COUNTS of this forward (replay.py)
 
 
 def is_moe(model: torch.nn.Module) -> bool:
@@ -36,6 +38,9 @@ def policy_forward(model: torch.nn.Module, mb: MicroBatch, chunk: int, device: t
     engine, has a `config` of its own, so its learner says). `recompute_head` and `head_fp32`:
     learner.recompute_head and learner.head_dtype (TokenHead)."""
     kwargs = {"output_router_logits": True} if (is_moe(model) if moe is None else moe) else {}
+    replay = replay_of(model)
+    if replay is not None:  # this micro-batch's recorded experts, until the next forward (recompute)
+        replay.use(mb.routed_experts, mb.attention_mask.reshape(-1))
     with phase("forward"):
         out = model(**mb.model_inputs(device), output_hidden_states=True, logits_to_keep=1, **kwargs)
         hidden = out.hidden_states[-1][mb.rows.to(device), mb.cols.to(device)]  # [T, H], after the final norm
@@ -43,7 +48,8 @@ def policy_forward(model: torch.nn.Module, mb: MicroBatch, chunk: int, device: t
     with phase("head"):
         logp, entropy = token_head(hidden, mb.targets.to(device), mb.temperatures.to(device), chunk,
                                    recompute=recompute_head, fp32=head_fp32)
-    return TokenForward(logp, entropy, getattr(out, "router_logits", None) if kwargs else None)
+    return TokenForward(logp, entropy, getattr(out, "router_logits", None) if kwargs else None,
+                        replay.read() if replay is not None else None)
 
 
 @torch.no_grad()

@@ -41,6 +41,9 @@ from asyncrl.algo.token_decomposition import TokenTable, decompose
 from asyncrl.config import AlgoConfig
 from asyncrl.learner.collate import MicroBatch
 from asyncrl.learner.model_forward import TokenForward
+from asyncrl.learner.replay import ROUTE_COUNTS
+
+ROUTE_KEYS = tuple(f"route_{name}" for name in ROUTE_COUNTS)  # routing replay's sums in the step's scalars
 
 
 class Tally:
@@ -171,7 +174,8 @@ def forward_backward(
         routing = measure_pass(forward, micro_batches, moe_top_k)[1]
         moe = MoeStep(moe_top_k, routing.shape[-1], routed_positions(micro_batches), fractions(routing))
     # summed as tensors, read once after the last micro-batch (no host sync per micro-batch)
-    tally, scalars = Tally(), {"loss": 0.0, "pg": 0.0, "kl_term": 0.0, "moe_lse_sq": 0.0, "moe_num": 0.0}
+    tally, scalars = Tally(), {"loss": 0.0, "pg": 0.0, "kl_term": 0.0, "moe_lse_sq": 0.0, "moe_num": 0.0,
+                               **dict.fromkeys(ROUTE_KEYS, 0.0)}
     if moe is not None:  # every rank holds them, micro-batches or not, for the all-reduce
         tally.vectors = {"moe_counts": torch.zeros(moe.top_k, moe.num_experts, dtype=torch.float64),
                          "moe_prob": torch.zeros(moe.num_experts, dtype=torch.float64)}
@@ -198,6 +202,9 @@ def forward_backward(
             tally.add("kl", kl)
         if out.router_logits is not None and moe is not None:
             loss = loss + _moe_terms(out.router_logits, mb, moe, algo, tally, scalars)
+        if out.routes is not None:
+            for key, value in zip(ROUTE_KEYS, out.routes.unbind()):  # on the device: no sync
+                scalars[key] += value
         backward(loss)
         scalars["loss"] += loss.detach().double()
         scalars["pg"] += pg_share.detach().double()
@@ -332,4 +339,9 @@ def _metrics(t: TallyValues, s: dict[str, float], vectors: dict[str, torch.Tenso
         num = int(s["moe_num"])
         lb = load_balance_from_sums(vectors["moe_counts"], vectors["moe_prob"], num)
         m.update({"loss/moe_load_balance": float(lb), "loss/moe_z": s["moe_lse_sq"] / max(num, 1)})
+    if s["route_pairs"]:  # routing replay: the step's (position, layer) pairs
+        recorded = max(s["route_recorded"], 1.0)
+        m.update({"moe/route_agreement": s["route_used_agree"] / recorded,
+                  "moe/own_route_agreement": s["route_own_agree"] / recorded,
+                  "moe/route_coverage": s["route_recorded"] / s["route_pairs"]})
     return m

@@ -53,6 +53,8 @@ from asyncrl.learner.model_forward import packing_is_exact
 from asyncrl.learner.packed_attention import use_packed_attention
 from asyncrl.learner.phases import phase
 from asyncrl.learner.reference import AdapterReference, ReferencePolicy
+from asyncrl.learner.replay import install as install_replay
+from asyncrl.learner.replay import replay_of
 from asyncrl.learner.routers import use_fp32_routers
 from asyncrl.learner.sharded_load import load_own_rows, meta_model, missing_from_files
 from asyncrl.learner.step import PolicyStep, moe_shape
@@ -137,6 +139,8 @@ class LearnerRank:
             use_packed_attention(model)
         if learner.head_dtype == "float32":  # MoE routers too (routers.py)
             use_fp32_routers(model)
+        if algo.moe_routing == "replay":  # before the reference is copied: it replays too (replay.py)
+            install_replay(model)
         if learner.activation_checkpointing:  # before any sharding wraps the layers
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.files = PolicyFiles(tokenizer, model.config, generation_config(model_path, model), model_path)
@@ -284,6 +288,9 @@ class LearnerRank:
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """log p(token_i | tokens_<i) for i >= 1 at temperature 1 (the parity probe)."""
         ids = torch.tensor([token_ids], device=self.device)
+        replay = replay_of(self.model)
+        if replay is not None:  # the probe has no recorded routing: the routers choose (not the last step's rows)
+            replay.use(None)
         with self.backend.autocast():
             logits = self.model(input_ids=ids).logits[0, :-1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)

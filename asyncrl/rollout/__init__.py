@@ -31,4 +31,5 @@ def engine_factory(cfg: Config, model_path: str, actor_id: int,
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sync_type=cfg.sync.type,
         bucket_bytes=cfg.sync.bucket_mb << 20, seed=cfg.sampling_seed + actor_id,
         enforce_eager=cfg.rollout.enforce_eager, num_gpus=num_gpus, locate=locate,
-        tensor_parallel_size=cfg.rollout.tensor_parallel_size, lora_rank=cfg.learner.lora.rank)
+        tensor_parallel_size=cfg.rollout.tensor_parallel_size, lora_rank=cfg.learner.lora.rank,
+        record_routing=cfg.algo.moe_routing == "replay")

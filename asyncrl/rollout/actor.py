@@ -45,6 +45,7 @@ from typing import Any
 from asyncrl.observe.worker_logs import redirect_output
 from asyncrl.rollout.engine import Completion, EngineFailed, InferenceEngine, SamplingSpec
 from asyncrl.rollout.episode import Episodes
+from asyncrl.rollout.routes import sample_routes
 from asyncrl.types import PromptItem, Sample
 
 log = logging.getLogger(__name__)
@@ -197,17 +198,21 @@ class RolloutActor:
         name = f"{p.prompt_id}-{index}-a{self.actor_id}"
         if self.episodes is not None:
             return await self.episodes.run(self, p, index, base, name, abortable)
-        tokens, logprobs, versions, reason = await self.complete(p.prompt_ids, base, name, abortable)
+        routes: list = []
+        tokens, logprobs, versions, reason = await self.complete(p.prompt_ids, base, name, abortable, routes)
         return Sample(
             prompt_id=p.prompt_id, group_id=p.prompt_id, sample_index=index,
             prompt_ids=p.prompt_ids, response_ids=tokens, logprobs=logprobs,
             versions=versions, finish_reason=reason,
-            actor_id=self.actor_id, metadata=p.metadata, temperature=base.temperature)
+            actor_id=self.actor_id, metadata=p.metadata, temperature=base.temperature,
+            routed_experts=sample_routes(routes, len(p.prompt_ids) + len(tokens)))
 
     async def complete(self, prompt_ids: list[int], base: SamplingSpec, name: str,
-                       abortable: bool = True) -> tuple[list[int], list[float], list[int], str]:
+                       abortable: bool = True, routes: list | None = None
+                       ) -> tuple[list[int], list[float], list[int], str]:
         """Tokens, logprobs, versions and finish reason of one completion of prompt_ids; after an
-        in-flight update aborted it, resumed from its prefix."""
+        in-flight update aborted it, resumed from its prefix. `routes` (routing replay) gets each
+        request's routing rows, if the engine records them."""
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -218,6 +223,8 @@ class RolloutActor:
             out, version, aborted = await self._request(prompt_ids + tokens, spec, request_id, abortable)
             tokens += out.token_ids
             logprobs += out.logprobs
+            if routes is not None:
+                routes.append(out.routed_experts)
             versions += token_versions(out.versions, version, len(out.token_ids)) if self.keep_kv \
                 else [version] * len(out.token_ids)
             if not aborted or len(tokens) >= base.max_tokens:

@@ -32,6 +32,9 @@ class Completion:
     """The weight version that sampled each token as the engine labels it (a request kept across a
     load, `pause`, changes version mid-request); None where it has no label (before the first load):
     the version the request started with."""
+    routed_experts: Any = None
+    """With routing recorded (algo.moe_routing: replay): uint8 numpy [positions, MoE layers, top-k],
+    the experts each position of prompt + completion was routed to (rollout/vllm_routing.py)."""
 
 
 class EngineFailed(RuntimeError):

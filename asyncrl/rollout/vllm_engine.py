@@ -14,10 +14,14 @@ new adapter into this engine's own directory and vLLM drops the adapter it held 
 under the same id, so requests kept across the load (`pause`) go on with the new adapter, as they
 would with new weights. A model path that is an adapter directory (a LoRA run's checkpoint or final
 policy) serves its base with that adapter.
+
+Routing replay (`record_routing`, algo.moe_routing: replay): the engine's workers record which
+experts each position was routed to (rollout/vllm_routing.py) and each completion carries its rows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import shutil
@@ -44,6 +48,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the `max_lora_rank` 
 
 
 RPC_PREFIX = "asyncrl-vllm-rpc-"
+ROUTING_EXTENSION = "asyncrl.rollout.vllm_routing.RoutingWorkerExtension"
 
 
 def own_rpc_dir() -> str:
@@ -105,7 +110,8 @@ class VLLMEngine:
                  max_num_seqs: int = 256, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5,
                  sync_type: str = "gloo", bucket_bytes: int = 256 << 20, seed: int = 0,
                  enforce_eager: bool | None = None, num_gpus: float | None = None, locate: Locate | None = None,
-                 tensor_parallel_size: int = 1, stat_loggers: list | None = None, lora_rank: int = 0):
+                 tensor_parallel_size: int = 1, stat_loggers: list | None = None, lora_rank: int = 0,
+                 record_routing: bool = False):
         # enforce_eager None: on for CPU engines, off on GPU (rollout.enforce_eager); num_gpus: what
         # the actor asked Ray for, checked against what it sees at start (None: not checked)
         self.model_path, self.locate = model_path, locate  # resolved at start, on the engine's node
@@ -129,6 +135,10 @@ class VLLMEngine:
         self._rpc_env_before: str | None = None
         self._joined = False  # in a weight-sync group
         self._paused = False  # requests kept in place for a load (pause)
+        self.record_routing = record_routing  # algo.moe_routing: replay (rollout/vllm_routing.py)
+        self.routing_shape: tuple[int, int] | None = None  # (MoE layers, top-k) once recording
+        self._route_waiters: dict[str, asyncio.Future] = {}
+        self._route_fetch: asyncio.Task | None = None
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
@@ -153,9 +163,13 @@ class VLLMEngine:
 
         from asyncrl.sync import vllm_receiver
 
-        args = AsyncEngineArgs(**self.engine_kwargs(), **vllm_receiver.engine_kwargs(self.sync_type))
+        kwargs = {**self.engine_kwargs(), **vllm_receiver.engine_kwargs(self.sync_type)}
+        if self.record_routing:  # its worker extension is the gloo receiver's too
+            kwargs["worker_extension_cls"] = ROUTING_EXTENSION
         os.environ[owner.ENV] = owner.owner_token()  # the engine's processes end with this one (owner.py)
-        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers)
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=self.stat_loggers)
+        if self.record_routing:
+            self.routing_shape = tuple((await self.llm.collective_rpc("asyncrl_routing_start"))[0])
 
     def engine_kwargs(self) -> dict[str, Any]:
         """vLLM engine arguments without the weight receiver: what a bare `vllm.LLM` of the same
@@ -193,7 +207,34 @@ class VLLMEngine:
         token_ids = list(seq.token_ids)
         logprobs = [pos[tok].logprob for tok, pos in zip(token_ids, seq.logprobs)]
         reason = seq.finish_reason if seq.finish_reason in ("stop", "length") else "abort"
-        return Completion(token_ids, logprobs, reason, span_versions(seq.weight_versions, len(token_ids)))
+        routes = await self._routes_of(request_id) if self.record_routing else None
+        return Completion(token_ids, logprobs, reason, span_versions(seq.weight_versions, len(token_ids)), routes)
+
+    async def _routes_of(self, request_id: str):
+        """A finished request's routing, [positions, layers, k] uint8. The requests that finish in one
+        event-loop turn are asked for in one call to the engine's workers (a call per request
+        would wait behind a scheduler step each)."""
+        import numpy as np
+
+        future = asyncio.get_running_loop().create_future()
+        self._route_waiters[request_id] = future
+        if self._route_fetch is None or self._route_fetch.done():
+            self._route_fetch = asyncio.create_task(self._fetch_routes())
+        raw = await future
+        return np.frombuffer(raw, dtype=np.uint8).reshape(-1, *self.routing_shape)
+
+    async def _fetch_routes(self) -> None:
+        await asyncio.sleep(0)  # let the other requests finishing now join this call
+        while self._route_waiters:
+            waiters, self._route_waiters = self._route_waiters, {}
+            try:
+                got = (await self.llm.collective_rpc("asyncrl_routing_take", args=(list(waiters),)))[0]
+            except Exception as e:
+                for future in waiters.values():
+                    future.set_exception(e)
+                continue
+            for rid, future in waiters.items():
+                future.set_result(got.get(rid, b""))
 
     async def pause(self) -> None:
         # "keep": running requests stay scheduled with their KV blocks; clear_cache False, or vLLM
@@ -273,6 +314,8 @@ class VLLMEngine:
         # them (a prefill again, what keeping them avoids): with requests paused it stays, and new
         # requests may reuse prefix blocks the old weights wrote, the mismatch keep_kv accepts
         stats = await vllm_receiver.receive_weights(self.llm, metadata, version, reset_prefix_cache=not self._paused)
+        if self.record_routing:  # prompt prefills of the old weights: no longer what a cache hit reuses
+            await self.llm.collective_rpc("asyncrl_routing_forget_prompts")
         if adapter:
             await self._serve_adapter_now(self._adapter_dir)
         else:  # whole weights (another saved policy, `asyncrl evaluate`): served as they are

@@ -12,8 +12,10 @@ which runs this module's `register()`), so an install without the entry point st
 
 Loading uses vLLM's in-place layerwise reload (initialize / model.load_weights /
 finalize, `vllm.model_executor.model_loader.reload`): weights arrive in checkpoint format and
-each layer is re-processed (CPU GEMM prepacking included) once all its tensors are in. Two
+each layer is re-processed (CPU GEMM prepacking included) once all its tensors are in. Three
 CPU-specific gaps are closed in `finish_weight_update`:
+- A MoE layer's experts are kept prepacked; the reload copies new weights into that storage
+  without packing them (`refresh_cpu_moe`).
 - A tied LM head (tie_word_embeddings) shares its weight with embed_tokens; the reload
   updates that weight but never re-processes the LM head, so its oneDNN handle keeps the
   old prepacked copy and logits silently stay stale. `refresh_cpu_gemm` re-runs vLLM's CPU
@@ -96,6 +98,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.shadows: list[torch.Tensor | None] = []  # per bucket, the bytes last applied (delta transfer)
         self.verify_failures = self.received_bytes = 0
         self.reloading = False  # a layerwise reload is open (weights, not an adapter)
+        self.loaded: set[str] = set()  # names of the tensors the open reload received
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         """Join the learner's group; blocks until the learner and all receivers join."""
@@ -125,6 +128,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         if adapter is None:
             initialize_layerwise_reload(self.model)
             self.reloading = True
+            self.loaded = set()
         try:
             self._receive(update_info.buckets, update_info.version, update_info.transfer, adapter)
         except BaseException:
@@ -165,6 +169,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                     pending = self._post(buckets, index + 1, version)
                 tensors = unpack_bucket(bucket, self._apply(index, bucket, announced, payload))
                 if adapter is None:
+                    self.loaded.update(name for name, _ in tensors)
                     self.model.load_weights(tensors)
                 else:  # copies: a kept bucket's bytes change with the next push
                     adapter.update((name, t.clone()) for name, t in tensors)
@@ -197,6 +202,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.reloading = False
         finalize_layerwise_reload(self.model, self.model_config)
         refresh_cpu_gemm(self.model)
+        refresh_cpu_moe(self.model, self.loaded)
 
     def shutdown(self) -> None:
         self.group = self.store = None
@@ -254,6 +260,40 @@ def refresh_cpu_gemm(model: torch.nn.Module) -> int:
                 and weight.ndim == 2 and weight.numel() > 0 and not weight.is_meta):
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
             count += 1
+    return count
+
+
+def refresh_cpu_moe(model: torch.nn.Module, loaded: set[str]) -> int:
+    """Re-pack the experts of every CPU MoE layer the reload wrote (`loaded`: the names of the
+    tensors it received); returns how many layers.
+
+    vLLM-CPU's experts keep their weights in a prepacked grouped-GEMM layout, made at the first
+    load. A reload copies the new weights, in checkpoint layout, into that storage and does not
+    pack them again (vLLM 0.32 `_setup_kernel` runs the experts' own post-load step on the first
+    load only): the sums of the weights are right and the outputs wrong (measured: |d| 0.11 nats
+    after pushing the same weights). Packing the copied weights again restores them; a layer the
+    push did not reach (one that failed before its tensors came) is still packed and is left alone.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    count = 0
+    for name, module in model.named_modules():
+        experts = getattr(getattr(getattr(module, "quant_method", None), "moe_kernel", None), "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts) or experts._use_zentorch:
+            continue
+        prefix = name.partition(".experts")[0] + ".experts."  # the checkpoint's names of its experts
+        if not any(n.startswith(prefix) for n in loaded):
+            continue
+        config = experts.moe_config
+        if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+            raise WeightSyncError(f"{type(model).__name__}: an expert width of {config.intermediate_size_per_partition} "
+                                  "is padded by vLLM-CPU, and a padded MoE layer cannot be reloaded in place here")
+        experts.process_weights_after_loading(module)
+        count += 1
     return count
 
 

@@ -20,7 +20,7 @@ right answer is that value. With tied embeddings and no LM-head bias that is exa
 converged model at temperature tau: RL's reward gain from such a model is mostly undoing tau, and
 its falling entropy is the same rescaling, which is why it is no longer the default.
 
-The output is a Hugging Face directory (Qwen2, tied embeddings, float32 safetensors, character
+The output is a Hugging Face directory (Qwen2, or Qwen3-MoE with `num_experts`; tied embeddings, float32 safetensors, character
 tokenizer) that transformers and vLLM load, cached under ``$ASYNCRL_CACHE`` (default
 ``~/.cache/asyncrl``) by spec hash: built in a temp dir, renamed into place, under a file lock.
 The build is seeded (init, batches, accuracy samples), so a spec always gives the same model on
@@ -99,17 +99,24 @@ def train_records(spec: TinyModelSpec) -> list[dict[str, str]]:
 
 
 def new_model(spec: TinyModelSpec, tokenizer):
-    """A freshly initialised (seeded) Qwen2 causal LM sized by the spec."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """A freshly initialised (seeded) Qwen2 causal LM sized by the spec, or with `num_experts` a
+    Qwen3-MoE one (every layer sparse, top-k probabilities renormalized, as Qwen3-30B-A3B)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = Qwen2Config(
+    common = dict(
         vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_positions, tie_word_embeddings=True, dtype="float32",
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(spec.seed)
-    return Qwen2ForCausalLM(config).float()
+    if spec.num_experts:
+        config = Qwen3MoeConfig(**common, head_dim=spec.hidden_size // spec.num_heads, num_experts=spec.num_experts,
+                                num_experts_per_tok=spec.experts_per_token, decoder_sparse_step=1, mlp_only_layers=[],
+                                moe_intermediate_size=spec.intermediate_size // spec.experts_per_token,
+                                norm_topk_prob=True)
+        return Qwen3MoeForCausalLM(config).float()
+    return Qwen2ForCausalLM(Qwen2Config(**common)).float()
 
 
 def sampled_accuracy(model, tokenizer, spec: TinyModelSpec) -> float:

@@ -29,7 +29,7 @@ import msgpack
 
 from asyncrl.types import BATCH_ROLES, FINISH_REASONS, Batch, EpisodeRecord, ResponseSpan, Sample, SequenceChunk
 
-FORMAT_VERSION = 5  # 4: loss masks (multi-turn episodes); 5: episode records
+FORMAT_VERSION = 6  # 4: loss masks (multi-turn episodes); 5: episode records; 6: routed experts
 _SWAP = sys.byteorder != "little"
 INT, FLOAT = "i", "f"  # int32 and float32
 assert array(INT).itemsize == 4 and array(FLOAT).itemsize == 4, "this platform's C int or float is not 32 bits"
@@ -122,7 +122,7 @@ def _count(obj: dict) -> int:
 # column kind here fails at import. A token column ("IntSeq", "FloatSeq") is packed, cut by the
 # prompt's lengths (prompt_ids) or the response's (the rest).
 EPISODE = "episode"  # a list of maps (EpisodeRecord.to_dict), nil for a sample that is no episode
-_KINDS = {"str": str, "int": int, "float": float, "float | None": float, "dict[str, Any]": dict,
+_KINDS = {"str": str, "int": int, "float": float, "float | None": float, "dict[str, Any]": dict, "bytes": bytes,
           "IntSeq": INT, "FloatSeq": FLOAT, "EpisodeRecord | None": EPISODE}
 DRIVER_ONLY = ("teacher_logprobs",)
 """Sample fields the driver sets after a sample arrived (on-policy distillation's teacher
@@ -136,10 +136,13 @@ MASKED = ("loss_mask",)
 a single-turn frame decodes exactly as before masks existed, at the same cost."""
 EPISODIC = ("episode",)
 """Columns only a frame holding an episode carries."""
-_FRAME_COLUMNS = {(scored, masked, episodic): [
+ROUTED = ("routed_experts",)
+"""Columns only a frame of a MoE engine recording its routing carries (algo.moe.routing: replay)."""
+_FRAME_COLUMNS = {(scored, masked, episodic, routed): [
     (n, k) for n, k in SAMPLE_COLUMNS
-    if (scored or n not in ACTOR_SCORED) and (masked or n not in MASKED) and (episodic or n not in EPISODIC)]
-    for scored in (False, True) for masked in (False, True) for episodic in (False, True)}
+    if (scored or n not in ACTOR_SCORED) and (masked or n not in MASKED) and (episodic or n not in EPISODIC)
+    and (routed or n not in ROUTED)]
+    for scored in (False, True) for masked in (False, True) for episodic in (False, True) for routed in (False, True)}
 # a frame whose columns are not the first of Sample's fills the ones it left out with their defaults
 _FILLS = {key: [n for n, _ in cols] != [n for n, _ in SAMPLE_COLUMNS[:len(cols)]]
           for key, cols in _FRAME_COLUMNS.items()}
@@ -165,12 +168,13 @@ def encode_samples(samples: list[Sample]) -> bytes:
     if len(scored) > 1:
         raise ValueError("a frame's samples must be all scored by their actor or none")
     masked, episodic = any(s.loss_mask for s in samples), any(s.episode is not None for s in samples)
+    routed = any(s.routed_experts for s in samples)
     frame: dict[str, Any] = {"v": FORMAT_VERSION, "kind": "samples", "count": len(samples),
                              "prompt_lengths": [len(s.prompt_ids) for s in samples],
                              "response_lengths": [len(s.response_ids) for s in samples]}
     if masked:
         frame["mask_lengths"] = [len(s.loss_mask) for s in samples]
-    for name, kind in _FRAME_COLUMNS[scored == {True}, masked, episodic]:
+    for name, kind in _FRAME_COLUMNS[scored == {True}, masked, episodic, routed]:
         values = list(map(attrgetter(name), samples))
         frame[name] = (_pack(values, kind) if kind in _TOKEN_KINDS else [float(v) for v in values] if kind is float
                        else [None if e is None else e.to_dict() for e in values] if kind is EPISODE else values)
@@ -181,13 +185,13 @@ def decode_samples(frame: bytes) -> list[Sample]:
     """The samples of one frame, validated as a whole: any bad record rejects the frame."""
     obj = _load_map(frame, "samples")
     k = _count(obj)
-    scored, masked, episodic = "reward" in obj, "loss_mask" in obj, "episode" in obj
+    scored, masked, episodic, routed = "reward" in obj, "loss_mask" in obj, "episode" in obj, "routed_experts" in obj
     lengths = {"prompt_lengths": _lengths(obj, "prompt_lengths", k), "response_lengths": _lengths(obj, "response_lengths", k)}
     if masked:
         lengths["mask_lengths"] = _lengths(obj, "mask_lengths", k)
     col = {name: _unpack(obj, name, kind, lengths[_LENGTHS.get(name, "response_lengths")]) if kind in _TOKEN_KINDS
            else _episodes(obj, k) if kind is EPISODE else _column(obj, name, kind, k)
-           for name, kind in _FRAME_COLUMNS[scored, masked, episodic]}
+           for name, kind in _FRAME_COLUMNS[scored, masked, episodic, routed]}
     if not all(lengths["prompt_lengths"]):
         raise FrameError("a sample has an empty prompt")
     if k and min(col["sample_index"]) < 0:
@@ -201,7 +205,9 @@ def decode_samples(frame: bytes) -> list[Sample]:
         raise FrameError("a sample's temperature is not positive")
     if "reward" in col and not all(map(math.isfinite, col["reward"])):
         raise FrameError("a sample's reward is not finite")
-    if _FILLS[scored, masked, episodic]:  # a column left out sits before one carried: their defaults
+    if routed:
+        _check_routes(col["routed_experts"], lengths["prompt_lengths"], lengths["response_lengths"], "a sample")
+    if _FILLS[scored, masked, episodic, routed]:  # a column left out sits before one carried: their defaults
         col = {name: col[name] if name in col else _default(name, k) for name, _ in SAMPLE_COLUMNS}
     return [Sample(*values) for values in zip(*col.values())]
 
@@ -210,7 +216,16 @@ def _default(name: str, k: int) -> list:
     """A column a frame left out (not scored by the actor, no mask, no episode), as Sample's defaults."""
     if name in ("reward_info", "loss_mask"):
         return [{} if name == "reward_info" else [] for _ in range(k)]
+    if name == "routed_experts":
+        return [b""] * k
     return [0.0 if name == "reward_latency_s" else None] * k
+
+
+def _check_routes(routes: list[bytes], prompt_lengths: list[int], lengths: list[int], what: str) -> None:
+    """Routing is empty or a whole row (layers x top-k bytes) for each position fed."""
+    for r, p, n in zip(routes, prompt_lengths, lengths):
+        if len(r) % (p + n):
+            raise FrameError(f"{what}: its routing is not a whole row for each of its {p + n} positions")
 
 
 def _episodes(obj: dict, k: int) -> list[EpisodeRecord | None]:
@@ -249,6 +264,8 @@ def _chunk_columns(chunks: list[SequenceChunk]) -> dict[str, Any]:
         # a distillation run's only: the teacher's logprobs over each chunk's loss range
         **({"teacher_logprobs": _pack([c.teacher_logprobs for c in chunks], FLOAT)}
            if taught else {}),
+        # a routing-replay run's only: what the engine routed each position fed to
+        **({"routed_experts": [c.routed_experts for c in chunks]} if any(c.routed_experts for c in chunks) else {}),
     }
 
 
@@ -280,6 +297,11 @@ def _decode_chunks(obj: Any, name: str) -> list[SequenceChunk]:
     if "teacher_logprobs" in obj:  # every chunk has them: a distillation run's teacher scored every sample
         for c, teacher in zip(chunks, _unpack(obj, "teacher_logprobs", FLOAT, loss_lens)):
             c.teacher_logprobs = teacher
+    if "routed_experts" in obj:
+        routes = _column(obj, "routed_experts", bytes, k)
+        _check_routes(routes, prompt_lengths, response_lengths, name)
+        for c, r in zip(chunks, routes):
+            c.routed_experts = r
     return chunks
 
 

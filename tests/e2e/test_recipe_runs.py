@@ -29,12 +29,15 @@ SHORTEN = {
     # its teacher is the demo's final/, which a fresh clone has not made: the warm start itself, in
     # its own vLLM engine, so the first step's reverse KL is the two engines' numerical gap
     "tiny_distill": ["algo.distill.teacher=builtin:tiny"],
+    "tiny_moe": [],  # the tiny model as a Qwen3-MoE (built on first use), routing replayed
 }
 RANKS = {"ring_lite_c3po": ["learner.num_ranks=2", "learner.backend=deepspeed"],
          # FSDP2 pushes of the tied tiny model as deltas (rank 0 keeps the engines' copy), probed
          "prorl": ["learner.num_ranks=2", "sync.probe_every=1", "sync.transfer=delta"],
          # LoRA on FSDP2: each push is rank 0's adapter, served by vLLM's LoRA support, probed
-         "tiny_lora": ["learner.num_ranks=2", "sync.probe_every=1"]}
+         "tiny_lora": ["learner.num_ranks=2", "sync.probe_every=1"],
+         # routing replay on FSDP2: each rank replays its own chunks' routing; pushes probed (CPU experts repacked)
+         "tiny_moe": ["learner.num_ranks=2", "sync.probe_every=1"]}
 # as a user with slow verifiers or many actors runs it: each vLLM actor scores its own samples
 PLACEMENT = {"grpo": ["reward.placement=actor"]}
 
@@ -126,6 +129,12 @@ def test_recipe_runs(name, tmp_path, tiny_model_path):
         scored = [r for r in rows if r["distill/reverse_kl"] is not None]
         assert scored[0] is rows[0] and all(r["distill/teacher_latency_s"] > 0 for r in scored)
         assert all(r["distill/teacher_latency_s"] is None for r in rows if r["distill/reverse_kl"] is None)
+    if name == "tiny_moe":  # every recorded position is routed as the engine routed it, on both ranks
+        assert all(r["moe/route_agreement"] == 1.0 and r["moe/route_coverage"] > 0.85 for r in rows)
+        assert all(r["moe/own_route_agreement"] > 0.9 for r in rows)  # float32 both sides: ties are rare
+        assert all(r["sync/probe_max_abs_diff"] <= 1e-4 for r in rows)
+        fresh = [r["offpolicy/mismatch_abs"] for r in rows if r.get("offpolicy/mismatch_abs") is not None]
+        assert fresh and max(fresh) <= 1e-4
     if name == "dapo":
         sealed = [r["buffer/rollout_batches_sealed_total"] for r in rows]
         assert sealed[0] == 1 and sealed[2] == 2

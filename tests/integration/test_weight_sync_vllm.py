@@ -178,6 +178,16 @@ def test_cpu_engines_put_the_worker_in_the_engine_core_unless_told_otherwise(mon
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
+async def joined(learner, engine) -> dict:
+    """Start `engine` and join it and `learner` in a gloo weight-sync group; the push metadata."""
+    await engine.start()
+    port = free_port()
+    await asyncio.gather(
+        asyncio.to_thread(learner.init_weight_sync, "gloo", "127.0.0.1", port, 2, TIMEOUT_S, BUCKET_BYTES),
+        engine.init_weight_sync("127.0.0.1", port, 1, 2, TIMEOUT_S))
+    return learner.weight_metadata()
+
+
 def test_lora_push_serves_the_learners_adapter(tmp_path):
     """learner.lora end to end on the real parts: the learner (peft) pushes its adapter alone over
     gloo to a VLLMEngine serving the base plus adapter with vLLM's LoRA support. After each push
@@ -199,13 +209,8 @@ def test_lora_push_serves_the_learners_adapter(tmp_path):
             return torch.tensor(learner.prompt_logprobs(ids), dtype=torch.float64)
 
     async def run():
-        await engine.start()
-        port = free_port()
         try:
-            await asyncio.gather(
-                asyncio.to_thread(learner.init_weight_sync, "gloo", "127.0.0.1", port, 2, TIMEOUT_S, BUCKET_BYTES),
-                engine.init_weight_sync("127.0.0.1", port, 1, 2, TIMEOUT_S))
-            metadata = learner.weight_metadata()
+            metadata = await joined(learner, engine)
             rows = []
             for version in (0, 1, 2):
                 if version:  # a step's worth of change in the adapter alone
@@ -233,3 +238,70 @@ def test_lora_push_serves_the_learners_adapter(tmp_path):
         assert row["sent"]["sync/push_bytes"] <= 0.1 * full_bytes, (row["sent"], full_bytes)
     assert rows[0]["vs_base"] < PARITY_NATS  # B starts at zero: version 0 is the base
     assert rows[1]["vs_base"] > 1e-2 and rows[2]["vs_base"] > 1e-2  # the adapter is what the engine serves
+
+
+def test_a_mixture_of_experts_policy_is_pushed_exactly_and_its_sampled_routing_replays(tmp_path):
+    """A Qwen3-MoE policy (the tiny one of `model.tiny.num_experts`) on the real parts: after each
+    gloo push the engine's logprobs equal the learner's (vLLM-CPU keeps its experts prepacked and
+    a reload must pack the new ones again: without it |d| is ~1 nat); and a response the engine
+    samples comes back with the experts it routed each position to, which the learner's forward
+    replays: every recorded position is routed as recorded, and the learner's logprobs of the
+    response are the engine's behaviour logprobs."""
+    from asyncrl.config import AlgoConfig, LearnerConfig
+    from asyncrl.learner.collate import collate
+    from asyncrl.learner.model_forward import policy_forward
+    from asyncrl.learner.rank import LearnerRank
+    from asyncrl.rollout.engine import SamplingSpec
+    from asyncrl.rollout.routes import sample_routes
+    from asyncrl.rollout.vllm_engine import VLLMEngine
+    from asyncrl.tiny.build import new_model, save_model
+    from asyncrl.tiny.spec import TinyModelSpec
+    from asyncrl.tiny.tokenizer import build_tokenizer
+    from asyncrl.types import SequenceChunk
+
+    tokenizer = build_tokenizer()
+    save_model(new_model(TinyModelSpec(num_experts=8, experts_per_token=2), tokenizer), tokenizer, tmp_path)
+    learner = LearnerRank(str(tmp_path), LearnerConfig(), AlgoConfig(moe_routing="replay"))
+    engine = VLLMEngine(str(tmp_path), max_model_len=64, max_num_seqs=8, record_routing=True)
+    prompt = tokenizer("7+5=")["input_ids"]
+
+    def replayed(c):
+        """The learner's forward over the sampled response with the engine's routing."""
+        n = len(prompt) + len(c.token_ids)
+        chunk = SequenceChunk("g", 0, prompt, c.token_ids, 0, c.logprobs, [0] * len(c.token_ids), 0.0,
+                              routed_experts=sample_routes([c.routed_experts], n))
+        with torch.no_grad():
+            out = policy_forward(learner.model, collate([chunk], packed=True), 64, torch.device("cpu"))
+        return {"n": n, "shape": c.routed_experts.shape, "counts": out.routes.tolist(),
+                "vs_behaviour": (out.logprobs.double() - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max().item()}
+
+    async def run():
+        try:
+            metadata = await joined(learner, engine)
+            rows = []
+            for version in (1, 2):
+                perturb_(learner.model, seed=version)
+                learner.version = version
+                _, got = await asyncio.gather(asyncio.to_thread(learner.push_weights, version),
+                                              engine.load_weights(metadata, version))
+                probe = prompt + tokenizer("12 and some more")["input_ids"]
+                served = torch.tensor(await engine.prompt_logprobs(probe), dtype=torch.float64)
+                completion = await engine.generate(prompt, SamplingSpec(1.0, 1.0, 12, seed=version), f"r{version}")
+                rows.append({"got": got, **replayed(completion),
+                             "vs_learner": (served - torch.tensor(learner.prompt_logprobs(probe))).abs().max().item()})
+            return rows
+        finally:
+            learner.shutdown()
+            await engine.shutdown()
+
+    rows = asyncio.run(run())
+    print(rows)
+    for row in rows:
+        assert row["got"]["sync/verify_failures"] == 0
+        assert row["vs_learner"] < PARITY_NATS, row
+        n = row["n"]
+        assert row["shape"] == (n - 1, 2, 2)  # every position fed; the last token never is
+        recorded, used, own, pairs = row["counts"]
+        assert recorded == used == (n - 1) * 2 and pairs == n * 2, row
+        assert own >= 0.9 * recorded, row  # same weights: the learner's own routers mostly agree anyway
+        assert row["vs_behaviour"] < PARITY_NATS, row

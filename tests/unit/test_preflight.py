@@ -37,6 +37,20 @@ def test_bad_model_paths_are_named(tmp_path, make, message):
         preflight.preflight(load_config(None, [f"model.path={make(tmp_path)}"]))
 
 
+def test_routing_replay_needs_a_mixture_of_experts_model(tmp_path):
+    with pytest.raises(ConfigError, match="algo.moe_routing: replay .* is dense"):
+        preflight.check_moe_routing(load_config(None, ["algo.moe_routing=replay"]))
+    preflight.check_moe_routing(load_config(None, ["algo.moe_routing=replay", "model.tiny.num_experts=8"]))
+    dense, moe = _model_dir(tmp_path, vocab_size=10), tmp_path / "moe"
+    moe.mkdir()
+    (moe / "config.json").write_text(json.dumps({"text_config": {"num_local_experts": 300}}))
+    with pytest.raises(ConfigError, match="is dense"):
+        preflight.check_moe_routing(load_config(None, ["algo.moe_routing=replay", f"model.path={dense}"]))
+    with pytest.raises(ConfigError, match="300 experts is more than 254"):
+        preflight.check_moe_routing(load_config(None, ["algo.moe_routing=replay", f"model.path={moe}"]))
+    preflight.check_moe_routing(load_config(None, [f"model.path={dense}"]))  # learner routing: any model
+
+
 def test_lengths(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout.max_tokens \(64\) must be below model.max_model_len \(64\)"):
         preflight.preflight(load_config(None, ["rollout.max_tokens=64"]))

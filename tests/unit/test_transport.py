@@ -53,7 +53,7 @@ def test_the_sample_wire_format_is_the_dataclass_fields():
     only the driver's own last fields (the teacher's logprobs) never travel."""
     from dataclasses import fields
 
-    from asyncrl.transport.codec import ACTOR_SCORED, DRIVER_ONLY, EPISODIC, MASKED, SAMPLE_COLUMNS
+    from asyncrl.transport.codec import ACTOR_SCORED, DRIVER_ONLY, EPISODIC, MASKED, ROUTED, SAMPLE_COLUMNS
 
     assert DRIVER_ONLY == ("teacher_logprobs",)
     assert [name for name, _ in SAMPLE_COLUMNS] == [f.name for f in fields(Sample)][:-1]
@@ -61,7 +61,7 @@ def test_the_sample_wire_format_is_the_dataclass_fields():
     frame = msgpack.unpackb(encode_samples([taught]))
     assert set(frame) == ({"v", "kind", "count", "prompt_lengths", "response_lengths"}
                           | {f.name for f in fields(Sample)} - set(ACTOR_SCORED) - set(MASKED) - set(EPISODIC)
-                          - set(DRIVER_ONLY))
+                          - set(ROUTED) - set(DRIVER_ONLY))
     assert one(encode_samples([taught])).teacher_logprobs == []
 
 
@@ -160,6 +160,30 @@ def test_a_batch_of_chunks_of_different_lengths_round_trips_and_a_loss_range_out
     obj["chunks"]["loss_start"] = [1, 0, 5]  # 5 > 4 response tokens
     with pytest.raises(FrameError, match="outside"):
         decode_batch(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_routing_travels_only_in_frames_that_record_it_and_is_cut_with_its_chunk():
+    """A MoE engine's routing (one uint8 row of layers x top-k per position fed) rides in its
+    sample's frame and, cut to the positions a chunk feeds, in the learner's batch; a frame without
+    any has no such column. A routing that is not a whole row per position is refused."""
+    from asyncrl.buffer.base import ResponseCursor
+
+    routes = bytes(range(6 * 4))  # 3 prompt + 3 response positions, 2 layers x top-2
+    routed = replace(sample(), routed_experts=routes)
+    frame = encode_samples([sample(1), routed])
+    assert [s.routed_experts for s in decoded(frame)] == [b"", routes]
+    assert "routed_experts" not in msgpack.unpackb(encode_samples([sample()]))
+    chunk = ResponseCursor(routed, advantage=1.0, offset=1).chunk(2)  # feeds prompt + response[:2]
+    assert chunk.routed_experts == routes[:5 * 4]
+    plain = SequenceChunk("h", 0, [1], [2], 0, [-1.0], [0], 0.5)
+    b = Batch(step=1, rank=0, chunks=[chunk, plain], num_loss_tokens_global=2, num_sequences_global=2, token_budget=2)
+    assert [c.routed_experts for c in decode_batch(encode_batch(b)).chunks] == [routes[:20], b""]
+    with pytest.raises(ValueError, match="whole row"):
+        encode_samples([replace(sample(), routed_experts=routes[:-1])])
+    obj = msgpack.unpackb(frame, raw=False)
+    obj["routed_experts"][1] = routes[:-2]
+    with pytest.raises(FrameError, match="whole row"):
+        decode_samples(msgpack.packb(obj, use_bin_type=True))
 
 
 @pytest.mark.parametrize("frame", [

@@ -1,0 +1,155 @@
+"""Rollout routing replay's engine half (algo.moe.routing: replay): which experts a vLLM engine
+routed each token of a request to, per MoE layer, for the learner to replay (learner/replay.py).
+
+vLLM 0.32 returns routed experts only from its Model Runner V2, which needs Triton, so not on
+CPU. Its routers do call a capture hook with each forward's top-k ids (`BaseRouter.capture_fn`),
+so this worker extension binds its own: a forward's rows are in the model runner's batch order,
+which `_prepare_inputs` fixes (each request's scheduled tokens, from its computed-token count on),
+and wrapping that call gives the step's layout. A step's rows are filed under their requests
+when the next step starts (or when they are taken), so each request collects the rows of the
+positions it computed, at the weights that computed them.
+
+- A position keeps the first routing recorded for it: a request kept across a weight load and
+  recomputed keeps the routing its earlier tokens were produced with.
+- A prompt served from the prefix cache was computed by an earlier request of the same prompt
+  (the groups of GRPO): its rows are copied from that request's prefill, kept per prompt until
+  the cache is reset by a load.
+- A position with no routing (the last sampled token, which no forward takes as input; a cached
+  prefix of another prompt) is row 255 in every slot: the learner routes it itself.
+
+`RoutingWorkerExtension` is passed as vLLM's `worker_extension_cls`; its methods join the
+worker's and are called through `collective_rpc`. It subclasses the gloo receiver's extension, so
+one class serves both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from functools import partial
+
+import numpy as np
+
+from asyncrl.rollout.routes import NONE, merged
+from asyncrl.sync.vllm_gloo_engine import GlooEngineRegistration
+KEEP_FINISHED_S = 120.0  # a finished request's rows wait this long for the actor to take them
+PROMPTS_KEPT = 4096  # prompt prefills kept for requests that hit the prefix cache
+
+
+class _Capture:
+    """The rows of one worker's forwards, filed per request."""
+
+    def __init__(self, num_layers: int, top_k: int):
+        self.num_layers, self.top_k = num_layers, top_k
+        self.layout: list[tuple[str, int, int]] | None = None  # (request, first position, tokens)
+        self.rows: np.ndarray | None = None  # this step's [tokens, layers, k]
+        self.segments: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self.finished: dict[str, float] = {}
+        self.prompts: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self.prompt_of: dict[str, bytes] = {}  # requests whose prefill is the first of their prompt
+
+    def start_step(self, scheduler_output, req_ids: list[str], computed: np.ndarray, scheduled: np.ndarray) -> None:
+        self.file_step()
+        now = time.monotonic()
+        for rid in scheduler_output.finished_req_ids:
+            self.finished.setdefault(rid, now)
+        for rid in [r for r, t in self.finished.items() if now - t > KEEP_FINISHED_S]:
+            self._forget(rid)
+        for new in scheduler_output.scheduled_new_reqs:
+            key = np.asarray(new.prompt_token_ids or [], dtype=np.int64).tobytes()
+            cached = new.num_computed_tokens
+            if cached and key in self.prompts:  # served from the cache: the first prefill's rows
+                self.segments.setdefault(new.req_id, []).append((0, self.prompts[key][:cached]))
+            elif not cached:
+                self.prompt_of[new.req_id] = key
+        self.layout = [(rid, int(c), int(n)) for rid, c, n in zip(req_ids, computed, scheduled)]
+        self.rows = np.full((int(scheduled.sum()), self.num_layers, self.top_k), NONE, dtype=np.uint8)
+
+    def capture(self, layer: int, topk_ids) -> None:
+        if self.rows is None or not 0 <= layer < self.num_layers:
+            return
+        n = self.rows.shape[0]
+        if topk_ids.shape[0] < n:  # not this step's forward (a warm-up or dummy run)
+            return
+        self.rows[:, layer] = topk_ids[:n].cpu().numpy()
+
+    def file_step(self) -> None:
+        if self.rows is None:
+            return
+        at = 0
+        for rid, first, n in self.layout:
+            rows = self.rows[at:at + n]
+            self.segments.setdefault(rid, []).append((first, rows))
+            key = self.prompt_of.pop(rid, None)
+            if key is not None and first == 0:
+                self.prompts[key] = rows[:len(key) // 8].copy()
+                self.prompts.move_to_end(key)
+                while len(self.prompts) > PROMPTS_KEPT:
+                    self.prompts.popitem(last=False)
+            at += n
+        self.layout, self.rows = None, None
+
+    def take(self, external_ids: list[str]) -> dict[str, bytes]:
+        """Each named request's rows [positions, layers, k] as bytes (b"" for one never seen),
+        forgotten once taken; vLLM names a request by the caller's id plus "-" and 8 characters."""
+        self.file_step()
+        wanted = set(external_ids)
+        internal = {rid.rsplit("-", 1)[0]: rid for rid in self.segments if rid.rsplit("-", 1)[0] in wanted}
+        out = {}
+        for ext in external_ids:
+            rid = internal.get(ext)
+            out[ext] = merged(self.segments[rid], self.num_layers, self.top_k).tobytes() if rid else b""
+            if rid:
+                self._forget(rid)
+        return out
+
+    def forget_prompts(self) -> None:
+        self.prompts.clear()
+
+    def _forget(self, rid: str) -> None:
+        self.segments.pop(rid, None)
+        self.finished.pop(rid, None)
+        self.prompt_of.pop(rid, None)
+
+
+class RoutingWorkerExtension(GlooEngineRegistration):
+    """vLLM `worker_extension_cls` of an engine that records routing (and receives gloo pushes)."""
+
+    def asyncrl_routing_start(self) -> tuple[int, int]:
+        """Bind the capture to every MoE router of this worker's model; returns (layers, k)."""
+        from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+        from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+        runner = self.model_runner
+        config = runner.vllm_config.model_config
+        num_layers, top_k = config.get_total_num_hidden_layers(), config.get_num_experts_per_tok()
+        if config.get_num_experts() > NONE:
+            raise ValueError(f"routing replay records expert ids as uint8: {config.get_num_experts()} experts "
+                             f"is more than {NONE}")
+        capture = _Capture(num_layers, top_k)
+        bound = 0
+        for module in runner.get_model().modules():
+            if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
+                module.router.set_capture_fn(partial(capture.capture, module.layer_id))
+                bound += 1
+        if not bound:
+            raise ValueError("routing replay: the engine's model has no MoE router it can record")
+        prepare = runner._prepare_inputs
+
+        def prepare_and_record(scheduler_output, num_scheduled_tokens, *args, **kwargs):
+            batch = runner.input_batch
+            n = batch.num_reqs
+            capture.start_step(scheduler_output, list(batch.req_ids[:n]),
+                               batch.num_computed_tokens_cpu[:n].copy(), np.asarray(num_scheduled_tokens[:n]))
+            return prepare(scheduler_output, num_scheduled_tokens, *args, **kwargs)
+
+        runner._prepare_inputs = prepare_and_record
+        self._asyncrl_routing = capture
+        return num_layers, top_k
+
+    def asyncrl_routing_take(self, request_ids: list[str]) -> dict[str, bytes]:
+        return self._asyncrl_routing.take(request_ids)
+
+    def asyncrl_routing_forget_prompts(self) -> None:
+        """After a weight load: prompt prefills of the old weights are no longer what the cache holds."""
+        self._asyncrl_routing.forget_prompts()
