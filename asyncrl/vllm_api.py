@@ -177,6 +177,8 @@ SURFACE: list[VllmName] = [
              attrs=("req_id", "prompt_token_ids", "num_computed_tokens")),
     VllmName("vllm.config:ModelConfig", "rollout/vllm_routing.py",
              methods={"get_total_num_hidden_layers": (), "get_num_experts_per_tok": (), "get_num_experts": ()}),
+    VllmName("vllm.config:VllmConfig", "rollout/vllm_routing.py", attrs=("model_config", "cache_config")),
+    VllmName("vllm.config:CacheConfig", "rollout/vllm_routing.py (the prefix cache's block size)", attrs=("block_size",)),
 ]
 
 

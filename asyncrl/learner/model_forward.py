@@ -40,7 +40,8 @@ def policy_forward(model: torch.nn.Module, mb: MicroBatch, chunk: int, device: t
     kwargs = {"output_router_logits": True} if (is_moe(model) if moe is None else moe) else {}
     replay = replay_of(model)
     if replay is not None:  # this micro-batch's recorded experts, until the next forward (recompute)
-        replay.use(mb.routed_experts, mb.attention_mask.reshape(-1))
+        routes = mb.routed_experts
+        replay.use(None if routes is None else routes.to(device), mb.attention_mask.reshape(-1).to(device))
     with phase("forward"):
         out = model(**mb.model_inputs(device), output_hidden_states=True, logits_to_keep=1, **kwargs)
         hidden = out.hidden_states[-1][mb.rows.to(device), mb.cols.to(device)]  # [T, H], after the final norm

@@ -7,8 +7,8 @@ arXiv 2510.11370).
 The router still runs: its logits feed the auxiliary losses, and the replayed experts' gate
 weights are its probabilities at them (algo/moe.py `replayed_routing`), so the router keeps
 learning; only the choice is forced. A position the engine recorded nothing for (the response's
-last token, which no engine forward took as input; an episode's tool turns) keeps the router's
-own choice.
+last token, which no engine forward took as input; a multi-turn episode, whose turns' routing is
+not collected) keeps the router's own choice.
 
 Hugging Face's top-k routers (`Qwen3MoeTopKRouter`, `Qwen2MoeTopKRouter`, ...) take a layer's
 hidden states flattened to [B * L, H] and return (logits, weights, indices); `install` wraps each
@@ -53,7 +53,8 @@ class Replay:
         else:
             rows = routes.long()
             self.rows = torch.where(rows == NONE, -1, rows)
-            self.positions = real.bool() if real is not None else torch.ones(len(rows), dtype=torch.bool)
+            self.positions = real.bool() if real is not None else torch.ones(len(rows), dtype=torch.bool,
+                                                                                 device=rows.device)
         self.counts = {}
 
     def read(self) -> torch.Tensor | None:

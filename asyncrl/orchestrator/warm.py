@@ -50,6 +50,7 @@ def process_key(cfg: Config) -> dict[str, Any]:
         values = getattr(cfg, section).model_dump(mode="json")
         key[section] = values if fields is None else {f: values[f] for f in fields}
     key["reward.placement"] = cfg.reward.placement
+    key["algo.moe_routing"] = cfg.algo.moe_routing  # the engines record routing, the learner's routers replay it
     if cfg.reward.placement == "actor":  # the actors hold the reward functions
         key["reward"] = cfg.reward.model_dump(mode="json")
     return key

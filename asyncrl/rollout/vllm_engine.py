@@ -315,7 +315,7 @@ class VLLMEngine:
         # requests may reuse prefix blocks the old weights wrote, the mismatch keep_kv accepts
         stats = await vllm_receiver.receive_weights(self.llm, metadata, version, reset_prefix_cache=not self._paused)
         if self.record_routing:  # prompt prefills of the old weights: no longer what a cache hit reuses
-            await self.llm.collective_rpc("asyncrl_routing_forget_prompts")
+            await self.llm.collective_rpc("asyncrl_routing_forget_prefixes")
         if adapter:
             await self._serve_adapter_now(self._adapter_dir)
         else:  # whole weights (another saved policy, `asyncrl evaluate`): served as they are

@@ -9,11 +9,11 @@ and wrapping that call gives the step's layout. A step's rows are filed under th
 when the next step starts (or when they are taken), so each request collects the rows of the
 positions it computed, at the weights that computed them.
 
-- A position keeps the first routing recorded for it: a request kept across a weight load and
-  recomputed keeps the routing its earlier tokens were produced with.
-- A prompt served from the prefix cache was computed by an earlier request of the same prompt
-  (the groups of GRPO): its rows are copied from that request's prefill, kept per prompt until
-  the cache is reset by a load.
+- A position keeps the last routing recorded for it (rollout/routes.py says why): a request
+  preempted and recomputed takes the routing its later tokens attended through.
+- A prompt served from the prefix cache was computed by an earlier request sharing its first
+  blocks (a GRPO group's other samples, a common system prompt): the rows of that request's
+  prefill are kept per block, keyed as the cache keys its blocks, until a load resets the cache.
 - A position with no routing (the last sampled token, which no forward takes as input; a cached
   prefix of another prompt) is row 255 in every slot: the learner routes it itself.
 
@@ -32,21 +32,32 @@ import numpy as np
 
 from asyncrl.rollout.routes import NONE, merged
 from asyncrl.sync.vllm_gloo_engine import GlooEngineRegistration
+
 KEEP_FINISHED_S = 120.0  # a finished request's rows wait this long for the actor to take them
-PROMPTS_KEPT = 4096  # prompt prefills kept for requests that hit the prefix cache
+PREFIXES_KEPT = 1 << 16  # cached-prefix blocks whose prefill rows are kept (for prefix-cache hits)
+
+
+def block_keys(tokens: np.ndarray, block_size: int, upto: int) -> list[int]:
+    """A chained key per whole block of tokens[:upto] (as vLLM's prefix cache keys its blocks): the
+    i-th is the same for two sequences exactly when their first (i + 1) blocks are."""
+    keys, key = [], 0
+    for end in range(block_size, upto + 1, block_size):
+        key = hash((key, tokens[end - block_size:end].tobytes()))
+        keys.append(key)
+    return keys
 
 
 class _Capture:
     """The rows of one worker's forwards, filed per request."""
 
-    def __init__(self, num_layers: int, top_k: int):
-        self.num_layers, self.top_k = num_layers, top_k
+    def __init__(self, num_layers: int, top_k: int, block_size: int):
+        self.num_layers, self.top_k, self.block_size = num_layers, top_k, block_size
         self.layout: list[tuple[str, int, int]] | None = None  # (request, first position, tokens)
         self.rows: np.ndarray | None = None  # this step's [tokens, layers, k]
         self.segments: dict[str, list[tuple[int, np.ndarray]]] = {}
         self.finished: dict[str, float] = {}
-        self.prompts: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self.prompt_of: dict[str, bytes] = {}  # requests whose prefill is the first of their prompt
+        self.prefixes: OrderedDict[int, np.ndarray] = OrderedDict()  # block key -> rows up to that block's end
+        self.prompt_of: dict[str, np.ndarray] = {}  # requests whose prefill starts at 0: their prompt tokens
 
     def start_step(self, scheduler_output, req_ids: list[str], computed: np.ndarray, scheduled: np.ndarray) -> None:
         self.file_step()
@@ -56,12 +67,13 @@ class _Capture:
         for rid in [r for r, t in self.finished.items() if now - t > KEEP_FINISHED_S]:
             self._forget(rid)
         for new in scheduler_output.scheduled_new_reqs:
-            key = np.asarray(new.prompt_token_ids or [], dtype=np.int64).tobytes()
+            tokens = np.asarray(new.prompt_token_ids or [], dtype=np.int64)
             cached = new.num_computed_tokens
-            if cached and key in self.prompts:  # served from the cache: the first prefill's rows
-                self.segments.setdefault(new.req_id, []).append((0, self.prompts[key][:cached]))
-            elif not cached:
-                self.prompt_of[new.req_id] = key
+            keys = block_keys(tokens, self.block_size, cached) if cached else []
+            if keys and keys[-1] in self.prefixes:  # served from the cache: the rows of the prefill that made it
+                self.segments.setdefault(new.req_id, []).append((0, self.prefixes[keys[-1]][:cached]))
+            if not cached:
+                self.prompt_of[new.req_id] = tokens
         self.layout = [(rid, int(c), int(n)) for rid, c, n in zip(req_ids, computed, scheduled)]
         self.rows = np.full((int(scheduled.sum()), self.num_layers, self.top_k), NONE, dtype=np.uint8)
 
@@ -80,12 +92,14 @@ class _Capture:
         for rid, first, n in self.layout:
             rows = self.rows[at:at + n]
             self.segments.setdefault(rid, []).append((first, rows))
-            key = self.prompt_of.pop(rid, None)
-            if key is not None and first == 0:
-                self.prompts[key] = rows[:len(key) // 8].copy()
-                self.prompts.move_to_end(key)
-                while len(self.prompts) > PROMPTS_KEPT:
-                    self.prompts.popitem(last=False)
+            tokens = self.prompt_of.pop(rid, None)
+            if tokens is not None and first == 0:  # its prefill: the rows of every whole block it computed
+                kept = rows[:min(n, len(tokens))].copy()
+                for key in block_keys(tokens, self.block_size, len(kept)):
+                    self.prefixes[key] = kept
+                    self.prefixes.move_to_end(key)
+                while len(self.prefixes) > PREFIXES_KEPT:
+                    self.prefixes.popitem(last=False)
             at += n
         self.layout, self.rows = None, None
 
@@ -103,8 +117,8 @@ class _Capture:
                 self._forget(rid)
         return out
 
-    def forget_prompts(self) -> None:
-        self.prompts.clear()
+    def forget_prefixes(self) -> None:
+        self.prefixes.clear()
 
     def _forget(self, rid: str) -> None:
         self.segments.pop(rid, None)
@@ -126,7 +140,7 @@ class RoutingWorkerExtension(GlooEngineRegistration):
         if config.get_num_experts() > NONE:
             raise ValueError(f"routing replay records expert ids as uint8: {config.get_num_experts()} experts "
                              f"is more than {NONE}")
-        capture = _Capture(num_layers, top_k)
+        capture = _Capture(num_layers, top_k, runner.vllm_config.cache_config.block_size)
         bound = 0
         for module in runner.get_model().modules():
             if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
@@ -150,6 +164,6 @@ class RoutingWorkerExtension(GlooEngineRegistration):
     def asyncrl_routing_take(self, request_ids: list[str]) -> dict[str, bytes]:
         return self._asyncrl_routing.take(request_ids)
 
-    def asyncrl_routing_forget_prompts(self) -> None:
+    def asyncrl_routing_forget_prefixes(self) -> None:
         """After a weight load: prompt prefills of the old weights are no longer what the cache holds."""
-        self._asyncrl_routing.forget_prompts()
+        self._asyncrl_routing.forget_prefixes()

@@ -136,13 +136,17 @@ def test_collate_lays_routing_rows_out_as_the_inputs_flattened():
     assert collate([SequenceChunk("h", 0, [1], [2], 0, [0.0], [0], 0.0)]).routed_experts is None
 
 
-def test_a_sample_keeps_the_first_routing_of_each_position_and_pads_what_was_never_recorded():
+def test_a_sample_keeps_the_last_routing_of_each_position_and_pads_what_was_never_recorded():
+    """A request resumed after an in-flight update's abort prefills its prefix again: the tokens it
+    samples attended to that recomputed prefix, so its rows are the sample's."""
     first = np.array([[[1, 2]], [[3, 4]], [[5, 6]]], dtype=np.uint8)  # 3 positions, 1 layer, top-2
-    resumed = np.array([[[7, 7]], [[7, 7]], [[7, 7]], [[0, 1]]], dtype=np.uint8)  # re-fed prefix, 1 more
+    resumed = np.array([[[7, 7]], [[7, 7]], [[0, 1]]], dtype=np.uint8)  # the prefix again (2 of it), 1 more
     routes = np.frombuffer(sample_routes([first, None, resumed], 6), np.uint8).reshape(6, 1, 2)
-    assert routes[:, 0].tolist() == [[1, 2], [3, 4], [5, 6], [0, 1], [NONE, NONE], [NONE, NONE]]
+    assert routes[:, 0].tolist() == [[7, 7], [7, 7], [0, 1], [NONE, NONE], [NONE, NONE], [NONE, NONE]]
+    longer = np.frombuffer(sample_routes([first, resumed[:1]], 3), np.uint8).reshape(3, 1, 2)
+    assert longer[:, 0].tolist() == [[7, 7], [3, 4], [5, 6]]  # what the later request did not recompute stays
     assert sample_routes([None, np.zeros((0, 1, 2), np.uint8)], 6) == b""
-    assert merged([(2, first[:1]), (0, first)], 1, 2)[:, 0].tolist() == [[1, 2], [3, 4], [1, 2]]
+    assert merged([(2, first[:1]), (0, first)], 1, 2)[:, 0].tolist() == [[1, 2], [3, 4], [5, 6]]
 
 
 def scheduled(new=(), finished=()):
@@ -153,7 +157,7 @@ def scheduled(new=(), finished=()):
 def test_the_engine_capture_files_each_steps_rows_under_their_requests():
     from asyncrl.rollout.vllm_routing import _Capture
 
-    cap = _Capture(num_layers=2, top_k=1)
+    cap = _Capture(num_layers=2, top_k=1, block_size=2)
 
     def forward(rows_per_layer):
         for layer, rows in enumerate(rows_per_layer):
@@ -162,16 +166,18 @@ def test_the_engine_capture_files_each_steps_rows_under_their_requests():
     # step 1: a's prompt (3 tokens) prefilled; b hits the prefix cache of nothing yet (0 computed)
     cap.start_step(scheduled(new=[("a-x1", [5, 6, 7], 0)]), ["a-x1"], np.array([0]), np.array([3]))
     forward([[1, 2, 3], [4, 5, 6]])
-    # step 2: a decodes position 3; c has a's prompt, 2 tokens served from the cache, 1 computed
-    cap.start_step(scheduled(new=[("c-x3", [5, 6, 7], 2)]), ["a-x1", "c-x3"], np.array([3, 2]), np.array([1, 1]))
-    forward([[9, 8], [0, 1]])
-    got = cap.take(["a", "c", "unknown"])
-    a = np.frombuffer(got["a"], np.uint8).reshape(-1, 2, 1)[:, :, 0].tolist()
-    c = np.frombuffer(got["c"], np.uint8).reshape(-1, 2, 1)[:, :, 0].tolist()
+    # step 2: a decodes position 3; c has a's prompt and e another sharing its first block (of 2
+    # tokens), both served from the cache, 1 token computed each
+    cap.start_step(scheduled(new=[("c-x3", [5, 6, 7], 2), ("e-x5", [5, 6, 9], 2)]), ["a-x1", "c-x3", "e-x5"],
+                   np.array([3, 2, 2]), np.array([1, 1, 1]))
+    forward([[9, 8, 7], [0, 1, 2]])
+    got = cap.take(["a", "c", "e", "unknown"])
+    a, c, e = (np.frombuffer(got[r], np.uint8).reshape(-1, 2, 1)[:, :, 0].tolist() for r in "ace")
     assert a == [[1, 4], [2, 5], [3, 6], [9, 0]]
     assert c == [[1, 4], [2, 5], [8, 1]]  # its cached prefix from a's prefill
+    assert e == [[1, 4], [2, 5], [7, 2]]
     assert got["unknown"] == b"" and cap.take(["a"]) == {"a": b""}  # forgotten once taken
-    cap.forget_prompts()
+    cap.forget_prefixes()
     cap.start_step(scheduled(new=[("d-x4", [5, 6, 7], 2)]), ["d-x4"], np.array([2]), np.array([1]))
     forward([[3], [3]])
     d = np.frombuffer(cap.take(["d"])["d"], np.uint8).reshape(-1, 2, 1)[:, :, 0].tolist()

@@ -22,6 +22,9 @@ def test_a_process_shaping_field_is_named():
     assert fits([], ["reward.timeout_s=3"]) == []
     # the actors hold the episode runner: an environment's setting starts new ones
     assert fits(["env.type=calculator"], ["env.type=calculator", "env.max_turns=2"]) == ["env.max_turns"]
+    # routing replay: the engines record routing and the learner's routers replay it
+    assert fits(["model.tiny.num_experts=8"], ["model.tiny.num_experts=8", "algo.moe_routing=replay"]) \
+        == ["algo.moe_routing"]
 
 
 def test_differences_walks_nested_keys():
