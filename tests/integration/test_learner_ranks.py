@@ -31,6 +31,7 @@ differently), so a check must hold for any order of summation:
     make Adam an SGD whose second moment no check could see.)
 """
 
+import dataclasses
 import multiprocessing as mp
 import os
 import random
@@ -132,8 +133,21 @@ def step_chunks(step):
     return out
 
 
-def feed(learner, sender, step, rank, world):
-    chunks = step_chunks(step)
+def with_routing(chunks, step, layers=2, experts=4, k=2):
+    """The chunks with a recorded routing (distinct random experts per position and layer, seeded),
+    the last position of each unrecorded, as an engine returns it."""
+    g = torch.Generator().manual_seed(1000 + step)
+    out = []
+    for c in chunks:
+        rows = torch.stack([torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(layers)])
+                            for _ in range(c.num_tokens)]).to(torch.uint8)
+        rows[-1] = 255
+        out.append(dataclasses.replace(c, routed_experts=rows.numpy().tobytes()))
+    return out
+
+
+def feed(learner, sender, step, rank, world, routed=False):
+    chunks = with_routing(step_chunks(step), step) if routed else step_chunks(step)
     part = split_for_ranks(chunks, world)[rank]
     sender.send(encode_batch(Batch(step=step, rank=rank, chunks=part,
                                    num_loss_tokens_global=sum(c.num_loss_tokens for c in chunks),
@@ -210,6 +224,24 @@ def run_moe_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24
     sender.close()
     learner.shutdown()
     return {"grads": grads, "metrics": metrics, "load_mode": learner.load_mode}
+
+
+def run_replay_rank(rank, world, port, model, backend, stage, micro_batch_tokens=24, precision=None, replay=True):
+    """Step 1's gradient with routing replay (every chunk carries a recorded routing), and one
+    optimizer step's metrics; `replay` False: the learner's own routing, for contrast."""
+    precision = precision or precision_of(backend)
+    cfg = learner_cfg(backend, stage, world, precision, micro_batch_tokens=micro_batch_tokens)
+    algo = AlgoConfig(aggregation="token_mean", moe_routing="replay" if replay else "learner")
+    learner = LearnerRank(model, cfg, algo, dtype=precision.dtype, rank=rank, world_size=world,
+                          group_address=group_address(port))
+    sender = FrameSender(learner.batch_endpoint())
+    feed(learner, sender, 1, rank, world, routed=True)
+    grads = learner.gradients(1)
+    feed(learner, sender, 1, rank, world, routed=True)
+    metrics = learner.train_step(1).metrics
+    sender.close()
+    learner.shutdown()
+    return {"grads": grads, "metrics": metrics}
 
 
 ENTROPY_ALGO = AlgoConfig(aggregation="token_mean", entropy_control={"enabled": True, "target": 10.0, "delta": 0.05,
@@ -313,7 +345,7 @@ class BreakingSender:
 def _child(rank, world, port, args, out):
     os.environ["DS_ACCELERATOR"] = "cpu"
     targets = {"moe": run_moe_rank, "entropy": run_entropy_rank, "decoupled": run_decoupled_rank,
-               "layout": run_layout_rank}
+               "layout": run_layout_rank, "replay": run_replay_rank}
     if callable(args[0]):  # another module's rank function (test_lora_learner.py)
         target, args = args[0], args[1:]
     else:
@@ -478,6 +510,27 @@ def test_moe_aux_losses_on_two_ranks_equal_the_single_rank_ones(tmp_path_factory
     # Hugging Face fuses the experts' files into one tensor a layer as it loads them, so FSDP2 ranks
     # cannot read their rows by the parameters' names: each loads the whole model (as ZeRO ranks do)
     assert two["load_mode"] == "whole"
+
+
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
+def test_routing_replay_on_two_ranks_gives_the_single_rank_gradient(tmp_path_factory, tmp_path, backend, stage):
+    """With routing replay each position is routed to its recorded experts whatever rank and
+    micro-batch it lands in: 2 ranks with micro-batches give one rank's gradient (float64 on
+    FSDP2), every recorded pair is routed as recorded, and the gradient is not the one of the
+    learner's own routing (the recorded experts are random, not the model's choice)."""
+    model = build_moe_model(tmp_path_factory.mktemp("moe"))
+    precision = precision_of(backend)
+    one = run_replay_rank(0, 1, None, model, "torch", 2, 4096, precision)
+    own = run_replay_rank(0, 1, None, model, "torch", 2, 4096, precision, replay=False)
+    two = run_ranks(tmp_path, 2, "replay", model, backend, stage)
+    assert_close(two["grads"], one["grads"], f"replayed MoE {backend}-{stage} gradient", precision.grad_tol)
+    for run in (one, two):
+        m = run["metrics"]
+        assert m["moe/route_agreement"] == 1.0 and 0.8 < m["moe/route_coverage"] < 1.0
+        assert m["moe/own_route_agreement"] < 0.5  # random experts: the routers' own choice rarely is one
+    moved = max(float((own["grads"][n] - one["grads"][n]).abs().max()) for n in one["grads"])
+    assert moved > 100 * precision.grad_tol
+    assert "moe/route_agreement" not in own["metrics"]
 
 
 def test_entropy_control_uses_the_global_entropy_of_unequal_ranks(tmp_path, tied_model):
