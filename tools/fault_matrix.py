@@ -245,8 +245,9 @@ def run_scenario(name: str, engine: str, steps: int, out_dir: Path, model: str, 
 
 
 def _outcomes(orch, prefix: str) -> float:
-    """Samples whose reward outcome starts with prefix, over the run (from each step's shares)."""
-    return round(sum(v * h.get("reward/num_samples", 0) for h in orch.history for k, v in h.items()
+    """Samples whose reward outcome starts with prefix, over the run (from each step's shares). A
+    step that trained no newly scored sample has no shares: None, not a number."""
+    return round(sum((v or 0.0) * (h.get("reward/num_samples") or 0) for h in orch.history for k, v in h.items()
                      if k.startswith(f"reward/outcome_{prefix}")), 6)
 
 

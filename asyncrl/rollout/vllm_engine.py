@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import os
 import shutil
 import tempfile
@@ -46,6 +47,8 @@ CPU_SHUTDOWN_GRACE_S = 1.0
 LORA_NAME, LORA_ID = "asyncrl-policy", 1  # the one adapter an engine serves; pushes replace it in place
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the `max_lora_rank` values vLLM accepts
 
+
+log = logging.getLogger(__name__)
 
 RPC_PREFIX = "asyncrl-vllm-rpc-"
 ROUTING_EXTENSION = "asyncrl.rollout.vllm_routing.RoutingWorkerExtension"
@@ -177,6 +180,11 @@ class VLLMEngine:
         from vllm.platforms import current_platform
 
         eager = current_platform.is_cpu() if self.enforce_eager is None else self.enforce_eager
+        if self.record_routing and not eager:
+            # the capture is a Python hook in each router (vllm_routing.py): a CUDA graph replays the
+            # kernels it recorded and never calls it, so every decode step would go unrecorded
+            log.warning("algo.moe_routing: replay records routing in eager mode: CUDA graphs are off for this engine")
+            eager = True
         kwargs = dict(model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len,
                       max_num_seqs=self.max_num_seqs, enforce_eager=eager, seed=self.seed,
                       tensor_parallel_size=self.tensor_parallel_size,

@@ -29,12 +29,13 @@ from collections import OrderedDict
 from functools import partial
 
 import numpy as np
+import torch
 
 from asyncrl.rollout.routes import NONE, merged
 from asyncrl.sync.vllm_gloo_engine import GlooEngineRegistration
 
 KEEP_FINISHED_S = 120.0  # a finished request's rows wait this long for the actor to take them
-PREFIXES_KEPT = 1 << 16  # cached-prefix blocks whose prefill rows are kept (for prefix-cache hits)
+PREFIXES_KEPT = 1 << 14  # cached-prefix blocks whose prefill rows are kept (for prefix-cache hits)
 
 
 def block_keys(tokens: np.ndarray, block_size: int, upto: int) -> list[int]:
@@ -54,6 +55,7 @@ class _Capture:
         self.num_layers, self.top_k, self.block_size = num_layers, top_k, block_size
         self.layout: list[tuple[str, int, int]] | None = None  # (request, first position, tokens)
         self.rows: np.ndarray | None = None  # this step's [tokens, layers, k]
+        self.pending: dict[int, torch.Tensor] = {}  # this step's top-k ids per layer, on the engine's device
         self.segments: dict[str, list[tuple[int, np.ndarray]]] = {}
         self.finished: dict[str, float] = {}
         self.prefixes: OrderedDict[int, np.ndarray] = OrderedDict()  # block key -> rows up to that block's end
@@ -74,6 +76,7 @@ class _Capture:
                 self.segments.setdefault(new.req_id, []).append((0, self.prefixes[keys[-1]][:cached]))
             if not cached:
                 self.prompt_of[new.req_id] = tokens
+        self.pending = {}
         self.layout = [(rid, int(c), int(n)) for rid, c, n in zip(req_ids, computed, scheduled)]
         self.rows = np.full((int(scheduled.sum()), self.num_layers, self.top_k), NONE, dtype=np.uint8)
 
@@ -83,11 +86,16 @@ class _Capture:
         n = self.rows.shape[0]
         if topk_ids.shape[0] < n:  # not this step's forward (a warm-up or dummy run)
             return
-        self.rows[:, layer] = topk_ids[:n].cpu().numpy()
+        # kept where it was computed: one copy to the host a step (file_step), not one a layer
+        self.pending[layer] = topk_ids[:n].to(dtype=torch.uint8, copy=True)
 
     def file_step(self) -> None:
         if self.rows is None:
             return
+        if self.pending:
+            layers = sorted(self.pending)
+            self.rows[:, layers] = torch.stack([self.pending[i] for i in layers], dim=1).cpu().numpy()
+            self.pending = {}
         at = 0
         for rid, first, n in self.layout:
             rows = self.rows[at:at + n]

@@ -151,6 +151,8 @@ def test_enforce_eager_defaults_to_the_platform(monkeypatch):
     assert VLLMEngine("m", enforce_eager=False).engine_kwargs()["enforce_eager"] is False
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
     assert VLLMEngine("m").engine_kwargs()["enforce_eager"] is False  # CUDA graphs on GPU
+    # except where routing is recorded: a graph's replay never calls the routers' capture hook
+    assert VLLMEngine("m", record_routing=True).engine_kwargs()["enforce_eager"] is True
 
 
 USER_REWARDS = '''
