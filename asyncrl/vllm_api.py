@@ -134,7 +134,7 @@ SURFACE: list[VllmName] = [
                       "receive_weights": ("update_info",), "finish_weight_update": (), "shutdown": ()},
              attrs=("init_info_cls", "update_info_cls", "supports_draft_weight_update", "model", "model_config",
                     "parallel_config")),
-    VllmName("vllm.v1.worker.gpu_worker:Worker", "sync/vllm_gloo_engine.py (GlooEngineRegistration, mixed into "
+    VllmName("vllm.v1.worker.gpu_worker:Worker", "sync/vllm_gloo_engine.py (WorkerExtension, mixed into "
              "the worker, reads its engine)", attrs=("weight_transfer_engine",)),
     VllmName("vllm.distributed.weight_transfer.base:WeightTransferInitInfo", "sync/vllm_gloo_engine.py (subclassed)"),
     VllmName("vllm.distributed.weight_transfer.base:WeightTransferUpdateInfo", "sync/vllm_gloo_engine.py (subclassed)"),
@@ -161,24 +161,24 @@ SURFACE: list[VllmName] = [
              attrs=("_use_zentorch", "moe_config")),
     VllmName("vllm.model_executor.layers.fused_moe.config:FusedMoEConfig", "sync/vllm_gloo_engine.py",
              attrs=("intermediate_size_per_partition",)),
-    # --- routing replay: the capture hook on every MoE router, in the worker (rollout/vllm_routing.py)
-    VllmName("vllm.model_executor.layers.fused_moe.router.base_router:BaseRouter", "rollout/vllm_routing.py",
+    # --- routing replay: the capture hook on every MoE router, in the worker (sync/vllm_gloo_engine.py)
+    VllmName("vllm.model_executor.layers.fused_moe.router.base_router:BaseRouter", "sync/vllm_gloo_engine.py",
              methods={"set_capture_fn": ("capture_fn",)}),
-    VllmName("vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner", "rollout/vllm_routing.py",
+    VllmName("vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner", "sync/vllm_gloo_engine.py",
              attrs=("router", "layer_id")),
-    VllmName("vllm.v1.worker.gpu_model_runner:GPUModelRunner", "rollout/vllm_routing.py (the worker's model_runner)",
+    VllmName("vllm.v1.worker.gpu_model_runner:GPUModelRunner", "sync/vllm_gloo_engine.py (the worker's model_runner)",
              methods={"_prepare_inputs": ("scheduler_output", "num_scheduled_tokens"), "get_model": ()},
              attrs=("input_batch", "vllm_config")),
-    VllmName("vllm.v1.worker.gpu_input_batch:InputBatch", "rollout/vllm_routing.py",
+    VllmName("vllm.v1.worker.gpu_input_batch:InputBatch", "sync/vllm_gloo_engine.py",
              attrs=("req_ids", "num_reqs", "num_computed_tokens_cpu")),
-    VllmName("vllm.v1.core.sched.output:SchedulerOutput", "rollout/vllm_routing.py",
+    VllmName("vllm.v1.core.sched.output:SchedulerOutput", "sync/vllm_gloo_engine.py",
              attrs=("scheduled_new_reqs", "finished_req_ids")),
-    VllmName("vllm.v1.core.sched.output:NewRequestData", "rollout/vllm_routing.py",
+    VllmName("vllm.v1.core.sched.output:NewRequestData", "sync/vllm_gloo_engine.py",
              attrs=("req_id", "prompt_token_ids", "num_computed_tokens")),
-    VllmName("vllm.config:ModelConfig", "rollout/vllm_routing.py",
+    VllmName("vllm.config:ModelConfig", "sync/vllm_gloo_engine.py",
              methods={"get_total_num_hidden_layers": (), "get_num_experts_per_tok": (), "get_num_experts": ()}),
-    VllmName("vllm.config:VllmConfig", "rollout/vllm_routing.py", attrs=("model_config", "cache_config")),
-    VllmName("vllm.config:CacheConfig", "rollout/vllm_routing.py (the prefix cache's block size)", attrs=("block_size",)),
+    VllmName("vllm.config:VllmConfig", "sync/vllm_gloo_engine.py", attrs=("model_config", "cache_config")),
+    VllmName("vllm.config:CacheConfig", "sync/vllm_gloo_engine.py (the prefix cache's block size)", attrs=("block_size",)),
 ]
 
 

@@ -34,7 +34,7 @@ class Completion:
     the version the request started with."""
     routed_experts: Any = None
     """With routing recorded (algo.moe_routing: replay): uint8 numpy [positions, MoE layers, top-k],
-    the experts each position of prompt + completion was routed to (rollout/vllm_routing.py)."""
+    the experts each position of prompt + completion was routed to (rollout/routes.py)."""
 
 
 class EngineFailed(RuntimeError):

@@ -16,7 +16,7 @@ would with new weights. A model path that is an adapter directory (a LoRA run's 
 policy) serves its base with that adapter.
 
 Routing replay (`record_routing`, algo.moe_routing: replay): the engine's workers record which
-experts each position was routed to (rollout/vllm_routing.py) and each completion carries its rows.
+experts each position was routed to (rollout/routes.py) and each completion carries its rows.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the `max_lora_rank` 
 log = logging.getLogger(__name__)
 
 RPC_PREFIX = "asyncrl-vllm-rpc-"
-ROUTING_EXTENSION = "asyncrl.rollout.vllm_routing.RoutingWorkerExtension"
 
 
 def own_rpc_dir() -> str:
@@ -138,7 +137,7 @@ class VLLMEngine:
         self._rpc_env_before: str | None = None
         self._joined = False  # in a weight-sync group
         self._paused = False  # requests kept in place for a load (pause)
-        self.record_routing = record_routing  # algo.moe_routing: replay (rollout/vllm_routing.py)
+        self.record_routing = record_routing  # algo.moe_routing: replay (rollout/routes.py)
         self.routing_shape: tuple[int, int] | None = None  # (MoE layers, top-k) once recording
         self._route_waiters: dict[str, asyncio.Future] = {}
         self._route_fetch: asyncio.Task | None = None
@@ -167,8 +166,8 @@ class VLLMEngine:
         from asyncrl.sync import vllm_receiver
 
         kwargs = {**self.engine_kwargs(), **vllm_receiver.engine_kwargs(self.sync_type)}
-        if self.record_routing:  # its worker extension is the gloo receiver's too
-            kwargs["worker_extension_cls"] = ROUTING_EXTENSION
+        if self.record_routing:  # the capture's methods are the worker extension's (gloo sets it too)
+            kwargs["worker_extension_cls"] = vllm_receiver.WORKER_EXTENSION
         os.environ[owner.ENV] = owner.owner_token()  # the engine's processes end with this one (owner.py)
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=self.stat_loggers)
         if self.record_routing:
@@ -181,7 +180,7 @@ class VLLMEngine:
 
         eager = current_platform.is_cpu() if self.enforce_eager is None else self.enforce_eager
         if self.record_routing and not eager:
-            # the capture is a Python hook in each router (vllm_routing.py): a CUDA graph replays the
+            # the capture is a Python hook in each router (rollout/routes.py): a CUDA graph replays the
             # kernels it recorded and never calls it, so every decode step would go unrecorded
             log.warning("algo.moe_routing: replay records routing in eager mode: CUDA graphs are off for this engine")
             eager = True

@@ -6,7 +6,7 @@ API drives it (`AsyncLLM.init_weight_transfer_engine` / `start_weight_update` /
 `update_weights` / `finish_weight_update`), exactly like vLLM's NCCL backend on GPUs.
 
 Registration must happen in the worker process before the model loads. Two routes, both
-idempotent: the `vllm.general_plugins` entry point `register`, and `GlooEngineRegistration`
+idempotent: the `vllm.general_plugins` entry point `register`, and `WorkerExtension`
 passed as `worker_extension_cls` (vLLM imports it in the worker before building the worker,
 which runs this module's `register()`), so an install without the entry point still works.
 
@@ -38,6 +38,7 @@ it served (rollout/vllm_engine.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -321,14 +322,56 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
 
 
-class GlooEngineRegistration:
+class WorkerExtension:
     """vLLM `worker_extension_cls`: importing it registers the engine in the worker, and its
-    method joins the worker's, for `collective_rpc`."""
+    methods join the worker's, for `collective_rpc`: the gloo receiver's report, and routing
+    replay's capture (rollout/routes.py), bound only when an engine asks for it."""
 
     def asyncrl_sync_report(self) -> dict:
         """This worker's `GlooWeightTransferEngine._take_report()` ({} before it has one)."""
         engine = getattr(self, "weight_transfer_engine", None)
         return engine._take_report() if isinstance(engine, GlooWeightTransferEngine) else {}
+
+    def asyncrl_routing_start(self) -> tuple[int, int]:
+        """Bind the capture to every MoE router of this worker's model; returns (layers, k)."""
+        from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+        from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+        from asyncrl.rollout.routes import NONE, RoutingCapture
+
+        runner = self.model_runner
+        config = runner.vllm_config.model_config
+        num_layers, top_k = config.get_total_num_hidden_layers(), config.get_num_experts_per_tok()
+        if config.get_num_experts() > NONE:
+            raise ValueError(f"routing replay records expert ids as uint8: {config.get_num_experts()} experts "
+                             f"is more than {NONE}")
+        capture = RoutingCapture(num_layers, top_k, runner.vllm_config.cache_config.block_size)
+        bound = 0
+        for module in runner.get_model().modules():
+            if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
+                module.router.set_capture_fn(functools.partial(capture.capture, module.layer_id))
+                bound += 1
+        if not bound:
+            raise ValueError("routing replay: the engine's model has no MoE router it can record")
+        prepare = runner._prepare_inputs
+
+        def prepare_and_record(scheduler_output, num_scheduled_tokens, *args, **kwargs):
+            batch = runner.input_batch
+            n = batch.num_reqs
+            capture.start_step(scheduler_output, list(batch.req_ids[:n]),
+                               batch.num_computed_tokens_cpu[:n].copy(), num_scheduled_tokens[:n].copy())
+            return prepare(scheduler_output, num_scheduled_tokens, *args, **kwargs)
+
+        runner._prepare_inputs = prepare_and_record
+        self._asyncrl_routing = capture
+        return num_layers, top_k
+
+    def asyncrl_routing_take(self, request_ids: list[str]) -> dict[str, bytes]:
+        return self._asyncrl_routing.take(request_ids)
+
+    def asyncrl_routing_forget_prefixes(self) -> None:
+        """After a weight load: prompt prefills of the old weights are no longer what the cache holds."""
+        self._asyncrl_routing.forget_prefixes()
 
 
 register()

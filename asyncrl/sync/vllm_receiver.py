@@ -25,6 +25,8 @@ from vllm.distributed.weight_transfer.base import (
 from asyncrl.sync.protocol import WeightSyncError
 
 GLOO_ENGINE_MODULE = "asyncrl.sync.vllm_gloo_engine"
+WORKER_EXTENSION = f"{GLOO_ENGINE_MODULE}.WorkerExtension"
+"""asyncrl's methods in vLLM's workers (`worker_extension_cls`): the gloo receiver's, routing replay's."""
 
 
 def engine_kwargs(kind: str = "gloo") -> dict:
@@ -37,7 +39,7 @@ def engine_kwargs(kind: str = "gloo") -> dict:
         # worker_extension_cls makes vLLM import our module in the worker, which registers
         # the "asyncrl_gloo" backend even when the plugin entry point is not installed.
         return {"weight_transfer_config": {"backend": "asyncrl_gloo"},
-                "worker_extension_cls": f"{GLOO_ENGINE_MODULE}.GlooEngineRegistration"}
+                "worker_extension_cls": WORKER_EXTENSION}
     if kind == "nccl":
         return {"weight_transfer_config": {"backend": "nccl"}}
     raise ValueError(f"sync kind must be 'gloo' or 'nccl', got {kind!r}")

@@ -18,7 +18,7 @@ from asyncrl.learner.collate import collate
 from asyncrl.learner.model_forward import policy_forward
 from asyncrl.learner.replay import install
 from asyncrl.learner.routers import routers
-from asyncrl.rollout.routes import NONE, merged, sample_routes
+from asyncrl.rollout.routes import NONE, RoutingCapture, merged, sample_routes
 from asyncrl.types import SequenceChunk
 
 LAYERS, EXPERTS, K, VOCAB = 2, 6, 2, 40
@@ -155,9 +155,7 @@ def scheduled(new=(), finished=()):
 
 
 def test_the_engine_capture_files_each_steps_rows_under_their_requests():
-    from asyncrl.rollout.vllm_routing import _Capture
-
-    cap = _Capture(num_layers=2, top_k=1, block_size=2)
+    cap = RoutingCapture(num_layers=2, top_k=1, block_size=2)
 
     def forward(rows_per_layer):
         for layer, rows in enumerate(rows_per_layer):
