@@ -10,6 +10,7 @@ own layout with a worker process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1).
 """
 
 import asyncio
+import contextlib
 import os
 import string
 
@@ -178,14 +179,20 @@ def test_cpu_engines_put_the_worker_in_the_engine_core_unless_told_otherwise(mon
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
-async def joined(learner, engine) -> dict:
-    """Start `engine` and join it and `learner` in a gloo weight-sync group; the push metadata."""
-    await engine.start()
-    port = free_port()
-    await asyncio.gather(
-        asyncio.to_thread(learner.init_weight_sync, "gloo", "127.0.0.1", port, 2, TIMEOUT_S, BUCKET_BYTES),
-        engine.init_weight_sync("127.0.0.1", port, 1, 2, TIMEOUT_S))
-    return learner.weight_metadata()
+@contextlib.asynccontextmanager
+async def joined(learner, engine):
+    """`engine` started and joined with `learner` in a gloo weight-sync group (the push metadata
+    is what it yields); both shut down on the way out."""
+    try:
+        await engine.start()
+        port = free_port()
+        await asyncio.gather(
+            asyncio.to_thread(learner.init_weight_sync, "gloo", "127.0.0.1", port, 2, TIMEOUT_S, BUCKET_BYTES),
+            engine.init_weight_sync("127.0.0.1", port, 1, 2, TIMEOUT_S))
+        yield learner.weight_metadata()
+    finally:
+        learner.shutdown()
+        await engine.shutdown()
 
 
 def test_lora_push_serves_the_learners_adapter(tmp_path):
@@ -209,8 +216,7 @@ def test_lora_push_serves_the_learners_adapter(tmp_path):
             return torch.tensor(learner.prompt_logprobs(ids), dtype=torch.float64)
 
     async def run():
-        try:
-            metadata = await joined(learner, engine)
+        async with joined(learner, engine) as metadata:
             rows = []
             for version in (0, 1, 2):
                 if version:  # a step's worth of change in the adapter alone
@@ -226,9 +232,6 @@ def test_lora_push_serves_the_learners_adapter(tmp_path):
                              "vs_learner": (served - torch.tensor(learner.prompt_logprobs(ids))).abs().max().item(),
                              "vs_base": (served - adapter_off_logprobs()).abs().max().item()})
             return rows
-        finally:
-            learner.shutdown()
-            await engine.shutdown()
 
     rows = asyncio.run(run())
     print(rows)
@@ -276,8 +279,7 @@ def test_a_mixture_of_experts_policy_is_pushed_exactly_and_its_sampled_routing_r
                 "vs_behaviour": (out.logprobs.double() - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max().item()}
 
     async def run():
-        try:
-            metadata = await joined(learner, engine)
+        async with joined(learner, engine) as metadata:
             rows = []
             for version in (1, 2):
                 perturb_(learner.model, seed=version)
@@ -290,9 +292,6 @@ def test_a_mixture_of_experts_policy_is_pushed_exactly_and_its_sampled_routing_r
                 rows.append({"got": got, **replayed(completion),
                              "vs_learner": (served - torch.tensor(learner.prompt_logprobs(probe))).abs().max().item()})
             return rows
-        finally:
-            learner.shutdown()
-            await engine.shutdown()
 
     rows = asyncio.run(run())
     print(rows)
