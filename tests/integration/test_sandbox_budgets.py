@@ -6,6 +6,7 @@ in a clone of it); each is checked from outside the run: by the run after it, th
 CPU clock, the host's /proc, the verdict."""
 
 import errno
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from sandbox_support import (ROOT, limits, nothing_left_behind, our_uids, py, require_isolation,  # noqa: F401
                              run_python, verifier, workdir)
 
-from asyncrl.config import CodeRewardConfig, SandboxConfig
+from asyncrl.config import CodeRewardConfig
 from asyncrl.reward.code_reward import CodeReward
 from asyncrl.reward.fault_injection import ORDINARY, memory_cycle
 from asyncrl.reward.sandbox import runner
@@ -38,6 +39,59 @@ def test_memory_parked_past_a_run_is_not_charged_to_the_next(workdir):
         assert (honest.status, honest.stdout) == ("ok", b"3\n"), honest
         launchers |= {launcher.proc.pid for launcher in runner._pool(iso)._all}
     assert len(launchers) == 1  # one run at a time: one launcher, the same all along
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root: the memory of a run is a cgroup's only as root")
+def test_no_run_can_get_its_launcher_oom_killed(workdir, monkeypatch):
+    """The launcher stays in the caller's cgroup and each run joins its slot: between runs the
+    slot holds no process, so memory parked there can make the kernel's OOM killer take a run, never
+    the launcher. It used to live in its slot, where with a slot full of parked memory its own next
+    allocation could get it killed (the root launcher died so in several runs through the pool).
+    Here the slot is left full on purpose (no settling): the runs after the attack pay for it (an
+    OOM kill, outcome memory), and the launcher lives on."""
+    iso = require_isolation()
+    monkeypatch.setattr(runner, "SETTLED_MB", 1 << 20)  # never renew the slot: the parked memory stays
+    first = run_python(ORDINARY, workdir, **BIG)
+    assert (first.status, first.stdout) == ("ok", b"3\n") and first.peak_memory_mb >= 64, first  # charged to the slot
+    (launcher,) = runner._pool(iso)._all
+    slot = launcher.slot
+    assert _memory_cgroup(launcher.proc.pid) == _memory_cgroup(os.getpid())  # the caller's, not the slot below it
+    assert slot.pids() == []
+    attack = run_python(memory_cycle(496), workdir, **BIG)
+    assert attack.status == "ok" and attack.stdout == b"parked\n", attack
+    for _ in range(3):
+        after = run_python(ORDINARY, workdir, **BIG)
+        assert after.status in ("ok", "memory"), after  # "memory" while the kernel has not collected
+        assert slot.pids() == []
+    assert [launcher.proc.pid] == [launcher.proc.pid for launcher in runner._pool(iso)._all]
+    assert launcher.proc.poll() is None and launcher.slot is slot
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root: the memory of a run is a cgroup's only as root")
+def test_a_slot_that_does_not_empty_is_replaced_under_the_same_launcher(workdir, monkeypatch):
+    """When what a run left is not freed in time its slot is removed and the launcher gets a fresh
+    one (it is in no slot, so it need not be replaced with it); here no slot ever counts as
+    settled, so every run renews it."""
+    iso = require_isolation()
+    monkeypatch.setattr(runner, "SETTLED_MB", -1)
+    monkeypatch.setattr(runner, "SETTLE_S", 0.0)
+    slots, pids = [], set()
+    for program in (memory_cycle(496), ORDINARY, ORDINARY):
+        result = run_python(program, workdir, **BIG)
+        assert result.status == "ok" and result.stdout in (b"parked\n", b"3\n"), result
+        (launcher,) = runner._pool(iso)._all
+        slots.append(launcher.slot)
+        pids.add(launcher.proc.pid)
+    assert len(pids) == 1 and len({id(slot) for slot in slots}) == 3
+    assert [slot.dirs["memory"].exists() for slot in slots] == [False, False, True]
+
+
+def _memory_cgroup(pid: int) -> Path:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path(path)
+    raise AssertionError(f"no memory cgroup for {pid}")
 
 
 P = 2**61 - 1  # Python hashes an int as the int modulo P

@@ -102,7 +102,7 @@ def test_a_v2_slot_sets_limits_and_reads_counters(tmp_path):
         str(256 << 20), "19", "0")
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 4\noom_kill 5\n")
     assert slot.usage() == (None, 3)  # no memory.peak here; OOM kills since prepare()
-    assert slot.procs_files == [bytes(d / "cgroup.procs")]
+    assert slot.procs_files == slot.join_files == [bytes(d / "cgroup.procs")]
 
 
 def test_a_slot_holds_the_trees_cpu(tmp_path):
@@ -129,6 +129,8 @@ def test_a_slot_holds_the_trees_cpu(tmp_path):
     assert ((cpu / "cpu.cfs_quota_us").read_text(), (cpu / "cpu.cfs_period_us").read_text()) == ("200000", "100000")
     (acct / "cpuacct.usage").write_text("7300000000\n")
     assert v1.cpu_s() == pytest.approx(0.3)
+    # a run joins with its one thread (`tasks`: no global lock), once per hierarchy
+    assert v1.join_files == sorted(bytes(p / "tasks") for p in (mem, cpu, acct))
     assert cgroups.Slot(2, {"memory": d, "pids": d}).cpu_s() is None  # no cpu controller: not counted
 
 

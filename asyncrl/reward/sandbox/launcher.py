@@ -7,8 +7,9 @@ Why not fork from the caller: a reward worker holds sympy and math-verify (~80 M
 it cost 5 ms here, twice per run, where a bare subprocess.run uses vfork (0.5 ms). The launcher is
 a fresh `python -I -S` holding only this package (~17 MB), started once per concurrent run. It
 also keeps, for all its runs:
-- its cgroup: it lives in its slot (cgroups.py), so its children are born there; moving each run
-  into a v1 cgroup instead waits for an RCU grace period (~14 ms every other run here);
+- its cgroup slot (cgroups.py), which each run's first process joins (spawn.py); the launcher
+  itself stays in the caller's cgroup, where no run's memory is charged, so that no run, however
+  it fills its slot (memory it parks past its end included), can get the launcher OOM-killed;
 - as root, its network and uts namespaces. The network namespace is replaced after each run
   (server.py), once the run's result is sent: one shared by the launcher's runs let an abstract
   Unix socket that a program kept alive past its end, through a descriptor cycle over
@@ -70,14 +71,10 @@ class Launcher:
         ours.send(str(ROOT_DIR).encode())
         ours.send(json.dumps({**config, "staging": self.staging}).encode())
         reply = self._recv(60)
-        if reply != ("ready",):  # what it allocated starting up is not charged to the slot
+        if reply != ("ready",):
             self.close()
             why = reply[1].decode("utf-8", "replace") if reply and reply[0] == "error" else "no answer"
             raise OSError(f"the sandbox launcher did not start: {why}")
-        if slot is not None:
-            for procs in slot.procs_files:  # before its first run: every run is born in the slot
-                with open(procs, "w") as f:
-                    f.write(str(self.proc.pid))
 
     def start(self, request: dict, fds: list[int]) -> bytes | None:
         """Start a run; None once it runs, else why it could not start."""
@@ -159,6 +156,19 @@ class Launchers:
         with self._lock:
             if launcher in self._all:
                 self._free.append(launcher)
+
+    def renew_slot(self, launcher: Launcher) -> None:
+        """Give a launcher a fresh slot and put it back: its last run left memory charged to the
+        old one, which would count against the next run. A launcher that cannot get one ends."""
+        old = launcher.slot
+        try:
+            launcher.slot = self.slots.create()
+        except OSError:
+            launcher.slot = old
+            self.discard(launcher)
+            return
+        old.remove()  # (a cgroup that still holds charges goes offline until they are freed)
+        self.put_back(launcher)
 
     def discard(self, launcher: Launcher) -> None:
         """End a launcher that broke (it did not answer in time)."""

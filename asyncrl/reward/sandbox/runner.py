@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SANDBOX_UID_BASE = 0x6000_0000  # far above login, system and systemd-dynamic uids
 CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGFPE, signal.SIGBUS, signal.SIGILL}
 MEMORY_MARKERS = (b"MemoryError", b"std::bad_alloc", b"out of memory", b"Cannot allocate memory")
-HELPER_TASKS = 3  # in a run's cgroup besides the program: the launcher, the init (bwrap: two)
+HELPER_TASKS = 2  # in a run's cgroup besides the program: its init, or two (bwrap's; a supervisor and its init)
 TRUE = shutil.which("true", path="/usr/bin:/bin") or "/bin/true"
 _uid_counter = itertools.count()
 _pools: dict[Isolation, Launchers] = {}
@@ -137,7 +137,7 @@ def _run(argv: list[str], stdin: bytes, limits: SandboxConfig, workdir: Path, pe
         if launcher.error:  # it said why: a fault of the sandbox, not of the program
             return RunResult("sandbox_error", None, stdout, launcher.error, time.monotonic() - start, iso.backend, uid)
     elif launcher.slot is not None and not launcher.slot.settle(SETTLED_MB, SETTLE_S):
-        pool.discard(launcher)  # what the run left would be charged to the next: a fresh slot instead
+        pool.renew_slot(launcher)  # what the run left would be charged to the next: a fresh slot instead
     else:
         pool.put_back(launcher)
     returncode, cpu_s = ended
@@ -210,6 +210,7 @@ def _request(argv, limits, workdir, persist, iso, uid, launcher) -> dict:
             "tmpfs_mb": limits.memory_mb, "rlimits": tuple(rlimits), "wall_s": math.ceil(limits.wall_time_s),
             "cap_last": _cap_last(), "seccomp": iso.seccomp and limits.syscall_filter,
             "cgroup_procs": launcher.slot.procs_files if launcher.slot is not None else [],
+            "cgroup_join": launcher.slot.join_files if launcher.slot is not None else [],
             "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": tmp,
                     "PYTHONDONTWRITEBYTECODE": "1"}}
 

@@ -70,9 +70,9 @@ class _Server:
             spawn.unshare(self.net_flags)
         if self.backend in ("bare", "bwrap"):
             fallback.become_subreaper()  # every orphan of a run is ours to reap (we have no others)
-        # It shares its slot's memory limit with the runs: never the OOM killer's choice where it
-        # may say so (CAP_SYS_RESOURCE; a run's programs raise theirs to 1000 before they start,
-        # spawn.py). Without it, runner.py makes sure no run's memory outlives the run.
+        # Outside every run's cgroup, so no run's memory limit can get it OOM-killed; for the
+        # host's own OOM killer, never its choice where it may say so (CAP_SYS_RESOURCE; a run's
+        # programs raise theirs to 1000 before they start, spawn.py).
         with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
             f.write("-1000")
 
@@ -131,7 +131,7 @@ class _Server:
             rlimits=request["rlimits"], control_fd=pipes["control_r"], status_fd=pipes["status_w"],
             error_fd=pipes["error_w"], wall_s=request["wall_s"], argv=tuple(request["argv"]),
             env=tuple(request["env"].items()), bwrap=self.bwrap, cap_last=request["cap_last"],
-            seccomp=self.filter if request["seccomp"] else b"")
+            seccomp=self.filter if request["seccomp"] else b"", cgroup_join=tuple(request["cgroup_join"]))
         with _children_in_new_pid_namespace(self.backend == "namespaces" and not self.userns):
             return subprocess.Popen(request["argv"], stdin=fds[0], stdout=fds[1], stderr=fds[2],
                                     cwd=request["workdir"] if self.backend == "bare" else "/",
@@ -181,7 +181,7 @@ class _Server:
             os.kill(proc.pid, signal.SIGKILL)
 
     def _kill_leftovers(self, request: dict) -> None:
-        """Bare back end: everything else in our cgroup, else every process of the run's uid."""
+        """Bare back end: everything in the run's cgroup, else every process of the run's uid."""
         for _ in range(1000) if request["cgroup_procs"] else ():
             pids = {int(p) for f in request["cgroup_procs"] for p in Path(os.fsdecode(f)).read_text().split()}
             pids.discard(os.getpid())

@@ -32,6 +32,9 @@ bubblewrap: the launcher's child drops to the run's uid and execs bwrap with the
 bare (no namespaces could be created): the launcher's child is the program; the launcher kills
 leftovers by cgroup or uid (fallback.py).
 
+Whatever the back end, the launcher's child first joins the run's cgroup slot (cgroups.py), so
+that every process of the run is born there and the launcher never is.
+
 The init and the supervisor never exec: they close every inherited file descriptor they do not
 need and leave only through os._exit.
 """
@@ -78,6 +81,7 @@ class Plan:
     bwrap: str = ""  # bubblewrap's path
     cap_last: int = 40  # the highest capability number this kernel knows
     seccomp: bytes = b""  # the system-call filter (seccomp.program), b"": none here
+    cgroup_join: tuple[bytes, ...] = ()  # the run's slot (cgroups.Slot.join_files), joined first
 
 
 def enter(plan: Plan) -> None:
@@ -91,6 +95,12 @@ def enter(plan: Plan) -> None:
 
 
 def _enter(plan: Plan) -> None:
+    for path in plan.cgroup_join:  # before anything is allocated: the run's memory is the slot's,
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)  # the launcher's never is (it stays out)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
     if plan.backend == "bare":  # (the launcher made the network namespace, if any)
         _drop_privileges(plan)
         return
