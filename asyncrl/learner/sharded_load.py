@@ -11,9 +11,16 @@ eight copies of a 7B model's fp32 weights on an 8-GPU node's host memory). Here 
    from the safetensors files (`get_slice` reads just those bytes). No rank reads or receives
    another's rows, and no collective is needed.
 
-`missing_from_files` says when this cannot work: a checkpoint whose tensor names or shapes are
-not the model's parameters (Hugging Face renames or fuses some on load, e.g. MoE experts in
-some versions). The learner then loads the whole model on every rank as before, and says so.
+MoE checkpoints keep one module per expert (`mlp.experts.<e>.gate_proj.weight`, ...), where
+transformers 5 fuses a layer's experts into one tensor per projection as it loads them (what its
+conversion mapping does for the Qwen-MoE and DeepSeek families, and for Mixtral's w1/w3/w2):
+`experts.gate_up_proj` [E, 2I, H] holds, in row e, expert e's gate projection's weight stacked over
+its up projection's, and `experts.down_proj` [E, H, I] expert e's down projection's. FSDP2 shards
+such a tensor by experts, so a rank reads the files of its own experts only (`expert_pieces`).
+
+`missing_from_files` says when this cannot work: a checkpoint whose tensors are neither the
+model's parameters nor such experts (Hugging Face renames some on load). The learner then loads
+the whole model on every rank as before, and says so.
 """
 
 from __future__ import annotations
@@ -74,15 +81,35 @@ def meta_model(model_path: str, dtype: torch.dtype, **kwargs) -> torch.nn.Module
         return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
 
 
+# fused experts parameter -> the per-expert tensors stacked into each of its rows, by naming scheme
+FUSED_EXPERTS = {"gate_up_proj": (("gate_proj", "up_proj"), ("w1", "w3")), "down_proj": (("down_proj",), ("w2",))}
+
+
+def expert_pieces(name: str, shape: tuple[int, ...], files: dict) -> list[tuple[str, ...]] | None:
+    """For a fused experts parameter (module docstring) that `files` (file_shapes) holds one
+    expert at a time: per expert, the names of the tensors whose stack on their first dimension is
+    its row. None when `name` is no such parameter, or the files' names or shapes do not fit it."""
+    prefix, _, leaf = name.rpartition(".")
+    if not prefix.endswith(".experts") or leaf not in FUSED_EXPERTS or len(shape) != 3:
+        return None
+    for pieces in FUSED_EXPERTS[leaf]:
+        rows = [tuple(f"{prefix}.{e}.{piece}.weight" for piece in pieces) for e in range(shape[0])]
+        if all(n in files for row in rows for n in row) and all(
+                [files[n][0][1:] for n in row] == [shape[2:]] * len(row)
+                and sum(files[n][0][0] for n in row) == shape[1] for row in rows):
+            return rows
+    return None
+
+
 def missing_from_files(model: torch.nn.Module, model_path: str) -> str | None:
     """Why `materialize` could not load `model` from `model_path`'s files (None: it can)."""
     files = file_shapes(model_path)
     if not files:
         return f"no safetensors files in {model_path}"
     for name, p in model.named_parameters():
-        if name not in files:
+        if name not in files and expert_pieces(name, tuple(p.shape), files) is None:
             return f"parameter {name} is not a tensor of {model_path}'s files"
-        if files[name][0] != tuple(p.shape):
+        if name in files and files[name][0] != tuple(p.shape):
             return f"parameter {name} has shape {tuple(p.shape)}, the files {files[name][0]}"
     return None
 
@@ -130,6 +157,11 @@ def load_own_rows(model: torch.nn.Module, model_path: str, device: torch.device)
 
         def read(name, local, param):
             start, count = shard_rows(param)
+            if name not in where:  # fused experts: this rank's experts, each stacked from its own files
+                rows = expert_pieces(name, tuple(param.shape), where)
+                for row, e in zip(local, range(start, start + count)):
+                    row.copy_(torch.cat([handles[where[n][1]].get_tensor(n) for n in rows[e]]))
+                return
             part = handles[where[name][1]].get_slice(name)
             local.copy_(part[start:start + count] if param.dim() else part[:])
 

@@ -105,7 +105,7 @@ def build_model(path, tie):
     return str(path)
 
 
-def build_moe_model(path):
+def build_moe_model(path, tie=True):
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
     from asyncrl.tiny.tokenizer import save_tokenizer
@@ -115,7 +115,7 @@ def build_moe_model(path):
     Qwen2MoeForCausalLM(Qwen2MoeConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
         shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)).save_pretrained(path)
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tie)).save_pretrained(path)
     return str(path)
 
 
@@ -507,9 +507,38 @@ def test_moe_aux_losses_on_two_ranks_equal_the_single_rank_ones(tmp_path_factory
     for key in ("loss/moe_load_balance", "loss/moe_z", "loss/total"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-6), key
     assert one["metrics"]["loss/moe_load_balance"] > 1.0  # k = 2 is perfect balance; a real value
-    # Hugging Face fuses the experts' files into one tensor a layer as it loads them, so FSDP2 ranks
-    # cannot read their rows by the parameters' names: each loads the whole model (as ZeRO ranks do)
-    assert two["load_mode"] == "whole"
+    # FSDP2 ranks read their own experts' files into the experts' fused tensors (sharded_load.py),
+    # whose rows hold each expert's projections as from_pretrained stacks them: a wrong layout
+    # would change the gradient; ZeRO-3 ranks load the whole model
+    assert two["load_mode"] == ("own rows" if backend == "torch" else "whole")
+
+
+def test_fused_experts_are_read_from_each_experts_files_as_from_pretrained_fuses_them(tmp_path):
+    """A MoE checkpoint holds one tensor per expert and projection; transformers 5 fuses them per
+    layer on load (gate_up_proj [E, 2I, H], down_proj [E, H, I]). The meta model filled from the
+    files row by row equals from_pretrained's exactly (here 2I == H: a transposed layout would fit
+    the shapes and fail the values), and a checkpoint missing one expert's file is refused."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.learner.sharded_load import expert_pieces, file_shapes, load_own_rows, meta_model, missing_from_files
+
+    path = build_moe_model(tmp_path / "moe", tie=False)  # one plain module: to_empty unties (FSDP2 keeps ties)
+    whole = dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).named_parameters())
+    model = meta_model(path, torch.float64)
+    assert missing_from_files(model, path) is None
+    fused = sorted(n for n, _ in model.named_parameters() if n.endswith(("experts.gate_up_proj", "experts.down_proj")))
+    assert len(fused) == 4 and whole[fused[1]].shape == (4, 32, 32)  # 2 layers; 2I == H
+    load_own_rows(model, path, torch.device("cpu"))
+    assert_close(dict(model.named_parameters()), whole, "experts read by rows", 0.0)
+    files = file_shapes(path)
+    assert expert_pieces(fused[1], (4, 32, 32), files)[3] == tuple(
+        f"model.layers.0.mlp.experts.3.{p}.weight" for p in ("gate_proj", "up_proj"))
+    assert expert_pieces(fused[1], (5, 32, 32), files) is None  # an expert the files lack
+    tensors = load_file(f"{path}/model.safetensors")
+    del tensors["model.layers.1.mlp.experts.2.up_proj.weight"]
+    save_file(tensors, f"{path}/model.safetensors", metadata={"format": "pt"})
+    assert "model.layers.1.mlp.experts.gate_up_proj" in missing_from_files(meta_model(path, torch.float64), path)
 
 
 @pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
