@@ -327,6 +327,11 @@ class FaultConfig(_Section):
     """Times a run restarts its learner ranks in place when one dies: from the newest checkpoint
     (the base model before the first), the rollout actors and reward workers kept, the steps after
     the checkpoint trained again. Past the last restart the run stops and says how to resume."""
+    actor_timeout_s: float | None = Field(300.0, gt=0)
+    """A rollout actor that does not answer a ping for this long (a frozen process, a blocked
+    event loop) is lost: killed, its groups requeued, a fresh actor started. Without this its
+    groups would count as generating until the run stalls (observe.stall_timeout_s). Keep it
+    above anything that may block an actor's event loop; None: never."""
 
 
 class RayConfig(_Section):

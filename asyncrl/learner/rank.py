@@ -230,8 +230,10 @@ class LearnerRank:
     # -- weights (every rank calls these: gathering a sharded parameter is collective) ---------
 
     def init_weight_sync(self, kind: str, host: str, port: int, world_size: int, timeout_s: float,
-                         bucket_bytes: int, transfer: str = "full", full_every: int = 0) -> None:
-        """Rank 0 joins the weight-sync group (the other ranks only help gather)."""
+                         bucket_bytes: int, transfer: str = "full", full_every: int = 0,
+                         join_timeout_s: float | None = None) -> None:
+        """Rank 0 joins the weight-sync group (the other ranks only help gather): within
+        join_timeout_s (default timeout_s), each push within timeout_s."""
         from asyncrl.sync import make_sender
 
         if self.rank != 0:
@@ -243,7 +245,8 @@ class LearnerRank:
             self.sender.close()
             self.sender = None
         self.sender = make_sender(kind, host=host, port=port, world_size=world_size, timeout_s=timeout_s,
-                                  bucket_bytes=bucket_bytes, transfer=transfer, full_every=full_every)
+                                  bucket_bytes=bucket_bytes, transfer=transfer, full_every=full_every,
+                                  join_timeout_s=join_timeout_s)
         self.sender.connect()
 
     def weight_metadata(self) -> dict[str, Any]:

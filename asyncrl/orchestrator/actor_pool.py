@@ -3,9 +3,11 @@ it, and grow or shrink the pool while the run goes on (pushing weights to them i
 
 Failures: an actor is dead when a call to it raises `RayActorError` (its process was killed, its
 node left), when its engine failed (every request fails; `RolloutActor.failed` returns, and the
-actor is killed), or when it did not finish a push within `sync.timeout_s` (then it is killed, so
-it cannot come back into an old group). One `failed` call per actor is always outstanding, so a
-death is noticed even while nothing else is pending on that actor. A replacement starts in the
+actor is killed), when it did not finish a push within `sync.timeout_s`, or when it did not answer
+a ping within `fault.actor_timeout_s` (a frozen process, a blocked event loop: its groups would
+count as generating, and hold the admission room, until the run stalls); the last three are
+killed, so that they cannot come back into an old group. One `failed` call per actor is always
+outstanding, so a death is noticed even while nothing else is pending on that actor. A replacement starts in the
 background (a vLLM engine takes ~25 s) while the survivors go on; once it is up it joins the group
 and receives the current weights at the next moment no step runs (between steps, or at once when
 no actor was left to feed a step), and gets prompts only after that.
@@ -31,6 +33,7 @@ from asyncrl.types import ActorCallFailed, PromptItem, RunFailed, Sample
 log = logging.getLogger(__name__)
 
 PROCESS_DIED = "actor process died"
+PING_EVERY_S = 2.0  # how often a live actor is asked again once it answered
 
 
 class ActorPool:
@@ -40,6 +43,7 @@ class ActorPool:
         self.starting: dict[int, tuple[Any, Any]] = {}  # id -> (handle, start ref)
         self._calls: dict[int, list[Any]] = {}  # refs of calls not yet seen to finish, per actor
         self._watch: dict[int, Any] = {}  # actor -> its outstanding `failed` call
+        self._pings: dict[int, tuple[Any, float]] = {}  # actor -> (its outstanding ping or None, since when)
 
     @property
     def ids(self) -> list[int]:
@@ -104,11 +108,11 @@ class ActorPool:
     # -- weights (the calls weight_sync.py waits on together: object refs, one per actor) ----------
 
     def init_weight_sync(self, ids: list[int], host: str, port: int, tensor_parallel_size: int, world_size: int,
-                         timeout_s: float) -> list[Any]:
+                         timeout_s: float, join_timeout_s: float | None = None) -> list[Any]:
         """Actors `ids` join the weight-sync group; actor ids[r]'s engine workers take ranks
         1 + tp * r onwards (rank 0 is the learner's)."""
-        return [self.actors[a].init_weight_sync.remote(host, port, 1 + tensor_parallel_size * r, world_size, timeout_s)
-                for r, a in enumerate(ids)]
+        return [self.actors[a].init_weight_sync.remote(host, port, 1 + tensor_parallel_size * r, world_size, timeout_s,
+                                                       join_timeout_s) for r, a in enumerate(ids)]
 
     def update_weights(self, ids: list[int], weight_meta: dict[str, Any], version: int, rewind: bool) -> list[Any]:
         return [self.actors[a].update_weights.remote(weight_meta, version, rewind) for a in ids]
@@ -117,22 +121,39 @@ class ActorPool:
         return [self.actors[a].prompt_logprobs.remote(token_ids) for a in ids]
 
     def find_dead(self) -> dict[int, str]:
-        """Live actors that are gone, with why; they are removed (cheap: no waiting)."""
-        dead = {}
+        """Live actors that are gone or hung, with why; they are removed (cheap: no waiting)."""
+        dead, now = {}, time.monotonic()
         for a in self.ids:
             refs = self._calls.get(a, [])
             finished, self._calls[a] = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
-            why = next(filter(None, map(why_gone, [self._watch.get(a), *finished])), None)
+            why = next(filter(None, map(why_gone, [self._watch.get(a), *finished])), None) or self._unanswered(a, now)
             if why:
                 dead[a] = why
         for a, why in dead.items():
             self.remove(a, kill=why != PROCESS_DIED)
         return dead
 
+    def _unanswered(self, actor_id: int, now: float) -> str | None:
+        """Why the actor counts as hung: its last ping unanswered for fault.actor_timeout_s (one
+        ping outstanding at a time, the next PING_EVERY_S after an answer); None while it answers."""
+        timeout_s = self.cfg.fault.actor_timeout_s
+        if not timeout_s:
+            return None
+        ping, since = self._pings.get(actor_id, (None, -PING_EVERY_S))
+        if ping is not None and ray.wait([ping], timeout=0)[0]:  # answered (or died: the watch says so)
+            ping, since = None, now
+        if ping is None and now - since >= PING_EVERY_S:
+            ping, since = self.actors[actor_id].ping.remote(), now
+        self._pings[actor_id] = (ping, since)
+        if ping is not None and now - since > timeout_s:
+            return f"no answer for {now - since:.0f}s (fault.actor_timeout_s={timeout_s:g})"
+        return None
+
     def remove(self, actor_id: int, kill: bool = False) -> None:
         handle = self.actors.pop(actor_id, None)
         self._calls.pop(actor_id, None)
         self._watch.pop(actor_id, None)
+        self._pings.pop(actor_id, None)
         if kill and handle is not None:
             ray.kill(handle, no_restart=True)
 

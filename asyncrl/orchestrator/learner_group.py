@@ -129,10 +129,11 @@ class LearnerGroup:
         return host, int(port)
 
     def init_weight_sync(self, kind: str, host: str, port: int, world_size: int, timeout_s: float,
-                         bucket_bytes: int, transfer: str = "full", full_every: int = 0) -> ray.ObjectRef:
+                         bucket_bytes: int, transfer: str = "full", full_every: int = 0,
+                         join_timeout_s: float | None = None) -> ray.ObjectRef:
         """Rank 0 joins the weight-sync group as its rank 0 (returns once every member joined)."""
         return self.ranks[0].init_weight_sync.remote(kind, host, port, world_size, timeout_s, bucket_bytes,
-                                                     transfer, full_every)
+                                                     transfer, full_every, join_timeout_s)
 
     def weight_metadata(self) -> dict[str, Any]:
         """The plan of the pushes (names, shapes, dtypes, buckets) the actors receive by."""

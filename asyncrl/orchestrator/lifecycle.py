@@ -150,7 +150,7 @@ def form_weight_sync_group(cfg: Config, weight_sync: WeightSync) -> None:
     cannot form stops the run with a line saying which timeout to raise, not a traceback."""
     timeout_s = max(cfg.sync.start_timeout_s, cfg.sync.timeout_s)
     try:
-        weight_sync.rebuild_group(timeout_s)
+        weight_sync.rebuild_group(join_timeout_s=timeout_s)
     except PushFailed as e:
         raise RunFailed(f"{e} within sync.start_timeout_s={timeout_s:g}s of starting. A component may still "
                         "be busy with a one-time build (DeepSpeed's first optimizer op build, on a loaded "

@@ -79,20 +79,23 @@ class WeightSync:
         """The pushes made so far (sync.probe_every counts them)."""
         self.pushes = state["pushes"]
 
-    def rebuild_group(self, timeout_s: float | None = None) -> None:
+    def rebuild_group(self, join_timeout_s: float | None = None) -> None:
         """Learner rank 0 and every live actor join a fresh weight-sync group (all at once), within
-        timeout_s (default sync.timeout_s)."""
+        join_timeout_s (default sync.timeout_s); its collectives time out after sync.timeout_s
+        whatever the join's, so that a member that hangs in a push is told from the ones that
+        wait for it."""
         ids = self.pool.ids
         if self.fake_engines:
             self.members = ids
             return
         host, port = self.learner.weight_sync_address()
-        timeout_s = timeout_s or self.cfg.timeout_s
+        timeout_s = join_timeout_s or self.cfg.timeout_s
         tp = self.tensor_parallel_size  # every TP worker of an engine is a member: rank offset + its TP rank
         world = 1 + tp * len(ids)
-        refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, timeout_s, self.cfg.bucket_mb << 20,
-                                              self.cfg.transfer, self.cfg.full_every)]
-        refs += self.pool.init_weight_sync(ids, host, port, tp, world, timeout_s)
+        refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, self.cfg.timeout_s,
+                                              self.cfg.bucket_mb << 20, self.cfg.transfer, self.cfg.full_every,
+                                              timeout_s)]
+        refs += self.pool.init_weight_sync(ids, host, port, tp, world, self.cfg.timeout_s, timeout_s)
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s + 30)
         lost = self._remove_lost(ids, refs[1:], waiting)
         if lost or refs[0] in waiting:

@@ -280,6 +280,10 @@ class RolloutActor:
             self._failures.append(task.exception())
             self._failed.set()
 
+    async def ping(self) -> None:
+        """Answers at once: the pool's proof that this actor's event loop still runs
+        (fault.actor_timeout_s)."""
+
     async def failed(self) -> None:
         """Raises `EngineFailed` once this actor can no longer generate (its engine failed a
         request: a dead engine fails them all). The pool keeps one call of this outstanding per
@@ -297,8 +301,8 @@ class RolloutActor:
     # -- weights ------------------------------------------------------------------------------
 
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
-                               timeout_s: float) -> None:
-        await self.engine.init_weight_sync(host, port, rank, world_size, timeout_s)
+                               timeout_s: float, join_timeout_s: float | None = None) -> None:
+        await self.engine.init_weight_sync(host, port, rank, world_size, timeout_s, join_timeout_s)
 
     async def update_weights(self, metadata: dict[str, Any], version: int, rewind: bool = False) -> dict[str, float]:
         """Close the gate, get the engine idle (drain or abort, per sync_mode; with keep_kv,

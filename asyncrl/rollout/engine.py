@@ -68,7 +68,10 @@ class InferenceEngine(Protocol):
     async def resume(self) -> None: ...
 
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
-                               timeout_s: float) -> None: ...
+                               timeout_s: float, join_timeout_s: float | None = None) -> None:
+        """Join the learner's weight-sync group as `rank`, within join_timeout_s (default
+        timeout_s); each later push fails past timeout_s."""
+        ...
 
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:
         """Receive one push (the learner broadcasts concurrently) and apply it in place: with no

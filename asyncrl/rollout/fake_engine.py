@@ -71,7 +71,7 @@ class FakeEngine:
         return [-math.log(self.vocab_size)] * (len(token_ids) - 1)
 
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
-                               timeout_s: float) -> None:
+                               timeout_s: float, join_timeout_s: float | None = None) -> None:
         pass
 
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:

@@ -300,13 +300,14 @@ class VLLMEngine:
         return logprobs
 
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
-                               timeout_s: float) -> None:
+                               timeout_s: float, join_timeout_s: float | None = None) -> None:
         from asyncrl.sync import vllm_receiver
 
         if self._joined:  # a rebuilt group: release the old communicator first (else it leaks)
             await self.llm.shutdown_weight_transfer_engine()
         await vllm_receiver.init_receiver(self.llm, host, port, rank, world_size, timeout_s,
-                                          kind=self.sync_type, bucket_bytes=self.bucket_bytes)
+                                          kind=self.sync_type, bucket_bytes=self.bucket_bytes,
+                                          join_timeout_s=join_timeout_s)
         self._joined = True
 
     async def load_weights(self, metadata: dict[str, Any], version: int) -> dict[str, float]:

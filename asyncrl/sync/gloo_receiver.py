@@ -34,10 +34,10 @@ class GlooWeightReceiver:
     """Rank `rank` (>= 1) of the weight-sync group; `receive` loads a push into `params`."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0,
-                 local_host: str | None = None):
+                 local_host: str | None = None, join_timeout_s: float | None = None):
         self.host, self.port, self.rank, self.world_size = host, port, rank, world_size
         self.local_host = local_host  # this member's node address (open_gloo_group)
-        self.timeout_s = timeout_s
+        self.timeout_s, self.join_timeout_s = timeout_s, join_timeout_s  # a push's; connect()'s (default timeout_s)
         self.where = f"gloo weight-sync group {host}:{port} (rank {rank} of {world_size})"
         self._group = self._store = None
         self._buffers: list[torch.Tensor] = []
@@ -45,7 +45,7 @@ class GlooWeightReceiver:
     def connect(self) -> None:
         """Join the group; blocks until the sender and every other receiver join."""
         self._group, self._store = open_gloo_group(self.host, self.port, self.rank, self.world_size,
-                                                   self.timeout_s, self.local_host)
+                                                   self.timeout_s, self.local_host, self.join_timeout_s)
 
     def receive(self, plan: list[dict], version: int, params: dict[str, torch.Tensor]) -> dict:
         """Receive push `version` (whose plan is `plan`, from the sender's metadata) into

@@ -42,11 +42,13 @@ class GlooWeightSender:
     """
 
     def __init__(self, host: str, port: int, world_size: int, timeout_s: float = 300.0,
-                 bucket_bytes: int = 256 << 20, transfer: str = "full", full_every: int = 0):
+                 bucket_bytes: int = 256 << 20, transfer: str = "full", full_every: int = 0,
+                 join_timeout_s: float | None = None):
         if transfer not in ("full", "delta"):
             raise ValueError(f"transfer must be 'full' or 'delta', got {transfer!r}")
         self.host, self.port, self.world_size = host, port, world_size
         self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        self.join_timeout_s = join_timeout_s  # connect()'s (default timeout_s): see wire.open_gloo_group
         self.transfer, self.full_every = transfer, full_every
         self._shadows: list[torch.Tensor | None] = []  # per bucket, what the engines hold (delta only)
         self._deltas_since_whole = 0
@@ -60,7 +62,7 @@ class GlooWeightSender:
     def connect(self) -> None:
         """Host the store and join as rank 0; every receiver must be joining concurrently."""
         self._group, self._store = open_gloo_group(
-            self.host, self.port, 0, self.world_size, self.timeout_s)
+            self.host, self.port, 0, self.world_size, self.timeout_s, join_timeout_s=self.join_timeout_s)
 
     def metadata(self, named_params: NamedTensors) -> dict:
         """The bucket plan for these parameters (plain data); receivers need it before `push`."""

@@ -38,9 +38,10 @@ class NcclWeightSender:
     """Rank 0 of vLLM's NCCL weight-transfer group; receivers use `engine_kwargs("nccl")`."""
 
     def __init__(self, host: str, port: int, world_size: int, timeout_s: float = 300.0,
-                 bucket_bytes: int = 256 << 20):
+                 bucket_bytes: int = 256 << 20, join_timeout_s: float | None = None):
         self.host, self.port, self.world_size = host, port, world_size
         self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        self.join_timeout_s = join_timeout_s or timeout_s  # connect()'s; a push's is timeout_s
         self._comm: Broadcaster | None = None
         self._device: torch.device | None = None
         self._specs: list[tuple[str, list[int], str]] | None = None
@@ -54,7 +55,7 @@ class NcclWeightSender:
         if device is None or (device.type == "cuda" and device.index is None):
             device = torch.device("cuda", torch.accelerator.current_device_index())  # set_device needs an index
         self._device = device
-        self._comm = group or self._run(self._join, "join", version=None)
+        self._comm = group or self._run(self._join, "join", None, self.join_timeout_s)
 
     def metadata(self, named_params: NamedTensors) -> dict:
         """vLLM's NCCL update info (names, dtype_names, shapes) for these parameters."""
@@ -121,16 +122,17 @@ class NcclWeightSender:
             torch.cuda.set_device(self._device)  # helper thread: streams on the learner's GPU
         return broadcast_packed(self._comm, named_params, self.bucket_bytes, self._device, NUM_BUFFERS)
 
-    def _run(self, fn, what: str, version: int | None):
+    def _run(self, fn, what: str, version: int | None, timeout_s: float | None = None):
+        timeout_s = timeout_s or self.timeout_s
         future = self._pool.submit(fn)
         try:
-            return future.result(timeout=self.timeout_s)
+            return future.result(timeout=timeout_s)
         except FutureTimeout as exc:
             self._abort(future)
             step = "" if version is None else f" version {version}"
             raise WeightSyncError(
                 f"weight {what}{step}: NCCL group {self.host}:{self.port} (world size "
-                f"{self.world_size}) did not complete within {self.timeout_s:.0f}s"
+                f"{self.world_size}) did not complete within {timeout_s:.0f}s"
             ) from exc
 
 

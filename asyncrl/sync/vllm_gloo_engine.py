@@ -67,8 +67,9 @@ class GlooInitInfo(WeightTransferInitInfo):
     port: int
     rank_offset: int
     world_size: int
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # each collective's (a push's)
     local_host: str | None = None  # the receiving actor's node address, which its connections bind
+    join_timeout_s: float | None = None  # joining's, where it differs (wire.open_gloo_group)
 
 
 @dataclass
@@ -109,7 +110,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.where = (f"gloo weight-sync group {init_info.host}:{init_info.port} "
                       f"(rank {rank} of {init_info.world_size})")
         self.group, self.store = open_gloo_group(
-            init_info.host, init_info.port, rank, init_info.world_size, init_info.timeout_s, init_info.local_host)
+            init_info.host, init_info.port, rank, init_info.world_size, init_info.timeout_s, init_info.local_host,
+            init_info.join_timeout_s)
 
     def start_weight_update(self) -> None:
         pass  # the reload opens in receive_weights, once the push says it carries weights, not an adapter

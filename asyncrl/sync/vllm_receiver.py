@@ -47,10 +47,11 @@ def engine_kwargs(kind: str = "gloo") -> dict:
 
 async def init_receiver(llm, host: str, port: int, rank: int, world_size: int,
                         timeout_s: float = 300.0, kind: str = "gloo",
-                        bucket_bytes: int = 256 << 20) -> None:
+                        bucket_bytes: int = 256 << 20, join_timeout_s: float | None = None) -> None:
     """Join the learner's weight-sync group as rank `rank` (its first worker, with TP > 1).
 
-    Blocks until the learner's `sender.connect()` and every other receiver have joined, so
+    Blocks until the learner's `sender.connect()` and every other receiver have joined (gloo:
+    within join_timeout_s, default timeout_s; each push's collectives within timeout_s), so
     run it concurrently with them. `bucket_bytes` (NCCL only) must equal the sender's.
     """
     if kind == "gloo":
@@ -58,7 +59,7 @@ async def init_receiver(llm, host: str, port: int, rank: int, world_size: int,
 
         # found here, in the actor: the engine's worker process is not a Ray worker
         init_info = {"host": host, "port": port, "rank_offset": rank, "world_size": world_size,
-                     "timeout_s": timeout_s, "local_host": own_address()}
+                     "timeout_s": timeout_s, "join_timeout_s": join_timeout_s, "local_host": own_address()}
     elif kind == "nccl":
         from asyncrl.sync.wire import NUM_BUFFERS
 

@@ -48,16 +48,21 @@ def check_header(received: torch.Tensor, plan: list[dict], version: int, where: 
 
 
 def open_gloo_group(
-    host: str, port: int, rank: int, world_size: int, timeout_s: float, local_host: str | None = None
+    host: str, port: int, rank: int, world_size: int, timeout_s: float, local_host: str | None = None,
+    join_timeout_s: float | None = None,
 ) -> tuple[ProcessGroupGloo, TCPStore]:
-    """Join the weight-sync group; rank 0 hosts the TCPStore. Blocks until all ranks join.
+    """Join the weight-sync group; rank 0 hosts the TCPStore. Blocks until all ranks join, for up
+    to `join_timeout_s` (default timeout_s); each collective after that fails past `timeout_s`.
+    The two differ at a run's start, where members may still be building: the join may wait for
+    them, but a push must not wait as long for a member that hangs (its peers would wait with it,
+    and be taken for hung too).
     `local_host`: this member's own node address, which its gloo connections bind and advertise
     (default: rank 0's is the rendezvous host; the others' what the hostname resolves to, which is
     127.0.0.1 on many machines and would send peers on other nodes to themselves).
 
     Returns the gloo backend (ranks are group ranks) and the store, which must outlive it.
     """
-    timeout = timedelta(seconds=timeout_s)
+    timeout = timedelta(seconds=join_timeout_s or timeout_s)
     where = f"gloo weight-sync group {host}:{port} (rank {rank} of {world_size})"
     options = ProcessGroupGloo._Options()
     options._timeout = timeout
@@ -69,7 +74,8 @@ def open_gloo_group(
         store = store_at(host, port, world_size, rank == 0, timeout)
         group = ProcessGroupGloo(PrefixStore("asyncrl/weights", store), rank, world_size, options)
     except (RuntimeError, OSError) as exc:  # torch: DistStoreError (a RuntimeError) on timeout; the port taken
-        raise WeightSyncError(f"could not join {where} within {timeout_s:.0f}s: {exc}") from exc
+        raise WeightSyncError(f"could not join {where} within {timeout.total_seconds():.0f}s: {exc}") from exc
+    group.set_timeout(timedelta(seconds=timeout_s))
     return group, store
 
 

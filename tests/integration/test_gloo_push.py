@@ -4,6 +4,7 @@ not match the receiver's metadata is refused before any weight changes. Sender a
 two threads of this process, each a rank of a real gloo group over loopback."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -91,6 +92,29 @@ def test_a_mismatched_header_is_refused_before_any_weight_changes():
     assert isinstance(received, WeightSyncError) and "does not match" in str(received)
     assert isinstance(pushed, WeightSyncError)  # the receiver left: the sender times out, loudly
     assert all(not t.any() for t in params.values())
+
+
+def test_a_member_that_hangs_is_told_from_the_one_waiting_for_it_whatever_the_join_timeout():
+    """A group joined with a long timeout (a run's first, while members may still be building):
+    its pushes still time out after timeout_s. Before, the join's timeout held for every
+    collective, so when one of two receivers hung, the sender and the healthy receiver waited
+    past the push's deadline as well, and the run replaced both engines."""
+    port = free_port()
+    sender = GlooWeightSender(HOST, port, 3, timeout_s=2.0, bucket_bytes=128, join_timeout_s=120.0)
+    receivers = [GlooWeightReceiver(HOST, port, rank, 3, timeout_s=2.0, join_timeout_s=120.0) for rank in (1, 2)]
+    joining = [threading.Thread(target=r.connect) for r in receivers]
+    for thread in joining:
+        thread.start()
+    sender.connect()
+    for thread in joining:
+        thread.join()
+    named = weights(0)
+    plan = sender.metadata(named)["update_info"]["buckets"]
+    params = {n: torch.zeros_like(t) for n, t in named}
+    start = time.monotonic()  # receiver 2 never receives: it hangs
+    pushed, received = run_pair(sender, (named, 1), lambda: receivers[0].receive(plan, 1, params))
+    assert isinstance(pushed, WeightSyncError) and isinstance(received, WeightSyncError), (pushed, received)
+    assert time.monotonic() - start < 10.0  # the push's 2 s (and the next wait's), not the join's 120 s
 
 
 def test_a_receiver_without_a_planned_tensor_fails_before_joining_the_push():

@@ -17,8 +17,8 @@ class Member:
     def __init__(self, fail_receive: bool = False):
         self.joins, self.fail_receive = [], fail_receive
 
-    def init_weight_sync(self, host, port, rank, world_size, timeout_s):
-        self.joins.append((rank, world_size))
+    def init_weight_sync(self, host, port, rank, world_size, timeout_s, join_timeout_s=None):
+        self.joins.append((rank, world_size, timeout_s, join_timeout_s))
 
     def update_weights(self, metadata, version, rewind=False):
         if self.fail_receive:
@@ -38,9 +38,10 @@ class Learner:
     def weight_sync_address(self):
         return "127.0.0.1", 29999
 
-    def init_weight_sync(self, kind, host, port, world_size, timeout_s, bucket_bytes, transfer, full_every):
+    def init_weight_sync(self, kind, host, port, world_size, timeout_s, bucket_bytes, transfer, full_every,
+                         join_timeout_s=None):
         assert (transfer, full_every) == ("full", 100)  # sync.transfer and sync.full_every reach the sender
-        self.worlds.append(world_size)
+        self.worlds.append((world_size, timeout_s, join_timeout_s))
         return ray.put(None)
 
     def weight_metadata(self):
@@ -71,10 +72,13 @@ class Pool:
 def test_every_tensor_parallel_worker_of_every_engine_is_a_member(ray_cluster):
     members = [Member.remote() for _ in range(3)]
     learner, pool = Learner(), Pool(members)
-    WeightSync(SyncConfig(), learner, pool, tensor_parallel_size=2).rebuild_group()
+    sync = WeightSync(SyncConfig(timeout_s=7.0), learner, pool, tensor_parallel_size=2)
+    sync.rebuild_group()
+    sync.rebuild_group(join_timeout_s=600.0)  # a run's first group: joining may wait, a push may not
     # 1 learner rank + 3 engines x 2 TP workers; engine r's workers are ranks 1 + 2r and 2 + 2r
-    assert learner.worlds == [7]
-    assert [ray.get(m.recorded.remote()) for m in members] == [[(1, 7)], [(3, 7)], [(5, 7)]]
+    assert learner.worlds == [(7, 7.0, 7.0), (7, 7.0, 600.0)]
+    assert [ray.get(m.recorded.remote()) for m in members] == [
+        [(rank, 7, 7.0, 7.0), (rank, 7, 7.0, 600.0)] for rank in (1, 3, 5)]
 
 
 @pytest.mark.parametrize("kind, replaced", [("nccl", True), ("gloo", False)])
