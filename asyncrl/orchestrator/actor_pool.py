@@ -7,10 +7,11 @@ actor is killed), when it did not finish a push within `sync.timeout_s`, or when
 a ping within `fault.actor_timeout_s` (a frozen process, a blocked event loop: its groups would
 count as generating, and hold the admission room, until the run stalls); the last three are
 killed, so that they cannot come back into an old group. One `failed` call per actor is always
-outstanding, so a death is noticed even while nothing else is pending on that actor. A replacement starts in the
-background (a vLLM engine takes ~25 s) while the survivors go on; once it is up it joins the group
-and receives the current weights at the next moment no step runs (between steps, or at once when
-no actor was left to feed a step), and gets prompts only after that.
+outstanding, so a death is noticed even while nothing else is pending on that actor. A
+replacement starts in the background (a vLLM engine takes ~25 s) while the survivors go on; once
+it is up it joins the group and receives the current weights at the next moment no step runs
+(between steps, or at once when no actor was left to feed a step), and gets prompts only after
+that.
 """
 
 from __future__ import annotations

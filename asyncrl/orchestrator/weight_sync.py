@@ -89,14 +89,14 @@ class WeightSync:
             self.members = ids
             return
         host, port = self.learner.weight_sync_address()
-        timeout_s = join_timeout_s or self.cfg.timeout_s
+        join_s = join_timeout_s or self.cfg.timeout_s
         tp = self.tensor_parallel_size  # every TP worker of an engine is a member: rank offset + its TP rank
         world = 1 + tp * len(ids)
         refs = [self.learner.init_weight_sync(self.cfg.type, host, port, world, self.cfg.timeout_s,
                                               self.cfg.bucket_mb << 20, self.cfg.transfer, self.cfg.full_every,
-                                              timeout_s)]
-        refs += self.pool.init_weight_sync(ids, host, port, tp, world, self.cfg.timeout_s, timeout_s)
-        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s + 30)
+                                              join_s)]
+        refs += self.pool.init_weight_sync(ids, host, port, tp, world, self.cfg.timeout_s, join_s)
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=join_s + 30)
         lost = self._remove_lost(ids, refs[1:], waiting)
         if lost or refs[0] in waiting:
             raise PushFailed(f"weight-sync group at {host}:{port} could not form: {describe(lost)}", sorted(lost))
@@ -104,7 +104,7 @@ class WeightSync:
             ray.get(refs[0])
         except ray.exceptions.RayTaskError as e:  # a dead rank is RayActorError: the learner's restart
             raise PushFailed(f"weight-sync group at {host}:{port} could not form: learner rank 0 said "
-                             f"{_cause(e)} (sync.timeout_s={timeout_s:g})", []) from None
+                             f"{_cause(e)} (within {join_s:g}s)", []) from None
         self._weight_meta = self.learner.weight_metadata()
         self.members = ids
 

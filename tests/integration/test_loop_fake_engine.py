@@ -185,8 +185,8 @@ def test_a_group_that_cannot_form_at_start_stops_the_run_with_the_timeout_to_rai
 
     waited = []
 
-    def never_forms(self, timeout_s=None):
-        waited.append(timeout_s)
+    def never_forms(self, join_timeout_s=None):
+        waited.append(join_timeout_s)
         raise PushFailed("weight-sync group at 10.0.0.1:29500 could not form: rollout actor 0 (timed out)", [0])
 
     monkeypatch.setattr(WeightSync, "rebuild_group", never_forms)

@@ -10,8 +10,8 @@ the program).
 
 How (the modules, in the order a run goes through them):
 
-    runner.run_sandboxed ─► launcher.Launcher (one small process per concurrent run, in its cgroup)
-      ─► server (in it) ─► spawn (between its fork and the program's exec) ─► rootfs (the new root)
+    runner.run_sandboxed ─► launcher.Launcher (one small process per concurrent run, with a cgroup slot)
+      ─► server (in it) ─► spawn (joins the slot, between the fork and the program's exec) ─► rootfs (the new root)
     layers.isolation: which setup works here, found once; cgroups: the memory and pids limits;
     seccomp: the system-call filter; cleanup.remove_tree: host directories, whatever was written
     in them; fallback: no namespaces
