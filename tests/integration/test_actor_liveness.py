@@ -43,7 +43,7 @@ def test_an_actor_that_does_not_answer_is_lost_and_killed_one_that_answers_is_no
         time.sleep(0.5)
     waited = time.monotonic() - start
     assert list(dead) == [1] and "fault.actor_timeout_s=3" in dead[1], dead
-    assert 3.0 < waited < 6.0, waited
+    assert 3.0 < waited < 10.0, waited  # the timeout, not never (and not at once)
     assert pool.ids == [0]
     try:  # killed: a thawed actor cannot come back with an old version
         ray.get(members[1].ping.remote(), timeout=10)
