@@ -28,8 +28,13 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
   padding micro-batch's loss reaches the same outputs as a real one's (`padding_loss` in
   policy_step.py); otherwise its rank alone checks while the others reduce: a hang.
 - Full tensors (pushes, checkpoints, tests) come from the partitions one parameter at a time
-  (`GatheredParameters`, `safe_get_full_*`); optimizer state is saved as full tensors by name,
-  so it loads on any number of ranks and in the torch backend.
+  (`GatheredParameters`, `safe_get_full_*`).
+- Optimizer state is checkpointed by parameter name, as FSDP2's is: each moment is gathered
+  whole one parameter at a time and each rank keeps its rows of it (a DTensor sharded on dim 0
+  over the learner group), so no rank ever holds the whole state and every rank writes its own
+  rows (torch.distributed.checkpoint). ZeRO's own partitions are slices of flattened parameter
+  groups, which no other layout could read; rows by name load on any number of ranks, in either
+  backend.
 """
 
 from __future__ import annotations
@@ -167,27 +172,65 @@ class DeepSpeedBackend:
             return out
         for name, p in self._params():
             for key in MOMENTS:
-                value = safe_get_full_optimizer_state(p, key)
+                value = safe_get_full_optimizer_state(p, key)  # collective; whole on every rank, one at a time
                 if value is not None:
-                    out[key][name] = value.detach().cpu().clone()
+                    out[key][name] = self._own_rows(value.detach())
         return out
+
+    def _rows_mesh(self):
+        if getattr(self, "_mesh", None) is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (self.world_size,))
+        return self._mesh
+
+    def _own_rows(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a whole moment, as a DTensor sharded on dim 0 (one rank: the whole
+        tensor), copied to the CPU so that the whole tensor is freed."""
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        if self.world_size == 1:
+            return full.cpu().clone()
+        return _on_cpu(distribute_tensor(full, self._rows_mesh(), [Shard(0)], src_data_rank=None))  # a slice, no traffic
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         return model  # the reference stays whole on every rank: a ZeRO engine wraps one model only
 
     def optimizer_template(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
         shapes = {name: shape for name, shape, _ in self.param_specs()}
-        return {key: {name: torch.empty(shapes[name], dtype=torch.float32) for name in names} for key in MOMENTS}
+        return {key: {name: self._own_rows(torch.empty(shapes[name], dtype=torch.float32)) for name in names}
+                for key in MOMENTS}
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Each moment whole (an older checkpoint, or one rank's) or as rows (`_own_rows`),
+        gathered one parameter at a time for ZeRO to take its partition."""
+        from torch.distributed.tensor import DTensor
+
         if not state["exp_avg"]:
             self.reset_optimizer()
             return
+        self._create_moments()
         for name, p in self._params():
             for key in MOMENTS:
                 if name in state[key]:
-                    safe_set_full_optimizer_state(p, state[key][name].to(p.device), key)
+                    value = state[key][name]
+                    if isinstance(value, DTensor):
+                        value = value.to(p.device).full_tensor()  # collective, in the same order on every rank
+                    safe_set_full_optimizer_state(p, value.to(p.device), key)
         self._set_steps(int(state["step"]))
+
+    def _create_moments(self) -> None:
+        """torch's AdamW creates its moments at its first step, under ZeRO too (one pair per flat
+        partition); ZeRO-1/2 then link each parameter to its slice of them. A run resumed before
+        any step creates them (zeros, overwritten by the load) and links them as that step would."""
+        zero = self.optimizer
+        flats = zero.fp32_partitioned_groups_flat if self.stage == 3 else zero.single_partition_of_fp32_groups
+        missing = [flat for flat in flats if "exp_avg" not in zero.optimizer.state.get(flat, {})]
+        for flat in missing:
+            zero.optimizer.state[flat] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(flat),
+                                          "exp_avg_sq": torch.zeros_like(flat)}
+        if missing and self.stage < 3:
+            zero._lazy_init_hp_params_optimizer_state()
 
     def reset_optimizer(self) -> None:
         for s in self._inner_states():
@@ -204,3 +247,11 @@ class DeepSpeedBackend:
         for group in inner.param_groups:
             if "step" in group:
                 group["step"] = steps
+
+
+def _on_cpu(rows):
+    """A DTensor with its local rows copied to the CPU (checkpoints are written from there)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(rows.to_local().cpu().clone(), rows.device_mesh, rows.placements,
+                              shape=rows.shape, stride=rows.stride())

@@ -475,14 +475,27 @@ def test_fsdp2_ranks_read_their_own_rows_shard_the_reference_and_checkpoint_shar
     assert got["push_failed"] and sorted(got["after_push"]) == sorted(got["start"])  # both ranks gathered on
 
 
-@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
+@pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 2), ("deepspeed", 3)],
+                         ids=["fsdp2", "zero2", "zero3"])
 def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, tied_model, backend, stage):
     """3 steps on 2 sharded ranks, a checkpoint, 3 more on one plain rank == 6 steps on one rank:
-    the checkpoint holds the whole optimizer state (moments and step count), written as the ranks'
-    shards (FSDP2) or whole tensors (ZeRO-3) and read back whole by the one rank."""
+    the checkpoint holds the whole optimizer state (moments and step count), written as each
+    rank's rows of every moment (FSDP2 and ZeRO alike: no rank holds the whole state) and read
+    back whole by the one rank."""
     ckpt = tmp_path / "ckpt"
     run_ranks(tmp_path, 2, tied_model, backend, stage, 24, None, str(ckpt))
     assert (ckpt / "policy" / "model.safetensors").is_file()
+    # every moment of every parameter is in the files as two row blocks, each rank's file one
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(ckpt / "state")).read_metadata()
+    moments = {k: v for k, v in meta.state_dict_metadata.items() if k.startswith("optimizer.")}
+    assert len(moments) == 2 * len(torch.load(ckpt / "learner.pt", weights_only=False)["moments"])
+    for key, tensor in moments.items():
+        rows = sorted((c.offsets[0], c.sizes[0]) for c in tensor.chunks)
+        assert rows == [(0, -(-tensor.size[0] // 2)), (-(-tensor.size[0] // 2), tensor.size[0] // 2)], (key, rows)
+        files = {info.relative_path for index, info in meta.storage_data.items() if index.fqn == key}
+        assert files == {"__0_0.distcp", "__1_0.distcp"}, (key, files)
     precision = precision_of(backend)
     resumed = run_rank(0, 1, None, str(ckpt / "policy"), "torch", 2, 4096, ckpt_in=str(ckpt), precision=precision)
     whole = run_rank(0, 1, None, tied_model, "torch", 2, 4096, steps=2 * STEPS, precision=precision)
@@ -492,6 +505,11 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, tied_model, backend,
     # a lost moment or step count changes whole updates (of order lr = 1e-3)
     assert_close(resumed["params"], whole["params"], f"{backend} checkpoint resumed on 1 rank",
                  precision.param_tol(2 * STEPS, LR))
+    if backend == "deepspeed":  # and read back by 2 ZeRO ranks, before their first step (ZeRO-2 has no moments then)
+        (tmp_path / "again").mkdir()
+        again = run_ranks(tmp_path / "again", 2, str(ckpt / "policy"), backend, stage, 24, str(ckpt))
+        assert_close(again["params"], whole["params"], f"{backend}-{stage} checkpoint resumed on 2 ranks",
+                     precision.param_tol(2 * STEPS, LR))
 
 
 @pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 3)], ids=["fsdp2", "zero3"])
