@@ -108,39 +108,54 @@ def gaps_nbytes(changed: int) -> int:
     return -(-2 * changed // 8) * 8
 
 
-def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int,
-                  whole: bool = False) -> tuple[list[int], torch.Tensor, int | None]:
+def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int, whole: bool = False,
+                  advance: bool = False) -> tuple[list[int], torch.Tensor, int | None]:
     """What one bucket's push sends: its prefix (PREFIX_WORDS) and payload, whichever way is smallest:
     `new` itself, or the changed elements' positions then their new bits, as one uint8 tensor; and how
     many `word`-sized elements changed (None without a shadow to compare with). Positions go as
     uint16 gaps from the one before (the first from -1) while every gap fits, else as int32 indices.
-    `shadow`: the bytes the engines hold (None: unknown, so whole); both are uint8 of one size.
-    `whole`: whole even if a delta is smaller (a periodic or healing push)."""
+    `shadow`: the bytes the engines hold (None: unknown, so whole); both are uint8 of one size, in
+    host memory. `whole`: whole even if a delta is smaller (a periodic or healing push).
+    `advance`: also bring `shadow` to `new` (the changed elements written in place, or a copy).
+
+    numpy throughout, single-threaded on purpose: torch's element-wise ops run OpenMP regions whose
+    threads spin-wait after them, which on a 2-core machine starves gloo's threads sending the
+    bucket before (see `buckets.copy_bytes`); and the compare is bound by memory, not cores."""
     if shadow is None:
         return [WHOLE, -1, checksum(new)], new, None
     if shadow.shape != new.shape or shadow.dtype != new.dtype:
         raise ValueError(f"a delta between {tuple(shadow.shape)} {shadow.dtype} and {tuple(new.shape)} {new.dtype}")
     if new.numel() // word >= 2**31:
         raise ValueError(f"a bucket of {new.numel() // word} elements, more than int32 indices address")
-    old_bits, new_bits = shadow.view(_BITS[word]), new.view(_BITS[word])
-    differs = (old_bits != new_bits).numpy()
-    changed = int(np.count_nonzero(differs))  # torch's sum of a bool tensor is ~50x slower here
+    old_words, new_words = _words(shadow, word), _words(new, word)
+    differs = old_words != new_words
+    changed = int(np.count_nonzero(differs))
+
+    def send_whole():
+        if advance:
+            old_words[:] = new_words
+        return [WHOLE, changed, checksum(new)], new, changed
+
     if whole or payload_nbytes([GAPS, changed], new.numel(), word) >= new.numel():  # gaps: the least a delta costs
-        return [WHOLE, changed, checksum(new)], new, changed
-    if changed == 0:
-        return [GAPS, 0, checksum(new)], new.new_empty(0), 0
+        return send_whole()
     where = np.flatnonzero(differs)
+    del differs
     gaps = np.diff(where, prepend=-1)
-    how = GAPS if gaps.max() <= MAX_GAP else INDICES
+    how = GAPS if not changed or gaps.max() <= MAX_GAP else INDICES
     if payload_nbytes([how, changed], new.numel(), word) >= new.numel():
-        return [WHOLE, changed, checksum(new)], new, changed
-    values = new_bits[torch.from_numpy(where)].view(torch.uint8)
+        return send_whole()
+    split = gaps_nbytes(changed) if how == GAPS else changed * INDEX_BYTES
+    payload = np.empty(split + changed * word, dtype=np.uint8)
     if how == GAPS:
-        head = torch.zeros(gaps_nbytes(changed), dtype=torch.uint8)
-        head[: 2 * changed] = torch.from_numpy(gaps.astype(np.uint16)).view(torch.uint8)
+        payload[2 * changed:split] = 0  # the padding: the same bytes every push
+        payload[:2 * changed].view(np.uint16)[:] = gaps
     else:
-        head = torch.from_numpy(where.astype(np.int32)).view(torch.uint8)
-    return [how, changed, checksum(new)], torch.cat([head, values]), changed
+        payload[:split].view(np.int32)[:] = where
+    values = payload[split:].view(new_words.dtype)
+    np.take(new_words, where, out=values)
+    if advance:
+        old_words[where] = values
+    return [how, changed, checksum(new)], torch.from_numpy(payload), changed
 
 
 def decode_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor, word: int) -> None:
@@ -152,20 +167,32 @@ def decode_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor
 
 
 def apply_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor, word: int) -> None:
-    """Write one bucket's push into `target` (uint8, in place), unchecked: the learner's own shadow,
-    and the first half of `decode_bucket`."""
+    """Write one bucket's push into `target` (uint8, in host memory, in place), unchecked: the first
+    half of `decode_bucket`. numpy, as `encode_bucket` is and for the same reason."""
     how, changed, _ = prefix
     if how == WHOLE:
         if payload.data_ptr() != target.data_ptr():
             target.copy_(payload)
         return
-    flat = target.view(_BITS[word])
+    flat, raw = _words(target, word), payload.numpy()
     if how == INDICES:
         split = changed * INDEX_BYTES
-        where = payload[:split].view(torch.int32).long()
+        where = raw[:split].view(np.int32)
+        lowest, highest = (int(where.min()), int(where.max())) if changed else (0, 0)
     else:
         split = gaps_nbytes(changed)
-        where = torch.from_numpy(np.cumsum(payload[: 2 * changed].view(torch.uint16).numpy(), dtype=np.int64) - 1)
-    if changed and not 0 <= int(where.min()) <= int(where.max()) < flat.numel():
-        raise ChecksumMismatch(f"a delta addresses elements {int(where.min())}..{int(where.max())} of {flat.numel()}")
-    flat[where] = payload[split:].view(_BITS[word])
+        where = np.cumsum(raw[: 2 * changed].view(np.uint16), dtype=np.int64) - 1
+        lowest, highest = (int(where[0]), int(where[-1])) if changed else (0, 0)  # rising: gaps are >= 0
+    if changed and not 0 <= lowest <= highest < flat.size:
+        raise ChecksumMismatch(f"a delta addresses elements {lowest}..{highest} of {flat.size}")
+    flat[where] = raw[split:].view(flat.dtype)
+
+
+_WORDS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _words(t: torch.Tensor, word: int) -> np.ndarray:
+    """A host uint8 tensor's bytes as a flat numpy array of `word`-byte integers (a view)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"sparse deltas are taken in host memory; this bucket is on {t.device}")
+    return t.reshape(-1).numpy().view(_WORDS[word])

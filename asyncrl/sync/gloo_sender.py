@@ -28,7 +28,7 @@ import torch
 from torch.distributed import ProcessGroupGloo, TCPStore
 
 from asyncrl.sync.buckets import copy_bytes, is_direct, pack_bucket, plan_buckets, specs_of, zero_padding
-from asyncrl.sync.delta import WHOLE, apply_bucket, bucket_word, checksum, encode_bucket
+from asyncrl.sync.delta import WHOLE, bucket_word, checksum, encode_bucket
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
 from asyncrl.sync.wire import MAX_IN_FLIGHT, broadcast, open_gloo_group, push_header
 
@@ -167,16 +167,13 @@ class GlooWeightSender:
         """Broadcast bucket `index` (`buffer`: its bytes) as its prefix and payload."""
         if self.transfer == "delta":
             word = bucket_word(self._plan[index])
-            prefix, payload, changed = encode_bucket(self._shadows[index], buffer, word, self._whole)
+            # the shadow advances as the bucket is encoded: the changed elements written in place
+            prefix, payload, changed = encode_bucket(self._shadows[index], buffer, word, self._whole, advance=True)
             if changed is not None:
                 self._compared_bytes += buffer.numel()
                 self._changed_bytes += changed * word
             if self._shadows[index] is None:
                 self._shadows[index] = buffer.clone()
-            elif prefix[0] != WHOLE:  # the changed elements written in place, not the whole bucket copied
-                apply_bucket(prefix, payload, self._shadows[index], word)
-            else:
-                copy_bytes(self._shadows[index], buffer)
         else:
             prefix, payload = [WHOLE, -1, checksum(buffer)], buffer
         if self.corrupt_next:

@@ -37,8 +37,10 @@ def test_fifty_deltas_leave_the_engine_equal_to_a_full_push_bit_for_bit(dtype):
     for step, kind in enumerate(kinds):
         rl_step(master, gen, kind)
         new = master.to(dtype)
-        prefix, payload, count = encode_bucket(raw(shadow), raw(new), 2)
-        assert count == int((bits(shadow) != bits(new)).sum())
+        want = int((bits(shadow) != bits(new)).sum())
+        prefix, payload, count = encode_bucket(raw(shadow), raw(new), 2, advance=True)
+        assert count == want
+        assert torch.equal(bits(shadow), bits(new))  # the learner's shadow advanced in place, whole or delta
         if prefix[0] == WHOLE:  # a delta would be no smaller
             wholes += 1
         else:
@@ -46,7 +48,6 @@ def test_fifty_deltas_leave_the_engine_equal_to_a_full_push_bit_for_bit(dtype):
             changed += count
         decode_bucket(prefix, payload.clone(), raw(engine), 2)
         assert torch.equal(bits(engine), bits(new)), step
-        shadow = new
     assert wholes == 1  # the step that changed everything went whole; "none" was an empty delta
     assert changed > 2000  # the deltas carried thousands of elements over the run, not a handful
 
@@ -72,8 +73,10 @@ def test_a_delta_holds_exactly_the_changed_bits_and_goes_whole_when_not_smaller(
     wide = torch.zeros(70_000, dtype=torch.float16)
     changed = wide.clone()
     changed[0], changed[69_999] = 1.0, 2.0
-    prefix, payload, _ = encode_bucket(raw(wide), raw(changed), 2)
+    shadow = wide.clone()
+    prefix, payload, _ = encode_bucket(raw(shadow), raw(changed), 2, advance=True)
     assert prefix[:2] == [INDICES, 2] and payload[:8].view(torch.int32).tolist() == [0, 69_999]
+    assert torch.equal(shadow, changed)
     decode_bucket(prefix, payload, raw(wide), 2)
     assert torch.equal(wide, changed)
     with pytest.raises(ValueError, match="a delta between"):
