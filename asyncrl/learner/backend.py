@@ -51,10 +51,13 @@ class TrainBackend(Protocol):
     def param_specs(self, trainable_only: bool = False) -> list[tuple[str, torch.Size, torch.dtype]]:
         """(name, full shape, dtype) of every parameter, in `named_full_params` order; no gathering."""
 
-    def named_full_params(self, trainable_only: bool = False) -> Iterator[NamedTensor]:
+    def named_full_params(self, trainable_only: bool = False,
+                          dtype: torch.dtype | None = None) -> Iterator[NamedTensor]:
         """Collective. Full parameters, one at a time, in `named_parameters()` order (a tied
         weight once, under its first name); only one parameter is gathered at a time.
-        `trainable_only`: those that train (a LoRA policy's adapter), in the same order."""
+        `trainable_only`: those that train (a LoRA policy's adapter), in the same order.
+        `dtype`: cast to it (a push's engine dtype), before the gather where the backend can:
+        a bf16 push then gathers half the bytes of the float32 parameters."""
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         """Collective. The accumulated full gradients (after backward, before `step`)."""

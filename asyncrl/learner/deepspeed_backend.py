@@ -132,16 +132,18 @@ class DeepSpeedBackend:
         dtype = (lambda p: torch.float32) if self.bf16 else (lambda p: p.dtype)
         return [(n, torch.Size(getattr(p, "ds_shape", p.shape)), dtype(p)) for n, p in self._params(trainable_only)]
 
-    def named_full_params(self, trainable_only: bool = False) -> Iterator[NamedTensor]:
+    def named_full_params(self, trainable_only: bool = False,
+                          dtype: torch.dtype | None = None) -> Iterator[NamedTensor]:
+        # cast after the gather: the masters are gathered as ZeRO holds them (float32)
         for name, p in self._params(trainable_only):
             if self.bf16 and p.requires_grad:  # the float32 master, not the module's bf16 copy (frozen: none)
-                yield name, safe_get_full_fp32_param(p).detach().clone()
+                full = safe_get_full_fp32_param(p).detach().clone()
             elif self.stage == 3:
                 with deepspeed.zero.GatheredParameters([p]):
                     full = p.detach().clone()
-                yield name, full
             else:
-                yield name, p.detach()
+                full = p.detach()
+            yield name, full if dtype is None else full.to(dtype)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         out = {}

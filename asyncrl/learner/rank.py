@@ -28,7 +28,8 @@ the model (sharded_load.py).
 Three dtypes, each its own: the parameters (`learner.param_dtype`, float32 masters by default),
 the compute dtype of every forward (`dtype`, model.dtype: the backend autocasts to it), and the
 engines' weights (`engine_dtype`: rollout.dtype, else model.dtype): pushes cast each parameter to
-it on the way out, while checkpoints keep the masters.
+it on the way out (FSDP2 casts each rank's shard before the gather: a bf16 push gathers half the
+bytes), while checkpoints keep the masters.
 """
 
 from __future__ import annotations
@@ -262,9 +263,10 @@ class LearnerRank:
     def _wire(self, name: str) -> str:
         return lora_files.wire_name(name) if self.lora else name
 
-    def _pushed(self):
-        """What a push sends, gathered one at a time: every parameter, or a LoRA policy's adapter."""
-        for name, tensor in self.backend.named_full_params(trainable_only=self.lora):
+    def _pushed(self, dtype: torch.dtype | None = None):
+        """What a push sends, gathered one at a time (cast to `dtype` first where the backend can):
+        every parameter, or a LoRA policy's adapter."""
+        for name, tensor in self.backend.named_full_params(trainable_only=self.lora, dtype=dtype):
             # an adapter goes over gloo from GPU learners too: a few MB, copied to the CPU
             yield (self._wire(name), tensor.cpu()) if self.lora else (name, tensor)
 
@@ -274,13 +276,13 @@ class LearnerRank:
         parameter at a time and rank 0 sends it on."""
         if version != self.version:
             raise WeightSyncError(f"asked to push version {version}, but the learner holds version {self.version}")
-        params = self._pushed()
+        params = self._pushed(self.engine_dtype)
         if self.rank != 0:
             for _ in params:
                 pass
             return {}
         try:
-            return self.sender.push(engine_weights(params, self.engine_dtype), version, whole=whole)
+            return self.sender.push(params, version, whole=whole)
         finally:  # a push that failed midway: gather on to the end, or the other ranks wait in a gather for ever
             for _ in params:
                 pass
@@ -414,12 +416,6 @@ def generation_config(model_path: str, model: torch.nn.Module):
         return GenerationConfig.from_pretrained(model_path)
     except OSError:
         return getattr(model, "generation_config", None)
-
-
-def engine_weights(named_params, dtype: torch.dtype):
-    """The parameters as the engines hold them: cast to their dtype one at a time, as they are sent."""
-    for name, tensor in named_params:
-        yield name, tensor.to(dtype)
 
 
 def param_dtype(learner: LearnerConfig, compute: str) -> torch.dtype:

@@ -110,11 +110,13 @@ class TorchBackend:
         return [(name, p.shape, p.dtype) for name, p in self.module.named_parameters()  # a DTensor's shape is global
                 if p.requires_grad or not trainable_only]
 
-    def named_full_params(self, trainable_only: bool = False) -> Iterator[NamedTensor]:
+    def named_full_params(self, trainable_only: bool = False,
+                          dtype: torch.dtype | None = None) -> Iterator[NamedTensor]:
         # named_parameters() yields a tied embedding once, under its input-embedding name
         for name, p in self.module.named_parameters():
             if p.requires_grad or not trainable_only:
-                yield name, _full(p)
+                # a shard casts alone (element-wise: the same bits as casting the whole after)
+                yield name, _full(p.detach() if dtype is None else p.detach().to(dtype))
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         return {n: _full(p.grad) for n, p in self.module.named_parameters() if p.grad is not None}

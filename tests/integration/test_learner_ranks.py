@@ -325,9 +325,34 @@ def run_layout_rank(rank, world, port, model, ckpt):
     except WeightSyncError:
         push_failed = True
     after = {n: t.cpu().clone() for n, t in learner.backend.named_full_params()}
+    # a push to float16 engines: each rank casts its shard, then the ranks gather (half the bytes)
+    learner.engine_dtype = torch.float16
+    learner.sender = RecordingSender() if rank == 0 else None
+    gathered, full_tensor = [], DTensor.full_tensor
+    DTensor.full_tensor = lambda self, **kw: (gathered.append(self.dtype), full_tensor(self, **kw))[1]
+    try:
+        learner.push_weights(learner.version)
+    finally:
+        DTensor.full_tensor = full_tensor
+    pushed = learner.sender.pushed if rank == 0 else {}
     sender.close()
     learner.shutdown()
-    return {"layout": layout, "start": start, "buffers": buffers, "push_failed": push_failed, "after_push": after}
+    return {"layout": layout, "start": start, "buffers": buffers, "push_failed": push_failed, "after_push": after,
+            "pushed": pushed, "gathered_dtypes": set(gathered)}
+
+
+class RecordingSender:
+    """Rank 0's weight sender that keeps what it was given."""
+
+    def __init__(self):
+        self.pushed = {}
+
+    def push(self, named, version, whole=False):
+        self.pushed = {name: tensor.cpu().clone() for name, tensor in named}
+        return {}
+
+    def close(self):
+        pass
 
 
 class BreakingSender:
@@ -473,6 +498,10 @@ def test_fsdp2_ranks_read_their_own_rows_shard_the_reference_and_checkpoint_shar
     assert (ckpt / "learner.pt").stat().st_size < moment_bytes / 10  # the RNG state and counters only
     assert (ckpt / "policy" / "model.safetensors").is_file()
     assert got["push_failed"] and sorted(got["after_push"]) == sorted(got["start"])  # both ranks gathered on
+    # the shards cast before the gather give the bits of the whole parameter cast after it
+    assert sorted(got["pushed"]) == sorted(got["after_push"]) and got["gathered_dtypes"] == {torch.float16}
+    for name, tensor in got["pushed"].items():
+        assert tensor.dtype == torch.float16 and torch.equal(tensor, got["after_push"][name].to(torch.float16)), name
 
 
 @pytest.mark.parametrize("backend,stage", [("torch", 2), ("deepspeed", 2), ("deepspeed", 3)],
