@@ -10,7 +10,8 @@ learner's side, as vLLM's own producer does, so that only the rendezvous needs v
 runs, and is tested, where vLLM is absent (CI on CPU tensors, a GPU machine without vLLM).
 
 On CUDA the chunks are packed and broadcast on `num_buffers` side streams in turn (double
-buffering: packing chunk i+1 overlaps the broadcast of chunk i), as in vLLM's producer.
+buffering: packing chunk i+1 overlaps the broadcast of chunk i), as in vLLM's producer, into
+buffers the sender allocates once and keeps (vLLM's producer concatenates a new one per chunk).
 """
 
 from __future__ import annotations
@@ -28,34 +29,46 @@ class Broadcaster(Protocol):
     def broadcast(self, tensor: torch.Tensor, src: int) -> None: ...
 
 
-def num_chunks(sizes: Iterable[int], bucket_bytes: int) -> int:
-    """How many broadcasts a push of tensors of these byte sizes makes (the same rule as
-    `packed_chunks`, from sizes alone)."""
-    chunks, filled = 0, 0
+def chunk_sizes(sizes: Iterable[int], bucket_bytes: int) -> list[int]:
+    """The byte size of each broadcast a push of tensors of these byte sizes makes (the same rule
+    as `packed_chunks`, from sizes alone)."""
+    chunks, filled = [], 0
     for size in sizes:
         filled += size
         if filled > bucket_bytes:
-            chunks, filled = chunks + 1, 0
-    return chunks + (filled > 0)
+            chunks, filled = chunks + [filled], 0
+    return chunks + ([filled] if filled else [])
 
 
-def packed_chunks(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
-                  device: torch.device) -> Iterator[tuple[torch.Tensor, list[str]]]:
+def num_chunks(sizes: Iterable[int], bucket_bytes: int) -> int:
+    return len(chunk_sizes(sizes, bucket_bytes))
+
+
+def packed_chunks(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, device: torch.device,
+                  buffers: list[torch.Tensor] | None = None) -> Iterator[tuple[torch.Tensor, list[str]]]:
     """(flat uint8 chunk on `device`, names in it) for each broadcast, read lazily: a sharded
-    learner gathers each parameter only when it is its turn."""
+    learner gathers each parameter only when it is its turn. With `buffers` (uint8, on `device`,
+    each as large as the largest chunk), chunk i is packed into the front of buffers[i % len],
+    which the caller must no longer be sending from; else each chunk is a new tensor."""
     pieces: list[torch.Tensor] = []
     names: list[str] = []
-    filled = 0
+    filled = sent = 0
+
+    def pack():
+        if buffers is None:
+            return torch.cat(pieces)
+        return torch.cat(pieces, out=buffers[sent % len(buffers)][:filled])
+
     for name, tensor in named:
         flat = tensor.detach().to(device).contiguous().view(-1).view(torch.uint8)
         pieces.append(flat)
         names.append(name)
         filled += flat.numel()
         if filled > bucket_bytes:
-            yield torch.cat(pieces), names
-            pieces, names, filled = [], [], 0
+            yield pack(), names
+            pieces, names, filled, sent = [], [], 0, sent + 1
     if pieces:
-        yield torch.cat(pieces), names
+        yield pack(), names
 
 
 @cache
@@ -72,9 +85,15 @@ def reset_streams() -> None:
 
 
 def broadcast_packed(group: Broadcaster, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
-                     device: torch.device, num_buffers: int = 2, src: int = 0) -> int:
-    """Broadcast the tensors as vLLM's packed consumer expects; returns the chunks sent."""
-    chunks = packed_chunks(named, bucket_bytes, device)
+                     device: torch.device, num_buffers: int = 2, src: int = 0,
+                     buffers: list[torch.Tensor] | None = None) -> int:
+    """Broadcast the tensors as vLLM's packed consumer expects; returns the chunks sent.
+    `buffers`: `num_buffers` of them to pack into (`packed_chunks`), kept by the caller across
+    pushes; chunk i goes out of buffer i % num_buffers on stream i % num_buffers, so a buffer is
+    refilled only after its stream's last broadcast has finished."""
+    if buffers is not None and len(buffers) != num_buffers:
+        raise ValueError(f"{len(buffers)} packing buffers for {num_buffers} streams")
+    chunks = packed_chunks(named, bucket_bytes, device, buffers)
     if device.type != "cuda":
         sent = 0
         for packed, _ in chunks:

@@ -27,7 +27,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 
 from asyncrl.sync.buckets import dtype_from_str, dtype_to_str
-from asyncrl.sync.nccl_packing import Broadcaster, broadcast_packed, num_chunks, reset_streams
+from asyncrl.sync.nccl_packing import Broadcaster, broadcast_packed, chunk_sizes, num_chunks, reset_streams
 from asyncrl.sync.protocol import NamedTensors, WeightSyncError
 from asyncrl.sync.wire import NUM_BUFFERS
 
@@ -45,6 +45,7 @@ class NcclWeightSender:
         self._comm: Broadcaster | None = None
         self._device: torch.device | None = None
         self._specs: list[tuple[str, list[int], str]] | None = None
+        self._buffers: list[torch.Tensor] | None = None  # packing buffers, kept across pushes
         # One worker thread: NCCL calls of one communicator must stay in order.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-weight-sync")
 
@@ -84,11 +85,21 @@ class NcclWeightSender:
             # The producer reads parameters on its own streams: finish pending optimizer writes.
             torch.cuda.current_stream().synchronize()
         start = time.perf_counter()
-        self._run(lambda: self._broadcast(_checked(named_params, self._specs)), "push", version)
+        buffers = self._packing_buffers(sizes)
+        self._run(lambda: self._broadcast(_checked(named_params, self._specs), buffers), "push", version)
         seconds = time.perf_counter() - start
         return {"sync/version": version, "sync/num_bytes": num_bytes,
                 "sync/num_buckets": num_chunks(sizes, self.bucket_bytes),
                 "sync/push_s": seconds, "sync/push_gb_per_s": num_bytes / seconds / 1e9}
+
+    def _packing_buffers(self, sizes: list[int]) -> list[torch.Tensor]:
+        """One buffer per side stream, as large as the push's largest chunk, allocated at the first
+        push (again only if a larger chunk comes) rather than every chunk anew."""
+        largest = max(chunk_sizes(sizes, self.bucket_bytes), default=0)
+        if self._buffers is None or self._buffers[0].numel() < largest:
+            self._buffers = None  # the old ones freed first
+            self._buffers = [torch.empty(largest, dtype=torch.uint8, device=self._device) for _ in range(NUM_BUFFERS)]
+        return self._buffers
 
     def close(self) -> None:
         if self._comm is not None:
@@ -107,6 +118,7 @@ class NcclWeightSender:
         with contextlib.suppress(Exception):
             stalled.exception(timeout=ABORT_WAIT_S)
         reset_streams()
+        self._buffers = None  # an aborted broadcast's kernel may have held one
         self._pool.shutdown(wait=False)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-weight-sync")
 
@@ -117,10 +129,11 @@ class NcclWeightSender:
         return trainer_init({"master_address": self.host, "master_port": self.port,
                              "world_size": self.world_size})
 
-    def _broadcast(self, named_params: NamedTensors) -> int:
+    def _broadcast(self, named_params: NamedTensors, buffers: list[torch.Tensor]) -> int:
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)  # helper thread: streams on the learner's GPU
-        return broadcast_packed(self._comm, named_params, self.bucket_bytes, self._device, NUM_BUFFERS)
+        return broadcast_packed(self._comm, named_params, self.bucket_bytes, self._device, NUM_BUFFERS,
+                                buffers=buffers)
 
     def _run(self, fn, what: str, version: int | None, timeout_s: float | None = None):
         timeout_s = timeout_s or self.timeout_s

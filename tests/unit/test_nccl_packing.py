@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from asyncrl.sync.buckets import dtype_from_str
-from asyncrl.sync.nccl_packing import num_chunks
+from asyncrl.sync.nccl_packing import chunk_sizes, num_chunks
 from asyncrl.sync.nccl_sender import NcclWeightSender
 from asyncrl.sync.wire import NUM_BUFFERS
 
@@ -132,9 +132,40 @@ def test_a_push_unpacks_to_the_parameters(device, dtype, tie, reader, monkeypatc
         assert torch.equal(got[name].cpu(), want.cpu()), name  # bit for bit
 
 
+def test_pushes_pack_into_the_same_buffers_in_turn():
+    """Chunk i of every push is packed into the front of buffer i % NUM_BUFFERS, allocated once
+    (as large as the largest chunk), and a second push of other values arrives as the first did."""
+    named = params(True, torch.float32, "cpu")
+    sizes = [t.numel() * t.element_size() for _, t in named]
+
+    class PointerGroup(RecordingGroup):
+        def broadcast(self, tensor, src):
+            super().broadcast(tensor, src)
+            self.pointers = getattr(self, "pointers", []) + [tensor.data_ptr()]
+
+    sender = NcclWeightSender("127.0.0.1", 0, 2, timeout_s=60, bucket_bytes=BUCKET)
+    sender.connect(group=(group := PointerGroup()), device=torch.device("cpu"))
+    sender.metadata(named)
+    sender.push(iter(named), version=1)
+    buffers = sender._buffers
+    assert len(buffers) == NUM_BUFFERS and buffers[0].numel() == max(chunk_sizes(sizes, BUCKET)) > BUCKET
+    starts = [b.data_ptr() for b in buffers]
+    assert group.pointers == [starts[i % NUM_BUFFERS] for i in range(len(group.sent))]
+    first = list(group.sent)
+    again = [(n, t * 2) for n, t in named]
+    group.sent, group.pointers = [], []
+    sender.push(iter(again), version=2)
+    assert sender._buffers is buffers and group.pointers == [starts[i % NUM_BUFFERS] for i in range(len(first))]
+    got = mirror_consume(sender.metadata(again)["update_info"], ReplayGroup(group.sent), BUCKET)
+    assert all(torch.equal(got[n], t) for n, t in again)
+    assert [c.numel() for c in group.sent] == [c.numel() for c in first] == chunk_sizes(sizes, BUCKET)
+    sender.close()
+
+
 def test_chunk_rule_closes_once_past_the_bound():
     # 1000 + 1500 = 2500 <= 3000: open; + 800 = 3300 > 3000: closes; then 4000 alone; then 10
     assert num_chunks([1000, 1500, 800, 4000, 10], 3000) == 3
+    assert chunk_sizes([1000, 1500, 800, 4000, 10], 3000) == [3300, 4000, 10]
     assert num_chunks([3000], 3000) == 1 and num_chunks([3000, 1], 3000) == 1 and num_chunks([], 10) == 0
 
 
