@@ -205,18 +205,23 @@ def test_bad_lora_settings_name_their_field(models):
                     dtype="float64")
 
 
-def run_deepspeed_lora_rank(rank, world, port, model, backend, stage):
+def run_deepspeed_lora_rank(rank, world, port, model, backend, stage, ckpt=None, resume=None):
     """float32 (DeepSpeed has no float64 path): step 1's gradients per mode, then 3 optimizer steps
-    with a KL term (the reference: the base, the adapter switched off)."""
+    with a KL term (the reference: the base, the adapter switched off). `ckpt`: a checkpoint after
+    step 2; `resume`: load that checkpoint (`model` its policy) and run step 3 alone."""
     cfg = learner_cfg(backend, stage, world, F32, micro_batch_tokens=24, lora=LORA)
     learner = LearnerRank(model, cfg, KL_ALGO, dtype="float32", rank=rank, world_size=world,
                           group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
     grads = mode_gradients(learner, sender, rank, world)
     learner.step.algo = KL_ALGO
-    for step in (1, 2, 3):
+    if resume:
+        learner.load_checkpoint(resume)
+    for step in (3,) if resume else (1, 2, 3):
         feed(learner, sender, step, rank, world)
         learner.train_step(step)
+        if step == 2 and ckpt:
+            learner.save_checkpoint(ckpt)
     adapter = {n: t.clone() for n, t in learner.backend.named_full_params(trainable_only=True)}
     sender.close()
     learner.shutdown()
@@ -242,10 +247,20 @@ def test_deepspeed_lora_matches_the_single_torch_rank(tmp_path, float32_adapter,
     """ZeRO-2 and ZeRO-3 on 2 ranks: the adapter's gradient and the adapter after 3 AdamW steps are
     the single torch rank's within what float32 summation order allows (test_learner_ranks.py)."""
     want = run_deepspeed_lora_rank(0, 1, None, float32_adapter, "torch", 2)
-    got = run_ranks(tmp_path, 2, run_deepspeed_lora_rank, float32_adapter, "deepspeed", stage)
+    ckpt = tmp_path / "ckpt"
+    got = run_ranks(tmp_path, 2, run_deepspeed_lora_rank, float32_adapter, "deepspeed", stage, str(ckpt))
     for mode in MODES:
         assert set(got["grads"][mode]) == set(want["grads"][mode])
         for name, g in want["grads"][mode].items():
             torch.testing.assert_close(got["grads"][mode][name], g, rtol=0, atol=F32.grad_tol, msg=f"{mode} {name}")
     for name, p in want["adapter"].items():
         torch.testing.assert_close(got["adapter"][name], p, rtol=0, atol=F32.param_tol(3, 1e-3), msg=name)
+    # the checkpoint after step 2 holds the adapter and its moments (none for the frozen base):
+    # 2 fresh ZeRO ranks resume it and step 3 lands where the uninterrupted ranks' did
+    (tmp_path / "again").mkdir()
+    again = run_ranks(tmp_path / "again", 2, run_deepspeed_lora_rank, str(ckpt / "policy"), "deepspeed", stage,
+                      None, str(ckpt))
+    moments = torch.load(ckpt / "learner.pt", weights_only=False)["moments"]
+    assert len(moments) == len(got["adapter"]) and all("lora_" in n for n in moments)
+    for name, p in got["adapter"].items():
+        torch.testing.assert_close(again["adapter"][name], p, rtol=0, atol=1e-7, msg=f"resumed {name}")
