@@ -199,9 +199,18 @@ class DeepSpeedBackend:
         return model  # the reference stays whole on every rank: a ZeRO engine wraps one model only
 
     def optimizer_template(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        """Laid out as `optimizer_state` lays the moments out: each rank allocates its rows only."""
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor import empty as sharded_empty
+
         shapes = {name: shape for name, shape, _ in self.param_specs()}
-        return {key: {name: self._own_rows(torch.empty(shapes[name], dtype=torch.float32)) for name in names}
-                for key in MOMENTS}
+
+        def rows(shape):
+            if self.world_size == 1:
+                return torch.empty(shape, dtype=torch.float32)
+            return _on_cpu(sharded_empty(shape, dtype=torch.float32, device_mesh=self._rows_mesh(), placements=[Shard(0)]))
+
+        return {key: {name: rows(shapes[name]) for name in names} for key in MOMENTS}
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         """Each moment whole (an older checkpoint, or one rank's) or as rows (`_own_rows`),
