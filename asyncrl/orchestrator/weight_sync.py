@@ -96,15 +96,19 @@ class WeightSync:
                                               self.cfg.bucket_mb << 20, self.cfg.transfer, self.cfg.full_every,
                                               join_s)]
         refs += self.pool.init_weight_sync(ids, host, port, tp, world, self.cfg.timeout_s, join_s)
+        # a group formed again mid-run (after a loss) waits sync.timeout_s: the message names the field
+        # to raise; the run's first group names its own (lifecycle.form_weight_sync_group)
+        within = "" if join_timeout_s else f" within sync.timeout_s={join_s:g}s"
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=join_s + 30)
         lost = self._remove_lost(ids, refs[1:], waiting)
         if lost or refs[0] in waiting:
-            raise PushFailed(f"weight-sync group at {host}:{port} could not form: {describe(lost)}", sorted(lost))
+            who = describe(lost) if lost else "learner rank 0 did not join"
+            raise PushFailed(f"weight-sync group at {host}:{port} could not form{within}: {who}", sorted(lost))
         try:
             ray.get(refs[0])
         except ray.exceptions.RayTaskError as e:  # a dead rank is RayActorError: the learner's restart
-            raise PushFailed(f"weight-sync group at {host}:{port} could not form: learner rank 0 said "
-                             f"{_cause(e)} (within {join_s:g}s)", []) from None
+            raise PushFailed(f"weight-sync group at {host}:{port} could not form{within}: learner rank 0 "
+                             f"said {_cause(e)}", []) from None
         self._weight_meta = self.learner.weight_metadata()
         self.members = ids
 

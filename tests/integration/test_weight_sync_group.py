@@ -8,6 +8,7 @@ import ray
 from asyncrl.config import SyncConfig
 from asyncrl.orchestrator.actor_pool import ActorPool
 from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
+from asyncrl.sync.protocol import WeightSyncError
 
 
 @ray.remote
@@ -95,3 +96,27 @@ def test_an_actor_whose_receive_failed_is_replaced_with_nccl_only(ray_cluster, k
         with pytest.raises(PushFailed, match="weight push of version 3 \\(step 3\\) failed on rollout actor 1: ") as e:
             sync.push(3, step=3)
         assert e.value.dead == [] and pool.removed == [] and pool.ids == [0, 1] and sync.members == []
+
+
+@ray.remote
+def _join_that_times_out():
+    raise WeightSyncError("could not join gloo weight-sync group 127.0.0.1:29999 (rank 0 of 2) within 0.001s")
+
+
+class LearnerThatCannotJoin(Learner):
+    def init_weight_sync(self, *args, **kwargs):
+        super().init_weight_sync(*args, **kwargs)
+        return _join_that_times_out.remote()
+
+
+def test_a_group_that_cannot_form_says_which_timeout_to_raise(ray_cluster):
+    """Mid-run (a push's retry after a loss) the field is sync.timeout_s; the run's first group is
+    worded by lifecycle.form_weight_sync_group, which names sync.start_timeout_s itself."""
+    sync = WeightSync(SyncConfig(timeout_s=0.001), LearnerThatCannotJoin(), Pool([Member.remote()]))
+    with pytest.raises(PushFailed, match=r"could not form within sync.timeout_s=0.001s: learner rank 0 said "
+                                         r"WeightSyncError: could not join") as e:
+        sync.rebuild_group()
+    assert e.value.dead == [] and sync.members == []
+    with pytest.raises(PushFailed) as e:
+        sync.rebuild_group(join_timeout_s=600.0)
+    assert "sync.timeout_s" not in str(e.value) and "could not form: learner rank 0 said" in str(e.value)
