@@ -46,6 +46,19 @@ class TinyModelConfig(_Section):
     Qwen3-30B-A3B) whose every layer routes each token to `experts_per_token` of this many experts."""
     experts_per_token: int = Field(2, gt=0)
     """Experts each token is routed to, per layer (with num_experts > 0)."""
+    architecture: Literal["qwen2", "llama"] = "qwen2"
+    """The dense model's architecture. llama: the qwen2 model's own weights (its query, key and value
+    biases kept by Llama's attention_bias, the output projection's bias zero) under Llama's
+    architecture, the same function to the last bit; vLLM serves LoRA adapters on the embedding and
+    the LM head of a Llama model, and of a Qwen2 one on its decoder's linear layers only
+    (configs/tiny_lora.yaml)."""
+
+    @model_validator(mode="after")
+    def _dense_twin(self) -> "TinyModelConfig":
+        if self.architecture == "llama" and (self.num_experts or self.task != "arith"):
+            raise ValueError("model.tiny.architecture=llama is the dense arithmetic model's twin: "
+                             "with num_experts=0 and task=arith only")
+        return self
 
 
 class ModelConfig(_Section):

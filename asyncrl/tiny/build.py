@@ -20,7 +20,8 @@ right answer is that value. With tied embeddings and no LM-head bias that is exa
 converged model at temperature tau: RL's reward gain from such a model is mostly undoing tau, and
 its falling entropy is the same rescaling, which is why it is no longer the default.
 
-The output is a Hugging Face directory (Qwen2, or Qwen3-MoE with `num_experts`; tied embeddings, float32 safetensors, character
+The output is a Hugging Face directory (Qwen2, or Qwen3-MoE with `num_experts`, or with
+`architecture` llama the Qwen2 build's Llama twin; tied embeddings, float32 safetensors, character
 tokenizer) that transformers and vLLM load, cached under ``$ASYNCRL_CACHE`` (default
 ``~/.cache/asyncrl``) by spec hash: built in a temp dir, renamed into place, under a file lock.
 The build is seeded (init, batches, accuracy samples), so a spec always gives the same model on
@@ -100,8 +101,10 @@ def train_records(spec: TinyModelSpec) -> list[dict[str, str]]:
 
 def new_model(spec: TinyModelSpec, tokenizer):
     """A freshly initialised (seeded) Qwen2 causal LM sized by the spec, or with `num_experts` a
-    Qwen3-MoE one (every layer sparse, top-k probabilities renormalized, as Qwen3-30B-A3B)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    Qwen3-MoE one (every layer sparse, top-k probabilities renormalized, as Qwen3-30B-A3B), or
+    with `architecture` llama its Llama twin's shape (`llama_twin`)."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
 
     common = dict(
         vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
@@ -116,7 +119,42 @@ def new_model(spec: TinyModelSpec, tokenizer):
                                 moe_intermediate_size=spec.intermediate_size // spec.experts_per_token,
                                 norm_topk_prob=True)
         return Qwen3MoeForCausalLM(config).float()
+    if spec.architecture == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common, attention_bias=True)).float()
     return Qwen2ForCausalLM(Qwen2Config(**common)).float()
+
+
+def llama_twin(source: Path, directory: Path) -> dict:
+    """The built Qwen2 model in `source` as a Llama model in `directory`, the same function: Qwen2
+    is Llama with biases on the query, key and value projections, which Llama's attention_bias
+    gives (with one on the output projection too, set to zero). Its tokenizer and warm-start
+    report come along; the report gains the largest logit difference on a few sequences (0 here)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    qwen = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    c = qwen.config
+    config = LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps, rope_parameters=c.rope_parameters, hidden_act=c.hidden_act,
+        tie_word_embeddings=True, attention_bias=True, dtype="float32",
+        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id)
+    llama = LlamaForCausalLM(config).float()
+    with torch.no_grad():
+        unmatched = llama.load_state_dict(qwen.state_dict(), strict=False)
+        if unmatched.unexpected_keys or any(not k.endswith("o_proj.bias") for k in unmatched.missing_keys):
+            raise RuntimeError(f"the Llama twin does not take the Qwen2 weights: {unmatched}")
+        for name, p in llama.named_parameters():
+            if name.endswith("o_proj.bias"):
+                p.zero_()
+        ids = torch.randint(2, c.vocab_size, (4, 24), generator=torch.Generator().manual_seed(0))
+        diff = (qwen(ids).logits - llama(ids).logits).abs().max().item()
+    llama.generation_config = qwen.generation_config
+    llama.save_pretrained(str(directory), safe_serialization=True)
+    save_tokenizer(directory, model_max_length=c.max_position_embeddings)
+    report = json.loads((source / "warm_start.json").read_text())
+    return {**report, "twin_of": source.name, "twin_max_logit_diff": diff}
 
 
 def sampled_accuracy(model, tokenizer, spec: TinyModelSpec) -> float:
@@ -258,7 +296,14 @@ def ensure_tiny_model(spec: TinyModelSpec | None = None, cache_dir: str | Path |
             return final
         staging = Path(tempfile.mkdtemp(prefix=f".tiny-{spec.key()}-", dir=models_dir))
         try:
-            report = build_into(staging, spec, log)
+            if spec.architecture == "llama":  # a relabelling of the Qwen2 build, not a second warm start
+                qwen = ensure_tiny_model(dataclasses.replace(spec, architecture="qwen2"), root, log)
+                t0 = time.monotonic()
+                report = llama_twin(qwen, staging)
+                report.update(key=spec.key(), spec=dataclasses.asdict(spec), build_seconds=time.monotonic() - t0)
+                (staging / "warm_start.json").write_text(json.dumps(report, indent=2) + "\n")
+            else:
+                report = build_into(staging, spec, log)
             staging.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
             os.rename(staging, final)
         finally:

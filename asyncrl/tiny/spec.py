@@ -58,6 +58,9 @@ class TinyModelSpec:
     """0: dense (Qwen2); more: Qwen3-MoE with this many experts a layer, each of width
     intermediate_size / experts_per_token, so a token's active MLP is as wide as the dense one's."""
     experts_per_token: int = 2
+    architecture: str = "qwen2"
+    """qwen2, or llama: the qwen2 build's weights under Llama's architecture (build.llama_twin), the
+    same function, which vLLM serves LoRA adapters on the embedding and LM head for."""
 
     def key(self) -> str:
         """Stable short hash of the spec and the format version."""
@@ -66,6 +69,8 @@ class TinyModelSpec:
             del fields["tool"]  # the arithmetic models keep the keys they were cached under
         if not self.num_experts:  # and the dense ones theirs
             del fields["num_experts"], fields["experts_per_token"]
+        if self.architecture == "qwen2":
+            del fields["architecture"]
         else:
             fields["tool_task"] = tool_task.VERSION
         blob = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
@@ -77,7 +82,7 @@ def spec_for(cfg: TinyModelConfig) -> TinyModelSpec:
     return dataclasses.replace(
         TinyModelSpec(), seed=cfg.seed, warm_start_steps=cfg.warm_start_steps, lr=cfg.lr,
         target_sampled_accuracy=cfg.target_sampled_accuracy, soften_to_probability=cfg.soften_to_probability,
-        num_experts=cfg.num_experts, experts_per_token=cfg.experts_per_token,
+        num_experts=cfg.num_experts, experts_per_token=cfg.experts_per_token, architecture=cfg.architecture,
         # the tool task's sampled accuracy leaps (0.005 to 0.415 in 20 steps measured): checked
         # every 5 steps, on 400 problems (a standard error of 0.02 at 0.25), it stops near the target
         **({"tool": True, "check_every": 5, "check_samples_per_problem": 1} if cfg.task == "calc_tool" else {}),
