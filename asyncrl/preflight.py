@@ -188,9 +188,10 @@ def _check(path, prompt_field, answer_field, verifier_of, needs) -> None:
 
 
 def check_lora(cfg: Config) -> None:
-    """learner.lora's targets and rank against the model's linear layers, on the model built on
-    the meta device (no weights read), so a wrong name is one line here, not a learner that fails
-    to start."""
+    """learner.lora's targets and rank against the model's linear and embedding layers, on the
+    model built on the meta device (no weights read), so a wrong name is one line here, not a
+    learner that fails to start; an adapter on the embedding or the LM head only where vLLM's
+    class for the model serves one there."""
     if not cfg.learner.lora.enabled:
         return
     import torch
@@ -210,7 +211,12 @@ def check_lora(cfg: Config) -> None:
             from transformers import AutoConfig, AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(_config_json(cfg.model.path).parent))
-    check_targets(model, cfg.learner.lora)
+
+    def served():  # imports vLLM (seconds): asked only when an embedding layer is targeted
+        from asyncrl.rollout.vllm_engine import served_embedding_adapters
+
+        return served_embedding_adapters(type(model).__name__)
+    check_targets(model, cfg.learner.lora, served if cfg.rollout.engine == "vllm" else None)
 
 
 def model_vocab(path: str) -> int | None:

@@ -83,6 +83,13 @@ SURFACE: list[VllmName] = [
                       "resume_generation", "collective_rpc", "add_lora", "remove_lora")),
     VllmName("vllm.lora.request:LoRARequest", "rollout/vllm_engine.py (the adapter of a LoRA policy)",
              call=("lora_name", "lora_int_id", "lora_path")),
+    # which embedding layers a model's class serves adapters on (served_embedding_adapters)
+    VllmName("vllm.model_executor.models:ModelRegistry", "rollout/vllm_engine.py (served_embedding_adapters)",
+             attrs=("models",)),
+    VllmName("vllm.model_executor.models.registry:_LazyRegisteredModel",
+             "rollout/vllm_engine.py (a ModelRegistry.models entry)", methods={"load_model_cls": ()}),
+    VllmName("vllm.model_executor.models.llama:LlamaForCausalLM",
+             "rollout/vllm_engine.py (served_embedding_adapters: a model class)", attrs=("embedding_modules",)),
     VllmName("vllm:SamplingParams", "rollout/vllm_engine.py",
              call=("*", "n", "temperature", "top_p", "max_tokens", "logprobs", "output_kind", "skip_clone",
                    "detokenize", "prompt_logprobs", "stop", "include_stop_str_in_output",

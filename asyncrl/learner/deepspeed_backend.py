@@ -90,7 +90,8 @@ class DeepSpeedBackend:
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config,
             dist_init_required=False)
         if self.stage == 3:
-            deepspeed.zero.register_external_parameter(head, head.head.weight)
+            for p in head.head.parameters():  # the weight, and a LoRA head's adapter
+                deepspeed.zero.register_external_parameter(head, p)
         self.model = model
         for name, p in self._params(trainable_only=True) if self.bf16 else ():
             safe_set_full_fp32_param(p, loaded.pop(name).to(p.device))

@@ -18,8 +18,8 @@ how `asyncrl evaluate` reads a LoRA run's final policy.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,34 +48,65 @@ def linear_layers(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
-def check_targets(model: torch.nn.Module, cfg) -> list[str]:
-    """The linear layers `cfg` (LoraConfig) adapts; ConfigError naming the field when a target
-    matches none of the model's linear layers or the rank exceeds a targeted layer's size."""
-    linears = linear_layers(model)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+def embedding_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The input embedding and the LM head, by module name: adapters there only when named in
+    target_modules (peft's all-linear leaves the head out too) and when the engine serves them."""
+    wanted = [getattr(model, f)() for f in ("get_input_embeddings", "get_output_embeddings") if hasattr(model, f)]
+    return {name: m for name, m in model.named_modules() if any(m is w for w in wanted if w is not None)}
+
+
+def check_targets(model: torch.nn.Module, cfg,
+                  served_embeddings: Callable[[], Collection[str]] | None = None) -> list[str]:
+    """The layers `cfg` (LoraConfig) adapts; ConfigError naming the field when a target matches
+    none of the model's linear or embedding layers, the rank exceeds a targeted layer's size, or
+    an embedding layer is targeted that the engines serve no adapter on (`served_embeddings()`:
+    the module-name suffixes they do, e.g. vLLM's Llama class: embed_tokens and lm_head, asked
+    only when an embedding layer is targeted; None: not checked, as on the learner, where
+    preflight has checked it)."""
+    linears, embeddings = linear_layers(model), embedding_layers(model)
+    layers = {**linears, **embeddings}
     if cfg.target_modules == "all-linear":
-        chosen = [n for n, m in linears.items() if m is not head]
+        chosen = [n for n in linears if n not in embeddings]
     else:
         chosen = []
         for target in cfg.target_modules:
-            hits = [n for n in linears if n == target or n.endswith("." + target)]
+            hits = [n for n in layers if n == target or n.endswith("." + target)]
             if not hits:
-                suffixes = sorted({n.rsplit(".", 1)[-1] for n in linears})
-                raise ConfigError(f"learner.lora.target_modules: {target!r} names no linear layer of "
+                suffixes = sorted({n.rsplit(".", 1)[-1] for n in layers})
+                raise ConfigError(f"learner.lora.target_modules: {target!r} names no linear or embedding layer of "
                                   f"{type(model).__name__} (it has {', '.join(suffixes)})")
             chosen += hits
-    if head is not None and any(linears[name] is head for name in chosen):
-        raise ConfigError("learner.lora.target_modules: the LM head cannot take an adapter (vLLM serves adapters "
-                          "on the decoder's linear layers only); name those, or use all-linear")
     if not chosen:
         raise ConfigError(f"learner.lora.target_modules: {type(model).__name__} has no linear layer to adapt")
+    served = served_embeddings() if served_embeddings is not None and any(n in embeddings for n in chosen) else None
+    for name in (n for n in chosen if n in embeddings):
+        suffix = name.rsplit(".", 1)[-1]
+        if served is not None and suffix not in served:
+            raise ConfigError(f"learner.lora.target_modules: {suffix} cannot take an adapter on {type(model).__name__}: "
+                              f"the engines serve adapters on its decoder's linear layers only (vLLM's class for it "
+                              f"declares no embedding_modules); name those, or use all-linear")
+        if cfg.dropout and embeddings[name] is model.get_output_embeddings():
+            raise ConfigError("learner.lora.dropout must be 0 with an adapter on the LM head (the learner applies the "
+                              "head's adapter as W + (alpha / r) B A, as the engines do, with no dropout)")
     for name in chosen:
-        layer = linears[name]
-        if cfg.rank > min(layer.in_features, layer.out_features):
+        weight = layers[name].weight
+        if cfg.rank > min(weight.shape):
             raise ConfigError(f"learner.lora.rank={cfg.rank} is larger than {name} "
-                              f"({layer.out_features}x{layer.in_features}) allows: at most "
-                              f"{min(layer.in_features, layer.out_features)}")
+                              f"({weight.shape[0]}x{weight.shape[1]}) allows: at most {min(weight.shape)}")
     return chosen
+
+
+def adapted_weight(layer: torch.nn.Module) -> torch.Tensor:
+    """A linear layer's weight with its adapter in, W + (alpha / r) B A (differentiable in A and
+    B, in the adapter's dtype), or its own weight when it has no active adapter (none, or the
+    adapter switched off for the KL reference). For the LM head, which the learner applies to the
+    loss positions itself (model_forward.TokenHead) rather than through the layer's forward: this
+    holds one more [vocab, hidden] tensor while the head runs."""
+    base = getattr(layer, "base_layer", None)
+    if base is None or layer.disable_adapters or ADAPTER_NAME not in layer.active_adapters:
+        return layer.weight
+    a, b = layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight
+    return base.weight.to(a.dtype) + layer.scaling[ADAPTER_NAME] * (b @ a)
 
 
 def apply_lora(model: torch.nn.Module, cfg, adapter_dir: str | Path | None = None) -> torch.nn.Module:
@@ -115,8 +146,9 @@ def load_adapter_weights(model: torch.nn.Module, adapter_dir: str | Path) -> Non
 
 def wire_name(name: str) -> str:
     """A runtime adapter parameter's name as peft saves it (and vLLM loads it): without the
-    adapter's name, e.g. ...q_proj.lora_A.default.weight -> ...q_proj.lora_A.weight."""
-    return name.replace(f".{ADAPTER_NAME}.", ".")
+    adapter's name, e.g. ...q_proj.lora_A.default.weight -> ...q_proj.lora_A.weight and an
+    embedding's ...embed_tokens.lora_embedding_A.default -> ...embed_tokens.lora_embedding_A."""
+    return name.replace(f".{ADAPTER_NAME}.", ".").removesuffix(f".{ADAPTER_NAME}")
 
 
 def is_lora(model: torch.nn.Module) -> bool:
@@ -146,9 +178,22 @@ def write_adapter(out: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], 
     return out
 
 
-def adapter_off(model: torch.nn.Module):
-    """The base model's forward (the adapter bypassed): the KL term's reference."""
-    return model.disable_adapter() if is_lora(model) else nullcontext()
+@contextmanager
+def adapter_off(model: torch.nn.Module) -> Iterator[None]:
+    """The base model's forward (the adapter bypassed): the KL term's reference. peft switches the
+    adapter's requires_grad off and on again with it; under FSDP2 the parameters of the root's
+    group (an embedding's or LM head's adapter) did not come back on, and dropped out of the
+    pushes and the optimizer from the first step on, so their flags are restored here."""
+    if not is_lora(model):
+        yield
+        return
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    try:
+        with model.disable_adapter():
+            yield
+    finally:
+        for p in trainable:
+            p.requires_grad_(True)
 
 
 @contextmanager
@@ -168,27 +213,56 @@ def adapter_swapped(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) ->
                 _local(p).copy_(kept[n])
 
 
-def merge_stream(named_params: Iterable[tuple[str, torch.Tensor]], cfg) -> Iterator[tuple[str, torch.Tensor]]:
+def merge_stream(named_params: Iterable[tuple[str, torch.Tensor]], cfg,
+                 tied: tuple[str, str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """A LoRA policy's full parameters (runtime names, as a backend gathers them one at a time) as
-    the base model's, the adapter merged in: W + (alpha / r) B A under W's own name. peft registers
-    a wrapped layer's base before its A and B, so a base weight is held only until they follow."""
+    the base model's, the adapter merged in under each adapted layer's own name: a linear layer's
+    W + (alpha / r) B A, an embedding's E + (alpha / r) (B A)^T. peft registers a wrapped layer's
+    base before its A and B, so a base weight is held only until they follow.
+
+    `tied` (`untied_head`): the base ties its LM head to its embedding and an adapter sits on one
+    of them, so the merged model's two differ. The shared weight is listed once, under the first
+    of the two names; the head gets its own copy under the second, merged with its adapter if it
+    has one (the merged config unties them)."""
     scaling = cfg.alpha / cfg.rank
     held: dict[str, torch.Tensor] = {}  # layer -> its base weight, waiting for A and B
     lora_a: dict[str, torch.Tensor] = {}
+    shared, head_done = None, False
     for name, tensor in named_params:
+        if tied is not None and name == tied[0]:
+            shared = tensor
         if ".base_layer.weight" in name:
             held[name.split(".base_layer.")[0]] = tensor
-        elif ".lora_A." in name:
-            lora_a[name.split(".lora_A.")[0]] = tensor
-        elif ".lora_B." in name:
-            layer = name.split(".lora_B.")[0]
-            w, a = held.pop(layer), lora_a.pop(layer)
-            merged = w.double() + scaling * (tensor.double() @ a.double())
+        elif ".lora_A." in name or ".lora_embedding_A." in name:
+            lora_a[name.split(".lora_")[0]] = tensor
+        elif ".lora_B." in name or ".lora_embedding_B." in name:
+            layer = name.split(".lora_")[0]
+            w = held.pop(layer) if layer in held else shared
+            if w is None:
+                raise RuntimeError(f"{layer} has an adapter and no base weight in the stream")
+            delta = tensor.double() @ lora_a.pop(layer).double()
+            merged = w.double() + scaling * (delta.T if ".lora_embedding_B." in name else delta)
+            head_done |= tied is not None and _base_name(layer + ".weight") == tied[1]
             yield _base_name(layer + ".weight"), merged.to(w.dtype)
         else:
             yield _base_name(name), tensor
     if held or lora_a:
         raise RuntimeError(f"adapted layers without their adapter: {sorted(held or lora_a)[:3]}")
+    if tied is not None and not head_done:  # an adapted embedding: the head keeps the base's weight
+        yield tied[1], shared
+
+
+def untied_head(model: torch.nn.Module) -> tuple[str, str] | None:
+    """For merge_stream: when `model`'s base ties its LM head to its embedding and either has an
+    adapter, the name the shared weight goes by in `model.named_parameters()` (a deduplicated
+    listing keeps the first) and the head weight's name in the merged model; else None."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if not (getattr(model.config, "tie_word_embeddings", False)
+            and any(getattr(m, "base_layer", None) is not None for m in (head, embedding))):
+        return None
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is head.weight]
+    head_name = next(n for n, m in model.named_modules() if m is head)
+    return names[0], _base_name(head_name + ".weight")
 
 
 def _base_name(name: str) -> str:

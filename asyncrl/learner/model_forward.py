@@ -15,6 +15,7 @@ import torch
 
 from asyncrl.algo.token_stats import token_logprobs_and_entropy_from_hidden
 from asyncrl.learner.collate import MicroBatch
+from asyncrl.learner.lora import adapted_weight
 from asyncrl.learner.phases import phase
 from asyncrl.learner.replay import replay_of
 
@@ -92,7 +93,7 @@ class TokenHead(torch.nn.Module):
         """`fp32`: the head's matmul and softmax in float32 at least, outside autocast (bf16 logits
         are where the learner's and the engines' policies drift apart most); else in the dtype the
         model computes in. `recompute`: token_stats' checkpointed chunks, else its one-pass head."""
-        weight, bias = self.head.weight, getattr(self.head, "bias", None)
+        weight, bias = adapted_weight(self.head), getattr(self.head, "bias", None)  # a LoRA head's adapter in
         if not fp32:
             return token_logprobs_and_entropy_from_hidden(hidden, weight, targets, temperatures, chunk, bias, recompute)
         dtype = torch.promote_types(hidden.dtype, torch.float32)

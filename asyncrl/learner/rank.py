@@ -34,6 +34,7 @@ bytes), while checkpoints keep the masters.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -331,8 +332,12 @@ class LearnerRank:
         if self.lora:
             lora_files.write_adapter(out, params, lora_files.adapter_config(self.model, self.files.base_path))
             if merged:
-                save_hf_model(out / "merged", lora_files.merge_stream(self.backend.named_full_params(), self.cfg.lora),
-                              self.files.config, self.files.generation_config)
+                tied, config = lora_files.untied_head(self.model), self.files.config
+                if tied is not None:  # an adapter on the tied head or embedding: they differ now
+                    config = copy.deepcopy(config)
+                    config.tie_word_embeddings = False
+                save_hf_model(out / "merged", lora_files.merge_stream(self.backend.named_full_params(), self.cfg.lora,
+                                                                      tied), config, self.files.generation_config)
                 self.files.tokenizer.save_pretrained(out / "merged")
         else:
             save_hf_model(out, params, self.files.config, self.files.generation_config)

@@ -130,6 +130,7 @@ class VLLMEngine:
         self.stat_loggers = stat_loggers  # vLLM stat-logger factories (its statistics are off without one)
         self.lora_rank = lora_rank  # learner.lora.rank: 0 serves the model's own weights
         self._lora = None  # the LoRARequest every request names, once there is an adapter
+        self._head_adapter = False  # whether it adapts the LM head (prompt_logprobs then scores by sampling)
         self._adapter_dir: str | None = None  # where pushes write this engine's adapter
         self.llm = None
         self._templates: dict[tuple, Any] = {}
@@ -282,6 +283,8 @@ class VLLMEngine:
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         from vllm import SamplingParams
 
+        if self._head_adapter:
+            return await self._sampled_logprobs(token_ids)
         # vLLM refuses a prompt that leaves no room for the one token every request generates: a
         # sequence that fills the context (a response cut at max_model_len) is scored as its prefix,
         # whose one generated position gives the last token's logprob (logprob_token_ids)
@@ -298,6 +301,23 @@ class VLLMEngine:
         if full:
             logprobs.append(final.outputs[0].logprobs[0][token_ids[-1]].logprob)
         return logprobs
+
+    async def _sampled_logprobs(self, token_ids: list[int]) -> list[float]:
+        """`prompt_logprobs` as each prefix's one sampled position (logprob_token_ids), all at once
+        (the prefix cache shares their prefill). Under an LM-head adapter vLLM 0.32 computes a
+        prompt's logprobs with the head adapter's mapping of the batch's sampled positions, one per
+        request, which fails (einsum shapes) whenever other requests share the batch."""
+        from vllm import SamplingParams
+
+        async def one(t: int) -> float:
+            params = SamplingParams(max_tokens=1, temperature=1.0, logprob_token_ids=[token_ids[t]])
+            final = None
+            async for out in self.llm.generate({"prompt_token_ids": token_ids[:t]}, params,
+                                               f"probe-{os.urandom(4).hex()}", lora_request=self._lora):
+                final = out
+            return final.outputs[0].logprobs[0][token_ids[t]].logprob
+
+        return list(await asyncio.gather(*(one(t) for t in range(1, len(token_ids)))))
 
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int,
                                timeout_s: float, join_timeout_s: float | None = None) -> None:
@@ -327,7 +347,7 @@ class VLLMEngine:
         if adapter:
             await self._serve_adapter_now(self._adapter_dir)
         else:  # whole weights (another saved policy, `asyncrl evaluate`): served as they are
-            self._lora = None
+            self._lora, self._head_adapter = None, False
         return stats
 
     def _serve_adapter(self, path: str) -> None:
@@ -340,6 +360,7 @@ class VLLMEngine:
         self.model_path = config["base_model_name_or_path"]
         self.lora_rank = max(self.lora_rank, int(config["r"]))
         self._lora = LoRARequest(LORA_NAME, LORA_ID, path)
+        self._head_adapter = adapts_head(path)
 
     async def _serve_adapter_now(self, path: str) -> None:
         """Replace the adapter vLLM holds under LORA_ID by the one in `path` (requests naming the
@@ -349,6 +370,7 @@ class VLLMEngine:
         if self._lora is not None:
             await self.llm.remove_lora(LORA_ID)
         self._lora = LoRARequest(LORA_NAME, LORA_ID, path)
+        self._head_adapter = adapts_head(path)
         if not await self.llm.add_lora(self._lora):
             raise RuntimeError(f"vLLM did not load the pushed LoRA adapter from {path}")
 
@@ -376,6 +398,26 @@ def vllm_lora_rank(rank: int) -> int:
         if allowed >= rank:
             return allowed
     raise ValueError(f"LoRA rank {rank} is above the largest vLLM serves ({VLLM_LORA_RANKS[-1]})")
+
+
+def adapts_head(adapter_dir: str) -> bool:
+    """Whether the peft adapter in `adapter_dir` has a layer on the LM head (lm_head)."""
+    import json
+
+    targets = json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("target_modules") or []
+    return not isinstance(targets, str) and any(t == "lm_head" or t.endswith(".lm_head") for t in targets)
+
+
+def served_embedding_adapters(architecture: str) -> set[str]:
+    """The embedding layers (module-name suffixes, e.g. embed_tokens and lm_head) on which vLLM
+    serves LoRA adapters for a model of this Hugging Face architecture: its model class's
+    `embedding_modules` (Llama's names both; vLLM 0.32's Qwen2 names none). Empty for an
+    architecture vLLM has no class of its own for."""
+    hide_broken_torch_extras()
+    from vllm.model_executor.models import ModelRegistry
+
+    entry = ModelRegistry.models.get(architecture)
+    return set(getattr(entry.load_model_cls(), "embedding_modules", None) or ()) if entry is not None else set()
 
 
 def _fast_tmp() -> str | None:

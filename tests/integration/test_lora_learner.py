@@ -26,15 +26,17 @@ from asyncrl.transport.zmq_stream import FrameSender
 RANK, ALPHA = 4, 8.0
 SCALE = ALPHA / RANK
 LORA = {"rank": RANK, "alpha": ALPHA}
+# adapters on the (tied) embedding and the LM head too, which the learner applies itself (TokenHead)
+HEAD_LORA = {**LORA, "target_modules": ["q_proj", "down_proj", "embed_tokens", "lm_head"]}
 KL_ALGO = AlgoConfig(aggregation="token_mean", kl={"coef": 0.01})
 
 
-def random_adapter(model_path, out, seed=1):
+def random_adapter(model_path, out, seed=1, lora_cfg=LORA):
     """An adapter directory for `model_path` with random A and B (float64), written as peft does."""
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64)
-    wrapped = lora.apply_lora(base, LoraConfig(**LORA))
+    wrapped = lora.apply_lora(base, LoraConfig(**lora_cfg))
     g = torch.Generator().manual_seed(seed)
     tensors = {lora.wire_name(n): torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3
                for n, p in wrapped.named_parameters() if p.requires_grad}
@@ -43,23 +45,29 @@ def random_adapter(model_path, out, seed=1):
 
 
 def merged_model(model_path, adapter_dir, out):
-    """The base with W + s B A written into every adapted layer, computed here from the files."""
+    """The base with W + s B A written into every adapted linear layer and E + s (B A)^T into an
+    adapted embedding, computed here from the files; a tied head untied first (it merges its own)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64)
     adapter = load_file(f"{adapter_dir}/{lora.ADAPTER_WEIGHTS}")
+    if model.config.tie_word_embeddings and any("embed_tokens" in k or "lm_head" in k for k in adapter):
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     with torch.no_grad():
         for name, p in model.named_parameters():
             key = "base_model.model." + name.removesuffix(".weight")
             if f"{key}.lora_A.weight" in adapter:
                 p += SCALE * adapter[f"{key}.lora_B.weight"] @ adapter[f"{key}.lora_A.weight"]
+            elif f"{key}.lora_embedding_A" in adapter:
+                p += SCALE * (adapter[f"{key}.lora_embedding_B"] @ adapter[f"{key}.lora_embedding_A"]).T
     model.save_pretrained(out)
     save_tokenizer(out)
     return str(out)
 
 
-def run_lora_rank(rank, world, port, model, micro_batch_tokens):
-    cfg = learner_cfg("torch", 2, world, F64, micro_batch_tokens=micro_batch_tokens, lora=LORA)
+def run_lora_rank(rank, world, port, model, micro_batch_tokens, lora_cfg=LORA):
+    cfg = learner_cfg("torch", 2, world, F64, micro_batch_tokens=micro_batch_tokens, lora=lora_cfg)
     learner = LearnerRank(model, cfg, AlgoConfig(), dtype="float64", rank=rank, world_size=world,
                           group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
@@ -80,17 +88,15 @@ def full_gradients(model):
     return grads
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora")
+def build_models(root, lora_cfg):
     base = build_model(root / "base", tie=True)
-    adapter = random_adapter(base, root / "adapter")
+    adapter = random_adapter(base, root / "adapter", lora_cfg=lora_cfg)
     return base, adapter, merged_model(base, adapter, root / "merged")
 
 
-@pytest.fixture(scope="module")
-def written_out(models):
-    """The chain rule on the merged model's gradient: the adapter's gradient the loss gives."""
+def chain_rule(models):
+    """The chain rule on the merged model's gradient: the adapter's gradient the loss gives. A
+    linear layer's dL/dA = s B^T G, dL/dB = s G A^T; an embedding's (E + s (B A)^T) with G^T."""
     base, adapter_dir, merged = models
     adapter = load_file(f"{adapter_dir}/{lora.ADAPTER_WEIGHTS}")
     out = {}
@@ -102,33 +108,76 @@ def written_out(models):
                 a, b = adapter[f"{key}.lora_A.weight"], adapter[f"{key}.lora_B.weight"]
                 want[f"{key}.lora_A.default.weight"] = SCALE * b.T @ g
                 want[f"{key}.lora_B.default.weight"] = SCALE * g @ a.T
+            elif f"{key}.lora_embedding_A" in adapter:
+                a, b = adapter[f"{key}.lora_embedding_A"], adapter[f"{key}.lora_embedding_B"]
+                want[f"{key}.lora_embedding_A.default"] = SCALE * b.T @ g.T
+                want[f"{key}.lora_embedding_B.default"] = SCALE * g.T @ a.T
         out[mode] = want
     return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return build_models(tmp_path_factory.mktemp("lora"), LORA)
+
+
+@pytest.fixture(scope="module")
+def written_out(models):
+    return chain_rule(models)
+
+
+@pytest.fixture(scope="module")
+def head_models(tmp_path_factory):
+    return build_models(tmp_path_factory.mktemp("lora_head"), HEAD_LORA)
+
+
+@pytest.fixture(scope="module")
+def head_written_out(head_models):
+    return chain_rule(head_models)
 
 
 @pytest.mark.parametrize("world,micro_batch_tokens", [(1, 4096), (1, 24), (2, 24)])
 def test_adapter_gradient_is_the_chain_rule_of_the_merged_weight(tmp_path, models, written_out, world,
                                                                  micro_batch_tokens):
+    check_chain_rule(tmp_path, models, written_out, world, micro_batch_tokens, LORA)
+
+
+@pytest.mark.parametrize("world,micro_batch_tokens", [(1, 24), (2, 24)])
+def test_embedding_and_head_adapters_follow_the_chain_rule_too(tmp_path, head_models, head_written_out, world,
+                                                               micro_batch_tokens):
+    """The tied embedding and the LM head each with an adapter of its own (the merged model's
+    two weights differ), the head applied by the learner's TokenHead, not the layer's forward."""
+    want = head_written_out[MODES[0]]
+    assert any(".embed_tokens.lora_embedding_A" in n for n in want) and any(".lm_head.lora_A" in n for n in want)
+    check_chain_rule(tmp_path, head_models, head_written_out, world, micro_batch_tokens, HEAD_LORA)
+
+
+def check_chain_rule(tmp_path, models, written_out, world, micro_batch_tokens, lora_cfg):
     _, adapter_dir, _ = models
     if world == 1:
-        got = run_lora_rank(0, 1, None, adapter_dir, micro_batch_tokens)
+        got = run_lora_rank(0, 1, None, adapter_dir, micro_batch_tokens, lora_cfg)
     else:
-        got = run_ranks(tmp_path, world, run_lora_rank, adapter_dir, micro_batch_tokens)
+        got = run_ranks(tmp_path, world, run_lora_rank, adapter_dir, micro_batch_tokens, lora_cfg)
     for mode in MODES:
         want, grads = written_out[mode], got["grads"][mode]
         assert set(grads) == set(want), mode  # the adapter alone trains: no gradient on the base
         for name, g in want.items():
-            assert g.abs().max() > 1e-4, f"{mode} {name}: a vanishing gradient checks nothing"
+            # a vanishing gradient would check nothing: each is at least a million times the tolerance
+            assert g.abs().max() > 1e-6, f"{mode} {name}: a vanishing gradient checks nothing"
             torch.testing.assert_close(grads[name], g, rtol=0, atol=1e-12, msg=f"{mode} {name}")
 
 
-def test_reference_is_the_base_then_the_adapter_it_was_reset_to(models):
+TARGET_SETS = [("models", LORA), ("head_models", HEAD_LORA)]
+
+
+@pytest.mark.parametrize("fixture,lora_cfg", TARGET_SETS)
+def test_reference_is_the_base_then_the_adapter_it_was_reset_to(request, fixture, lora_cfg):
     """KL's reference with the adapter off equals the base model's logprobs (no second copy);
     after a reset it is the adapter of that moment, not the one training on."""
     from transformers import AutoModelForCausalLM
 
-    base_path, adapter_dir, merged_path = models
-    cfg = learner_cfg("torch", 2, 1, F64, micro_batch_tokens=4096, lora=LORA)
+    base_path, adapter_dir, merged_path = request.getfixturevalue(fixture)
+    cfg = learner_cfg("torch", 2, 1, F64, micro_batch_tokens=4096, lora=lora_cfg)
     learner = LearnerRank(adapter_dir, cfg, KL_ALGO, dtype="float64")
     mb = collate(step_chunks(1))
 
@@ -145,6 +194,31 @@ def test_reference_is_the_base_then_the_adapter_it_was_reset_to(models):
             p.mul_(0.5)
     torch.testing.assert_close(learner.step.reference.logprobs(mb), merged, rtol=0, atol=1e-12)
     learner.shutdown()
+
+
+def run_kl_steps_rank(rank, world, port, model):
+    cfg = learner_cfg("torch", 2, world, F64, micro_batch_tokens=24, lora=HEAD_LORA)
+    learner = LearnerRank(model, cfg, KL_ALGO, dtype="float64", rank=rank, world_size=world,
+                          group_address=group_address(port))
+    sender = FrameSender(learner.batch_endpoint())
+    start = {n: t.clone() for n, t in learner.backend.named_full_params(trainable_only=True)}
+    for step in (1, 2):
+        feed(learner, sender, step, rank, world)
+        learner.train_step(step)
+    after = {n: t.clone() for n, t in learner.backend.named_full_params(trainable_only=True)}
+    sender.close()
+    learner.shutdown()
+    return {"start": start, "after": after}
+
+
+def test_the_kl_reference_leaves_every_adapter_training_on_two_ranks(tmp_path, head_models):
+    """The reference switches the adapter off and on (peft's disable_adapter, requires_grad with
+    it): on 2 FSDP2 ranks the embedding's and head's adapters, in the root's group, came back
+    frozen and dropped out of the steps and the pushes after step 1."""
+    got = run_ranks(tmp_path, 2, run_kl_steps_rank, head_models[1])
+    assert set(got["after"]) == set(got["start"])
+    assert any("lora_embedding_A" in n for n in got["after"]) and any("lm_head.lora_B" in n for n in got["after"])
+    assert all(not torch.equal(got["start"][n], got["after"][n]) for n in got["start"])
 
 
 def test_steps_move_only_the_adapter_and_resume_bit_exact(tmp_path, models):
@@ -179,11 +253,15 @@ def test_steps_move_only_the_adapter_and_resume_bit_exact(tmp_path, models):
     assert all(torch.equal(after4[n], again[n]) for n in after4)
 
 
-def test_merged_output_is_the_written_out_model(tmp_path, models):
+@pytest.mark.parametrize("fixture,lora_cfg", TARGET_SETS)
+def test_merged_output_is_the_written_out_model(tmp_path, request, fixture, lora_cfg):
+    """`final/merged`: the written-out merge; with adapters on the tied embedding and head, the two
+    untied in its config, each its own merged weight."""
     from safetensors.torch import load_file as load
+    from transformers import AutoConfig
 
-    _, adapter_dir, merged_path = models
-    learner = LearnerRank(adapter_dir, learner_cfg("torch", 2, 1, F64, lora=LORA), AlgoConfig(), dtype="float64")
+    _, adapter_dir, merged_path = request.getfixturevalue(fixture)
+    learner = LearnerRank(adapter_dir, learner_cfg("torch", 2, 1, F64, lora=lora_cfg), AlgoConfig(), dtype="float64")
     learner.save(str(tmp_path / "final"), merged=True)
     learner.shutdown()
     got, want = load(str(tmp_path / "final" / "merged" / "model.safetensors")), load(f"{merged_path}/model.safetensors")
@@ -191,6 +269,7 @@ def test_merged_output_is_the_written_out_model(tmp_path, models):
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-14, msg=name)
     assert lora.is_adapter_dir(tmp_path / "final")
+    assert AutoConfig.from_pretrained(tmp_path / "final" / "merged").tie_word_embeddings == (lora_cfg is LORA)
 
 
 def test_bad_lora_settings_name_their_field(models):

@@ -131,7 +131,8 @@ def test_evaluate_a_lora_run_serves_each_adapter_on_its_base(shared, tiny_model_
 
     loop, engine = shared
     run = tmp_path / "lora-run"
-    cfg = load_config("configs/tiny_lora.yaml")
+    # the recipe on the shared engine's model (the Qwen2 build, adapters on its decoder)
+    cfg = load_config("configs/tiny_lora.yaml", ["model.tiny.architecture=qwen2", "learner.lora.target_modules=all-linear"])
     (run / "checkpoints" / "step_1" / "learner").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False))
     random_adapter(tiny_model_path, run / "checkpoints" / "step_1" / "learner" / "policy", scale=0.5)

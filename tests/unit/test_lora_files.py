@@ -51,25 +51,79 @@ def test_merge_stream_is_w_plus_scaled_b_a_under_the_base_names(tie):
         torch.testing.assert_close(got[name], p, rtol=0, atol=1e-13)
 
 
+EMBEDDINGS = ["q_proj", "embed_tokens", "lm_head"]
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "lm_head"], ["q_proj", "embed_tokens"], EMBEDDINGS])
+@pytest.mark.parametrize("tie", [False, True])
+def test_merge_stream_merges_embedding_and_head_adapters_and_unties_a_tied_head(tie, targets):
+    """Written out: the embedding's E + s (B A)^T, the head's W + s B A; a tied base's head keeps
+    the shared base weight when only the embedding is adapted, and the merged config unties them."""
+    cfg = LoraConfig(rank=4, alpha=6.0, target_modules=targets)
+    wrapped = randomized(small_model(tie), cfg)
+    tied = lora.untied_head(wrapped)
+    assert tied == (("base_model.model.model.embed_tokens.base_layer.weight" if "embed_tokens" in targets else
+                     "base_model.model.model.embed_tokens.weight"), "lm_head.weight") if tie else tied is None
+    got = dict(lora.merge_stream(wrapped.named_parameters(), cfg, tied))
+    assert set(got) == {n for n, _ in small_model(tie=False).named_parameters()}  # the head under its own name
+    model = wrapped.get_base_model()
+    emb, head = model.model.embed_tokens, model.lm_head
+    e = emb.weight.detach().clone()  # the base's, shared with the head's when tied
+    w = head.weight.detach().clone()
+    if "embed_tokens" in targets:
+        a, b = emb.lora_embedding_A["default"], emb.lora_embedding_B["default"]
+        e_want = e + 1.5 * (b @ a).T  # [vocab, hidden]
+    else:
+        e_want = e
+    w_want = w + 1.5 * head.lora_B["default"].weight @ head.lora_A["default"].weight if "lm_head" in targets else w
+    torch.testing.assert_close(got["model.embed_tokens.weight"], e_want, rtol=0, atol=1e-13)
+    torch.testing.assert_close(got["lm_head.weight"], w_want, rtol=0, atol=1e-13)
+    assert not torch.equal(got["lm_head.weight"], got["model.embed_tokens.weight"])
+
+
+def test_the_lm_heads_adapter_is_in_the_weight_the_learner_applies():
+    """TokenHead applies the head itself: adapted_weight must give the layer's own forward."""
+    wrapped = randomized(small_model(tie=True), LoraConfig(rank=4, alpha=6.0, target_modules=EMBEDDINGS))
+    head = wrapped.get_output_embeddings()
+    x = torch.randn(5, 32, dtype=torch.float64)
+    torch.testing.assert_close(x @ lora.adapted_weight(head).T, head(x), rtol=0, atol=1e-13)
+    with lora.adapter_off(wrapped):  # the KL reference: the base's head
+        assert lora.adapted_weight(head) is head.base_layer.weight
+    assert not torch.allclose(x @ head.base_layer.weight.T, head(x))
+
+
 def test_a_push_names_tensors_as_peft_saves_them():
     assert lora.wire_name("base_model.model.model.layers.0.mlp.up_proj.lora_B.default.weight") == \
         "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight"
-    cfg = LoraConfig(rank=2)
+    assert lora.wire_name("base_model.model.model.embed_tokens.lora_embedding_A.default") == \
+        "base_model.model.model.embed_tokens.lora_embedding_A"
+    cfg = LoraConfig(rank=2, target_modules=["q_proj", "embed_tokens", "lm_head"])
     wrapped = lora.apply_lora(small_model(), cfg)
     trainable = [lora.wire_name(n) for n, p in wrapped.named_parameters() if p.requires_grad]
     from peft import get_peft_model_state_dict
 
-    assert sorted(trainable) == sorted(get_peft_model_state_dict(wrapped))
+    assert sorted(trainable) == sorted(get_peft_model_state_dict(wrapped, save_embedding_layers=False))
 
 
 def test_all_linear_leaves_the_head_alone_and_bad_targets_name_the_field():
     model = small_model()
     chosen = lora.check_targets(model, LoraConfig(rank=2))
     assert "lm_head" not in chosen and len(chosen) == 2 * 7
-    with pytest.raises(ConfigError, match=r"learner.lora.target_modules: 'wq' names no linear layer .*q_proj"):
+    with pytest.raises(ConfigError, match=r"learner.lora.target_modules: 'wq' names no linear or embedding layer "
+                                          r".*embed_tokens.*q_proj"):
         lora.check_targets(model, LoraConfig(rank=2, target_modules=["wq"]))
-    with pytest.raises(ConfigError, match=r"learner.lora.target_modules: the LM head cannot take an adapter"):
-        lora.check_targets(model, LoraConfig(rank=2, target_modules=["q_proj", "lm_head"]))
+    # the embedding and the head only by name, and only where the engines serve adapters there
+    assert lora.check_targets(model, LoraConfig(rank=2, target_modules=EMBEDDINGS), lambda: {"embed_tokens", "lm_head"})
+    assert lora.check_targets(model, LoraConfig(rank=2, target_modules=EMBEDDINGS)) == [
+        *(f"model.layers.{i}.self_attn.q_proj" for i in range(2)), "model.embed_tokens", "lm_head"]
+    with pytest.raises(ConfigError, match=r"learner.lora.target_modules: lm_head cannot take an adapter on "
+                                          r"LlamaForCausalLM: the engines serve adapters on its decoder's linear"):
+        lora.check_targets(model, LoraConfig(rank=2, target_modules=["q_proj", "lm_head"]), lambda: {"embed_tokens"})
+    with pytest.raises(ConfigError, match=r"learner.lora.dropout must be 0 with an adapter on the LM head"):
+        lora.check_targets(model, LoraConfig(rank=2, dropout=0.1, target_modules=["lm_head"]))
+    asked = []
+    lora.check_targets(model, LoraConfig(rank=2), lambda: asked.append(1) or set())
+    assert not asked  # no embedding targeted: vLLM is not imported to ask
     with pytest.raises(ConfigError, match=r"learner.lora.rank=33 is larger than .*q_proj \(32x32\)"):
         lora.check_targets(model, LoraConfig(rank=33, target_modules=["q_proj"]))
 
@@ -145,3 +199,17 @@ def test_preflight_names_a_target_the_model_lacks_before_anything_starts(tmp_pat
     for model, settings in ((str(tmp_path), {"rank": 4, "target_modules": ["wq"]}), ("builtin:tiny", {"rank": 200})):
         with pytest.raises(ConfigError, match="learner.lora"):
             check_lora(config_from_dict({"model": {"path": model}, "learner": {"lora": settings}}))
+
+
+def test_preflight_asks_vllm_whether_it_serves_an_adapter_on_the_head():
+    """vLLM 0.32's Qwen2 class serves adapters on the decoder's linear layers only, its Llama class
+    on the embedding and head too: the tiny model's Llama twin takes them, the Qwen2 model not."""
+    from asyncrl.preflight import check_lora
+
+    lora_cfg = {"rank": 4, "target_modules": ["q_proj", "embed_tokens", "lm_head"]}
+    with pytest.raises(ConfigError, match="learner.lora.target_modules: embed_tokens cannot take an adapter on "
+                                          "Qwen2ForCausalLM"):
+        check_lora(config_from_dict({"learner": {"lora": lora_cfg}}))
+    check_lora(config_from_dict({"model": {"tiny": {"architecture": "llama"}}, "learner": {"lora": lora_cfg}}))
+    # fake engines serve whatever the learner trains
+    check_lora(config_from_dict({"rollout": {"engine": "fake"}, "learner": {"lora": lora_cfg}}))
