@@ -284,11 +284,11 @@ def test_bad_lora_settings_name_their_field(models):
                     dtype="float64")
 
 
-def run_deepspeed_lora_rank(rank, world, port, model, backend, stage, ckpt=None, resume=None):
+def run_deepspeed_lora_rank(rank, world, port, model, backend, stage, ckpt=None, resume=None, lora_cfg=LORA):
     """float32 (DeepSpeed has no float64 path): step 1's gradients per mode, then 3 optimizer steps
     with a KL term (the reference: the base, the adapter switched off). `ckpt`: a checkpoint after
     step 2; `resume`: load that checkpoint (`model` its policy) and run step 3 alone."""
-    cfg = learner_cfg(backend, stage, world, F32, micro_batch_tokens=24, lora=LORA)
+    cfg = learner_cfg(backend, stage, world, F32, micro_batch_tokens=24, lora=lora_cfg)
     learner = LearnerRank(model, cfg, KL_ALGO, dtype="float32", rank=rank, world_size=world,
                           group_address=group_address(port))
     sender = FrameSender(learner.batch_endpoint())
@@ -307,27 +307,29 @@ def run_deepspeed_lora_rank(rank, world, port, model, backend, stage, ckpt=None,
     return {"grads": grads, "adapter": adapter}
 
 
-@pytest.fixture(scope="module")
-def float32_adapter(models, tmp_path_factory):
+def float32_adapter(adapter_dir, out):
     """The random adapter in float32, as a float32 learner saves one."""
     import shutil
 
     from safetensors.torch import save_file
 
-    out = tmp_path_factory.mktemp("adapter32")
-    shutil.copytree(models[1], out, dirs_exist_ok=True)
-    tensors = load_file(f"{models[1]}/{lora.ADAPTER_WEIGHTS}")
+    shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
+    tensors = load_file(f"{adapter_dir}/{lora.ADAPTER_WEIGHTS}")
     save_file({k: v.float() for k, v in tensors.items()}, f"{out}/{lora.ADAPTER_WEIGHTS}")
     return str(out)
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_lora_matches_the_single_torch_rank(tmp_path, float32_adapter, stage):
+# ZeRO-3 also with the head's and embedding's adapters: TokenHead's forward uses the head's
+# adapter outside the head's own, so they are registered as its external parameters too
+@pytest.mark.parametrize("stage,fixture,lora_cfg", [(2, "models", LORA), (3, "models", LORA),
+                                                    (3, "head_models", HEAD_LORA)])
+def test_deepspeed_lora_matches_the_single_torch_rank(tmp_path, request, stage, fixture, lora_cfg):
     """ZeRO-2 and ZeRO-3 on 2 ranks: the adapter's gradient and the adapter after 3 AdamW steps are
     the single torch rank's within what float32 summation order allows (test_learner_ranks.py)."""
-    want = run_deepspeed_lora_rank(0, 1, None, float32_adapter, "torch", 2)
+    adapter = float32_adapter(request.getfixturevalue(fixture)[1], tmp_path / "adapter32")
+    want = run_deepspeed_lora_rank(0, 1, None, adapter, "torch", 2, lora_cfg=lora_cfg)
     ckpt = tmp_path / "ckpt"
-    got = run_ranks(tmp_path, 2, run_deepspeed_lora_rank, float32_adapter, "deepspeed", stage, str(ckpt))
+    got = run_ranks(tmp_path, 2, run_deepspeed_lora_rank, adapter, "deepspeed", stage, str(ckpt), None, lora_cfg)
     for mode in MODES:
         assert set(got["grads"][mode]) == set(want["grads"][mode])
         for name, g in want["grads"][mode].items():
@@ -338,7 +340,7 @@ def test_deepspeed_lora_matches_the_single_torch_rank(tmp_path, float32_adapter,
     # 2 fresh ZeRO ranks resume it and step 3 lands where the uninterrupted ranks' did
     (tmp_path / "again").mkdir()
     again = run_ranks(tmp_path / "again", 2, run_deepspeed_lora_rank, str(ckpt / "policy"), "deepspeed", stage,
-                      None, str(ckpt))
+                      None, str(ckpt), lora_cfg)
     moments = torch.load(ckpt / "learner.pt", weights_only=False)["moments"]
     assert len(moments) == len(got["adapter"]) and all("lora_" in n for n in moments)
     for name, p in got["adapter"].items():
