@@ -152,6 +152,23 @@ def test_the_stop_rule_measures_by_sampling_every_train_problem_seeded():
     assert (first * len(train_records(spec))).is_integer()  # one sample of every train problem
 
 
+def test_the_llama_twin_is_the_qwen2_build_relabelled(built):
+    path, cache, _ = built
+    logs: list[str] = []
+    twin = ensure_tiny_model(dataclasses.replace(SMALL, architecture="llama"), cache_dir=cache, log=logs.append)
+    assert twin != path and not any("warm start" in line for line in logs)  # no second warm start
+    qwen, llama = AutoModelForCausalLM.from_pretrained(path), AutoModelForCausalLM.from_pretrained(twin)
+    assert llama.config.model_type == "llama" and llama.config.tie_word_embeddings
+    ids = torch.tensor([AutoTokenizer.from_pretrained(twin).encode("3+4=\\boxed{7}")])
+    with torch.no_grad():
+        torch.testing.assert_close(llama(ids).logits, qwen(ids).logits, rtol=0, atol=0)
+    report = json.loads((twin / "warm_start.json").read_text())
+    assert (report["twin_of"], report["twin_max_logit_diff"], report["spec"]["architecture"]) == (path.name, 0.0, "llama")
+    for other in ({"num_experts": 4}, {"task": "calc_tool"}):  # the twin is the dense arithmetic model's
+        with pytest.raises(ValueError, match="model.tiny.architecture=llama is the dense arithmetic model's twin"):
+            TinyModelConfig(architecture="llama", **other)
+
+
 def test_the_default_config_asks_for_the_default_spec_and_each_setting_reaches_it():
     assert spec_for(TinyModelConfig()) == TinyModelSpec()
     assert spec_for(load_config().model.tiny) == TinyModelSpec()
@@ -164,7 +181,7 @@ def test_the_default_config_asks_for_the_default_spec_and_each_setting_reaches_i
 
 @pytest.mark.parametrize("override", [
     {"target_sampled_accuracy": 0.5}, {"target_sampled_accuracy": None}, {"soften_to_probability": 0.3},
-    {"warm_start_steps": 801}, {"lr": 1e-3}, {"seed": 1},
+    {"warm_start_steps": 801}, {"lr": 1e-3}, {"seed": 1}, {"architecture": "llama"},
 ])
 def test_every_model_tiny_setting_changes_the_cache_key(override):
     assert spec_for(TinyModelConfig(**override)).key() != TinyModelSpec().key()
