@@ -11,8 +11,9 @@ from asyncrl.config.load import (DEFAULT_CONFIG, ConfigError, config_from_dict, 
                                  parse_override, write_resolved)
 from asyncrl.config.algo_section import AlgoConfig, DistillConfig, EntropyControlConfig, KLConfig
 from asyncrl.config.reward_section import BUILTIN_VERIFIERS, CodeRewardConfig, RewardConfig, SandboxConfig
+from asyncrl.config.model_section import ModelConfig, TinyModelConfig
 from asyncrl.config.schema import (BufferConfig, Config, DataConfig, DataMixConfig, EvalConfig, LearnerConfig,
-                                   ModelConfig, ObserveConfig, RayConfig, RolloutConfig, StageConfig, TinyModelConfig)
+                                   ObserveConfig, RayConfig, RolloutConfig, StageConfig)
 from asyncrl.config.learner_section import LoraConfig
 from asyncrl.config.sync_section import SyncConfig
 
