@@ -9,6 +9,8 @@ on 1 rank (one micro-batch, and micro-batches of 24 tokens) and on 2 FSDP2 ranks
 the written-out gradient to float64 rounding (the two sides sum in different orders: 1e-12).
 """
 
+import functools
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -94,6 +96,7 @@ def build_models(root, lora_cfg):
     return base, adapter, merged_model(base, adapter, root / "merged")
 
 
+@functools.cache  # per (base, adapter, merged) paths: each set's gradients are computed once
 def chain_rule(models):
     """The chain rule on the merged model's gradient: the adapter's gradient the loss gives. A
     linear layer's dL/dA = s B^T G, dL/dB = s G A^T; an embedding's (E + s (B A)^T) with G^T."""
@@ -122,38 +125,27 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def written_out(models):
-    return chain_rule(models)
-
-
-@pytest.fixture(scope="module")
 def head_models(tmp_path_factory):
     return build_models(tmp_path_factory.mktemp("lora_head"), HEAD_LORA)
 
 
-@pytest.fixture(scope="module")
-def head_written_out(head_models):
-    return chain_rule(head_models)
-
-
 @pytest.mark.parametrize("world,micro_batch_tokens", [(1, 4096), (1, 24), (2, 24)])
-def test_adapter_gradient_is_the_chain_rule_of_the_merged_weight(tmp_path, models, written_out, world,
-                                                                 micro_batch_tokens):
-    check_chain_rule(tmp_path, models, written_out, world, micro_batch_tokens, LORA)
+def test_adapter_gradient_is_the_chain_rule_of_the_merged_weight(tmp_path, models, world, micro_batch_tokens):
+    check_chain_rule(tmp_path, models, world, micro_batch_tokens, LORA)
 
 
 @pytest.mark.parametrize("world,micro_batch_tokens", [(1, 24), (2, 24)])
-def test_embedding_and_head_adapters_follow_the_chain_rule_too(tmp_path, head_models, head_written_out, world,
-                                                               micro_batch_tokens):
+def test_embedding_and_head_adapters_follow_the_chain_rule_too(tmp_path, head_models, world, micro_batch_tokens):
     """The tied embedding and the LM head each with an adapter of its own (the merged model's
     two weights differ), the head applied by the learner's TokenHead, not the layer's forward."""
-    want = head_written_out[MODES[0]]
+    want = chain_rule(head_models)[MODES[0]]
     assert any(".embed_tokens.lora_embedding_A" in n for n in want) and any(".lm_head.lora_A" in n for n in want)
-    check_chain_rule(tmp_path, head_models, head_written_out, world, micro_batch_tokens, HEAD_LORA)
+    check_chain_rule(tmp_path, head_models, world, micro_batch_tokens, HEAD_LORA)
 
 
-def check_chain_rule(tmp_path, models, written_out, world, micro_batch_tokens, lora_cfg):
+def check_chain_rule(tmp_path, models, world, micro_batch_tokens, lora_cfg):
     _, adapter_dir, _ = models
+    written_out = chain_rule(models)
     if world == 1:
         got = run_lora_rank(0, 1, None, adapter_dir, micro_batch_tokens, lora_cfg)
     else:
