@@ -11,6 +11,9 @@ interpreters for its engine core and workers, and Ray starts its own workers.
 
 `check_gpu_visibility`: Ray 2.60 no longer hides GPUs from actors that asked for none, so each
 learner rank and engine checks, where it starts, that it sees CUDA only if it asked for a GPU.
+
+`usable_cores`: the cores this process may run on, which in a container or under `taskset` are
+fewer than `os.cpu_count()` says; the affinity call that tells exists on Linux only.
 """
 
 from __future__ import annotations
@@ -67,3 +70,10 @@ def check_gpu_visibility(component: str, field: str, num_gpus: float) -> None:
         raise RuntimeError(
             f"{component} asked for no GPU ({field}=0) but sees {torch.cuda.device_count()} CUDA device(s), which "
             f"Ray no longer hides: set {field} (e.g. 1) to give it one, or CUDA_VISIBLE_DEVICES=\"\" to keep it on CPU")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (2 here): its CPU affinity where the platform has one,
+    else every core."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1

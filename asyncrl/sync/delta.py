@@ -30,10 +30,14 @@ order-free; each word is weighted by an odd number, so any single flipped bit ch
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 import xxhash
 
+from asyncrl.compat import usable_cores
 from asyncrl.sync.buckets import dtype_from_str
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -118,9 +122,11 @@ def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int, who
     host memory. `whole`: whole even if a delta is smaller (a periodic or healing push).
     `advance`: also bring `shadow` to `new` (the changed elements written in place, or a copy).
 
-    numpy throughout, single-threaded on purpose: torch's element-wise ops run OpenMP regions whose
-    threads spin-wait after them, which on a 2-core machine starves gloo's threads sending the
-    bucket before (see `buckets.copy_bytes`); and the compare is bound by memory, not cores."""
+    numpy, in one slice of the bucket per core (`_slices`) on Python threads, which numpy's loops
+    let run at once: finding the changed positions is bound by the cores, not by memory (on these
+    2 cores two slices halve it), and a delta's push is almost all this search. Not torch: its
+    element-wise ops run OpenMP regions whose threads spin-wait after them, which on a 2-core machine
+    starves gloo's threads sending the bucket before (see `buckets.copy_bytes`)."""
     if shadow is None:
         return [WHOLE, -1, checksum(new)], new, None
     if shadow.shape != new.shape or shadow.dtype != new.dtype:
@@ -128,8 +134,10 @@ def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int, who
     if new.numel() // word >= 2**31:
         raise ValueError(f"a bucket of {new.numel() // word} elements, more than int32 indices address")
     old_words, new_words = _words(shadow, word), _words(new, word)
-    differs = old_words != new_words
-    changed = int(np.count_nonzero(differs))
+    slices = _slices(new_words.size)
+    differs = _PARALLEL.map(lambda s: old_words[s] != new_words[s], slices)
+    counts = [int(np.count_nonzero(d)) for d in differs]  # cheap next to the compare: not worth a thread
+    changed = sum(counts)
 
     def send_whole():
         if advance:
@@ -138,8 +146,18 @@ def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int, who
 
     if whole or payload_nbytes([GAPS, changed], new.numel(), word) >= new.numel():  # gaps: the least a delta costs
         return send_whole()
-    where = np.flatnonzero(differs)
-    del differs
+    where, values = np.empty(changed, dtype=np.int64), np.empty(changed, dtype=new_words.dtype)
+    starts = np.cumsum([0] + counts).tolist()
+
+    def gather(i):  # one slice's changed positions and values into their places in `where` and `values`
+        part, got, put = slices[i], where[starts[i]:starts[i + 1]], values[starts[i]:starts[i + 1]]
+        got[:] = np.flatnonzero(differs[i])
+        np.take(new_words[part], got, out=put)
+        if advance:  # harmless if the bucket goes whole after all: send_whole copies every element
+            old_words[part][got] = put
+        got += part.start
+
+    _PARALLEL.map(gather, range(len(slices)))
     gaps = np.diff(where, prepend=-1)
     how = GAPS if not changed or gaps.max() <= MAX_GAP else INDICES
     if payload_nbytes([how, changed], new.numel(), word) >= new.numel():
@@ -151,10 +169,7 @@ def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int, who
         payload[:2 * changed].view(np.uint16)[:] = gaps
     else:
         payload[:split].view(np.int32)[:] = where
-    values = payload[split:].view(new_words.dtype)
-    np.take(new_words, where, out=values)
-    if advance:
-        old_words[where] = values
+    payload[split:].view(new_words.dtype)[:] = values
     return [how, changed, checksum(new)], torch.from_numpy(payload), changed
 
 
@@ -189,6 +204,37 @@ def apply_bucket(prefix: list[int], payload: torch.Tensor, target: torch.Tensor,
 
 
 _WORDS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+MIN_SLICE = 1 << 20
+"""Elements below which a bucket is not split across threads (a thread's hand-off costs more)."""
+
+
+def _slices(size: int) -> list[slice]:
+    """`size` elements as one contiguous slice per core, none under MIN_SLICE (at least one)."""
+    count = max(1, min(_cores(), size // MIN_SLICE))
+    bounds = [size * i // count for i in range(count + 1)]
+    return [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+_cores = functools.cache(usable_cores)
+
+
+class _Parallel:
+    """`map` over a thread per core, started on first use (not at import: a process that forks after
+    importing this module should not carry a pool's threads into its child)."""
+
+    def __init__(self):
+        self._pool: ThreadPoolExecutor | None = None
+
+    def map(self, fn, items) -> list:
+        items = list(items)
+        if len(items) == 1:
+            return [fn(items[0])]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_cores(), thread_name_prefix="asyncrl-delta")
+        return list(self._pool.map(fn, items))
+
+
+_PARALLEL = _Parallel()
 
 
 def _words(t: torch.Tensor, word: int) -> np.ndarray:

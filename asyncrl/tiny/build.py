@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from asyncrl.compat import hide_broken_torch_extras
+from asyncrl.compat import hide_broken_torch_extras, usable_cores
 
 hide_broken_torch_extras()  # before transformers caches what is installed: see asyncrl/compat.py
 
@@ -76,8 +76,7 @@ def cache_root() -> Path:
 def torch_threads(num: int | None = None):
     """Use the cores this process may run on (2 here), then restore torch's setting."""
     previous = torch.get_num_threads()
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux only; macOS falls back to cpu_count
-    torch.set_num_threads(num or (len(affinity(0)) if affinity else os.cpu_count() or 1))
+    torch.set_num_threads(num or usable_cores())
     try:
         yield
     finally:

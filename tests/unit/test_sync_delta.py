@@ -6,6 +6,7 @@ import struct
 import pytest
 import torch
 
+from asyncrl.sync import delta
 from asyncrl.sync.delta import (GAPS, INDICES, WHOLE, ChecksumMismatch, bits, checksum, decode_bucket,
                                 encode_bucket, payload_nbytes, weighted_sum)
 
@@ -50,6 +51,32 @@ def test_fifty_deltas_leave_the_engine_equal_to_a_full_push_bit_for_bit(dtype):
         assert torch.equal(bits(engine), bits(new)), step
     assert wholes == 1  # the step that changed everything went whole; "none" was an empty delta
     assert changed > 2000  # the deltas carried thousands of elements over the run, not a handful
+
+
+@pytest.mark.parametrize("size, changes", [
+    (5000, [0, 1665, 1666, 1667, 3332, 3333, 4999]),  # on and beside the three slices' edges: gaps
+    (200_000, [5, 66_666, 133_333, 199_999]),  # gaps past 65,535: int32 indices
+    (5000, []),  # nothing changed: an empty delta
+])
+def test_a_bucket_searched_in_slices_on_threads_encodes_as_in_one(monkeypatch, size, changes):
+    gen = torch.Generator().manual_seed(1)
+    old = torch.randn(size, generator=gen).to(torch.bfloat16)
+    new = old.clone()
+    new[changes] = -new[changes]
+    one_shadow, one = old.clone(), encode_bucket(raw(old.clone()), raw(new), 2)
+    encode_bucket(raw(one_shadow), raw(new), 2, advance=True)
+    monkeypatch.setattr(delta, "MIN_SLICE", 7)
+    monkeypatch.setattr(delta, "_cores", lambda: 3)
+    assert [(s.start, s.stop) for s in delta._slices(size)] == [(0, size // 3), (size // 3, 2 * size // 3),
+                                                                (2 * size // 3, size)]
+    shadow = old.clone()
+    prefix, payload, count = encode_bucket(raw(shadow), raw(new), 2, advance=True)
+    assert prefix == one[0] and torch.equal(payload, one[1]) and count == one[2] == len(changes)
+    assert prefix[0] == (INDICES if size == 200_000 else GAPS)  # an empty delta travels as no gaps
+    assert torch.equal(bits(shadow), bits(new)) and torch.equal(bits(one_shadow), bits(new))
+    engine = old.clone()
+    decode_bucket(prefix, payload.clone(), raw(engine), 2)
+    assert torch.equal(bits(engine), bits(new))
 
 
 def test_a_delta_holds_exactly_the_changed_bits_and_goes_whole_when_not_smaller():
