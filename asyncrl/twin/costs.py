@@ -121,9 +121,13 @@ class PushCost:
     """Per push: the engines' pause and resume calls, a prefix-cache reset."""
     changed_frac: float = 1.0
     """`sync.transfer: delta`: the share of the weights' elements a step changes in the engine's
-    dtype (1: every push is whole). A delta carries a 2-byte position gap beside each changed element
+    dtype (1: every push is whole, nothing compared). A delta carries a 2-byte position gap beside each changed element
     (asyncrl/sync/delta.py) and goes whole when that is no smaller."""
     bytes_per_param: float = 2.0
+    encode_bytes_per_s: float = math.inf
+    """`delta`: how fast the learner finds what changed (compares the weights in the engine's dtype
+    with its copy of what the engines hold, gathers the changed elements), in weight bytes per
+    second. Paid on every delta push, whatever little it then sends; a whole push skips it."""
 
     def payload_bytes(self, full: bool = False) -> float:
         """What a push moves: the weights, or a delta's position gaps and values."""
@@ -139,6 +143,10 @@ class PushCost:
         """The learner's broadcast of every bucket (the engines receive it together)."""
         return self.buckets(full) * self.alpha_s + self.payload_bytes(full) / self.beta_bytes_per_s
 
+    def encode_s(self, full: bool = False) -> float:
+        """The learner's search for the changed elements before a delta's broadcast."""
+        return 0.0 if full or self.changed_frac >= 1.0 else self.weight_bytes / self.encode_bytes_per_s
+
     def load_s(self) -> float:
         """The engines reload the whole weights even after a delta: a layer reloads once all its
         tensors are in (sync/vllm_gloo_engine.py)."""
@@ -147,4 +155,4 @@ class PushCost:
     def push_s(self, full: bool = False) -> float:
         """From the moment every engine is ready to receive until every engine computes with the
         new weights; `full`: the whole weights whatever `changed_frac` is."""
-        return self.fixed_s + self.transfer_s(full) + self.load_s()
+        return self.fixed_s + self.encode_s(full) + self.transfer_s(full) + self.load_s()

@@ -121,6 +121,11 @@ class Push(_Section):
     an 8B model in bf16 at RL learning rates, less on large MoE models; assumed)."""
     full_every: int | None = Field(None, ge=1)
     """`delta`: a whole push every this many versions (sync.full_every); None: never."""
+    encode_bytes_per_s: float = Field(3e9, gt=0)
+    """`delta`: weight bytes per second the learner compares with its copy of the engines' weights
+    to find the changed elements, before every delta's broadcast. 3e9: the gloo sender on 2 CPU cores
+    at 2-3% changed (a 64 MB bf16 bucket in 22 ms; it takes one slice per core, so a host with more
+    cores is faster)."""
 
 
 class LengthSpec(_Section):
@@ -272,7 +277,7 @@ class Scenario(_Section):
                         self.push.load_bytes_per_s,
                         self.push.fixed_s + (self.push.switch_s if self.split.colocated else 0.0),
                         changed_frac=self.push.changed_frac if self.push.transfer == "delta" else 1.0,
-                        bytes_per_param=self.model.bytes_per_param)
+                        bytes_per_param=self.model.bytes_per_param, encode_bytes_per_s=self.push.encode_bytes_per_s)
 
     def full_push(self, version: int) -> bool:
         """Whether the push of `version` goes whole under `push.transfer` and `push.full_every`."""

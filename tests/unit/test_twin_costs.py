@@ -62,6 +62,10 @@ def test_a_delta_push_moves_a_gap_and_a_value_per_changed_element_and_loads_the_
     assert pc.push_s(full=True) == pytest.approx(0.1 + 12 * 1e-5 + 3e9 / 5e10 + 3e9 / 1e11)
     # past half the elements changed a delta is no smaller: the push is whole
     assert PushCost(3e9, 2**28, 0.0, 5e10, 1e11, changed_frac=0.5).payload_bytes() == 3e9
+    # the learner's search for the changed elements: every weight byte compared, before a delta's broadcast only
+    slow = PushCost(3e9, 2**28, 1e-5, 5e10, 1e11, fixed_s=0.1, changed_frac=0.02, encode_bytes_per_s=3e9)
+    assert slow.push_s() == pytest.approx(0.1 + 3e9 / 3e9 + 1e-5 + 1.2e8 / 5e10 + 3e9 / 1e11)
+    assert slow.push_s(full=True) == pc.push_s(full=True)
 
 
 def test_a_scenario_pushes_whole_every_full_every_versions_and_never_under_full():
@@ -70,6 +74,8 @@ def test_a_scenario_pushes_whole_every_full_every_versions_and_never_under_full(
     delta = load_scenario(SCENARIO, ["push.transfer=delta", "push.changed_frac=0.01", "push.full_every=4"])
     assert [v for v in range(1, 9) if delta.full_push(v)] == [4, 8]
     assert delta.push_cost().payload_bytes() == pytest.approx(delta.model.weight_bytes * 0.01 * 2)
+    assert delta.push_cost().encode_s() == pytest.approx(delta.model.weight_bytes / 3e9)
+    assert full.push_cost().encode_s() == 0.0  # transfer full compares nothing
     assert not any(load_scenario(SCENARIO, ["push.transfer=delta"]).full_push(v) for v in range(1, 9))
 
 
