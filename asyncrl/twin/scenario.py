@@ -121,11 +121,12 @@ class Push(_Section):
     an 8B model in bf16 at RL learning rates, less on large MoE models; assumed)."""
     full_every: int | None = Field(None, ge=1)
     """`delta`: a whole push every this many versions (sync.full_every); None: never."""
-    encode_bytes_per_s: float = Field(3e9, gt=0)
+    encode_bytes_per_s: float = Field(2e9, gt=0)
     """`delta`: weight bytes per second the learner compares with its copy of the engines' weights
-    to find the changed elements, before every delta's broadcast. 3e9: the gloo sender on 2 CPU cores
-    at 2-3% changed (a 64 MB bf16 bucket in 22 ms; it takes one slice per core, so a host with more
-    cores is faster)."""
+    to find the changed elements, before every delta's broadcast. 2e9: the gloo sender on 2 CPU cores,
+    Qwen2.5-0.5B's 988 MB of bf16 weights with 2-4% changed in about 0.5 s a push (its checksums
+    included; tools/bench_weight_sync.py --transfer delta). A large tensor is searched in one slice
+    per core, so a host with more cores is faster."""
 
 
 class LengthSpec(_Section):

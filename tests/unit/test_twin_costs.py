@@ -74,7 +74,7 @@ def test_a_scenario_pushes_whole_every_full_every_versions_and_never_under_full(
     delta = load_scenario(SCENARIO, ["push.transfer=delta", "push.changed_frac=0.01", "push.full_every=4"])
     assert [v for v in range(1, 9) if delta.full_push(v)] == [4, 8]
     assert delta.push_cost().payload_bytes() == pytest.approx(delta.model.weight_bytes * 0.01 * 2)
-    assert delta.push_cost().encode_s() == pytest.approx(delta.model.weight_bytes / 3e9)
+    assert delta.push_cost().encode_s() == pytest.approx(delta.model.weight_bytes / 2e9)
     assert full.push_cost().encode_s() == 0.0  # transfer full compares nothing
     assert not any(load_scenario(SCENARIO, ["push.transfer=delta"]).full_push(v) for v in range(1, 9))
 
