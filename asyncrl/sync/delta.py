@@ -122,11 +122,11 @@ def encode_bucket(shadow: torch.Tensor | None, new: torch.Tensor, word: int, who
     host memory. `whole`: whole even if a delta is smaller (a periodic or healing push).
     `advance`: also bring `shadow` to `new` (the changed elements written in place, or a copy).
 
-    numpy, in one slice of the bucket per core (`_slices`) on Python threads, which numpy's loops
-    let run at once: finding the changed positions is bound by the cores, not by memory (on these
-    2 cores two slices halve it), and a delta's push is almost all this search. Not torch: its
-    element-wise ops run OpenMP regions whose threads spin-wait after them, which on a 2-core machine
-    starves gloo's threads sending the bucket before (see `buckets.copy_bytes`)."""
+    numpy, a large bucket in one slice per core (`_slices`) on Python threads, which numpy's loops
+    let run at once: finding the changed positions is bound by the cores more than by memory (the
+    embedding's 136M bf16 elements, 3% changed: 137 ms in one slice, 95 ms in two on these 2 cores).
+    Not torch: its element-wise ops run OpenMP regions whose threads spin-wait after them, which on
+    a 2-core machine starves gloo's threads sending the bucket before (see `buckets.copy_bytes`)."""
     if shadow is None:
         return [WHOLE, -1, checksum(new)], new, None
     if shadow.shape != new.shape or shadow.dtype != new.dtype:
