@@ -33,7 +33,8 @@ Parts, each under its own time limit; a part that fails is recorded and the next
     one-pass float32 head, checkpointed layers), on the 0.5B shape against the learner as it was
     (padded, head recomputed, no checkpointing), then 1.5B and 4B shapes (Qwen2.5-1.5B's and
     Qwen3-4B's config.json values) at 16K and 32K tokens a micro-batch: tokens/s, MFU, peak
-    memory, padding. Cases run while `--time-budget` allows; the rest are listed as skipped.
+    memory, padding; last, the 4B shape at 32K with the LoRA recipe's rank-16 adapters (its frozen
+    base in bf16). Cases run while `--time-budget` allows; the rest are listed as skipped.
 
 Prints one JSON line and writes it to $OUT/gpu_check.json when OUT is set (pytest's output goes
 beside it: gpu_check_pytest.txt, gpu_check_pytest_deepspeed.txt). `--cpu-smoke` runs the same
@@ -227,11 +228,14 @@ def run_case(case: Case, tmp: Path, cuda: bool, calibrated: float | None = None,
     tokens = sum(r["learner/tokens_rank0"] for r in rows)
     name = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
     peak, peak_note = peak_flops(name) if cuda else (None, "CPU: MFU not reported")
-    masters = {str(p.dtype) for p in learner.model.parameters()}
+    trained = [p for p in learner.model.parameters() if p.requires_grad]
+    masters = {str(p.dtype) for p in trained}
+    frozen = {str(p.dtype) for p in learner.model.parameters() if not p.requires_grad}
     out = {
         "ok": True, "case": case.name, "shape": case.shape if isinstance(case.shape, str) else "qwen2.5-0.5b",
         "device": name, "params": num_params, "build_s": round(build_s, 1), "settings": case.settings,
-        "compute_dtype": "bfloat16", "param_dtypes": sorted(masters), "lengths": case.lengths,
+        "compute_dtype": "bfloat16", "param_dtypes": sorted(masters), "frozen_dtypes": sorted(frozen),
+        "trainable_params": sum(p.numel() for p in trained), "lengths": case.lengths,
         "steps_timed": len(times), "warmup_steps": case.warmup, "seqs_per_step": len(chunks),
         "tokens_per_step": sum(c.num_tokens for c in chunks), "loss_tokens_per_step": loss_tokens,
         "micro_batch_tokens": case.micro_batch_tokens, "step_s_median": round(step_s, 4),
@@ -252,6 +256,11 @@ def run_case(case: Case, tmp: Path, cuda: bool, calibrated: float | None = None,
     }
     if masters != {"torch.float32"}:
         out.update(ok=False, error=f"master weights are {masters}, not float32")
+    elif "lora" in case.settings and frozen != {"torch.bfloat16"}:  # the frozen base in the engines' dtype
+        out.update(ok=False, error=f"a LoRA policy's frozen base is {frozen}, not bfloat16")
+    if "lora" in case.settings:
+        out["flops_counted"] = ("6 x parameters per token, as a full-parameter step counts, so the two compare; "
+                                "a LoRA step computes no gradient for the frozen weights, about a third less")
     if not keep:
         learner.shutdown()
         del learner
@@ -271,17 +280,22 @@ def run_learner(args, tmp: Path, cuda: bool, calibrated: float | None) -> tuple[
 # the GPU recipes' learner (configs/gpu_single_node.yaml), and the learner as it was before it
 RECIPE = dict(pack_sequences=True, recompute_head=False, activation_checkpointing=True, head_dtype="float32")
 BEFORE = dict(pack_sequences=False, recompute_head=True, activation_checkpointing=False, head_dtype="compute")
+# configs/gpu_single_node_lora.yaml's learner: the recipe's, with rank-16 adapters on the decoder's linear layers
+LORA = dict(RECIPE, lora=dict(rank=16, alpha=32.0))
 
 
 def sweep_cases(smoke: bool) -> list[Case]:
     if smoke:
         return [Case("rl_tiny_before", "tiny", 256, BEFORE, "rl", budget=256, warmup=1, steps=1),
-                Case("rl_tiny_recipe", "tiny", 256, RECIPE, "rl", budget=256, warmup=1, steps=1)]
+                Case("rl_tiny_recipe", "tiny", 256, RECIPE, "rl", budget=256, warmup=1, steps=1),
+                Case("rl_tiny_lora", "tiny", 256, LORA, "rl", budget=256, warmup=1, steps=1)]
     return [Case("rl_0.5b_before", "qwen2.5-0.5b", 16384, BEFORE, "rl", budget=32768, warmup=2, steps=3),
             Case("rl_0.5b_recipe", "qwen2.5-0.5b", 16384, RECIPE, "rl", budget=32768, warmup=2, steps=3),
             Case("rl_1.5b_recipe", "qwen2.5-1.5b", 16384, RECIPE, "rl", budget=32768, warmup=2, steps=3),
             Case("rl_4b_recipe_16k", "qwen3-4b", 16384, RECIPE, "rl", budget=32768, warmup=1, steps=3),
-            Case("rl_4b_recipe_32k", "qwen3-4b", 32768, RECIPE, "rl", budget=32768, warmup=1, steps=3)]
+            Case("rl_4b_recipe_32k", "qwen3-4b", 32768, RECIPE, "rl", budget=32768, warmup=1, steps=3),
+            # last: it runs only where the time budget allows (prime-rl reports 36.8% MFU for this shape and rank)
+            Case("rl_4b_lora16_32k", "qwen3-4b", 32768, LORA, "rl", budget=32768, warmup=1, steps=3)]
 
 
 def run_sweep(cases: list[Case], tmp: Path, cuda: bool, calibrated: float | None, deadline: float) -> dict:

@@ -32,8 +32,13 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     assert summary["calibrate"]["tflops"] > 0 and learner["mfu_calibrated"] > 0
     for head in ("fp32_head", "bf16_head"):  # bf16 autocast against float32: a gap, and a finite one
         assert 0 < summary["parity"][head]["max_abs"] < 1
-    before, recipe = summary["sweep"]["cases"]
-    assert (before["case"], recipe["case"]) == ("rl_tiny_before", "rl_tiny_recipe")
+    before, recipe, lora = summary["sweep"]["cases"]
+    assert (before["case"], recipe["case"], lora["case"]) == ("rl_tiny_before", "rl_tiny_recipe", "rl_tiny_lora")
+    # the LoRA recipe's learner: float32 adapters over a frozen bf16 base, packed as the recipe is
+    assert lora["ok"] and lora["param_dtypes"] == ["torch.float32"] and lora["frozen_dtypes"] == ["torch.bfloat16"]
+    assert 0 < lora["trainable_params"] < lora["params"] and lora["settings"]["lora"]["rank"] == 16
+    assert lora["packed"] is True and lora["loss_tokens_per_s"] > 0
+    assert recipe["trainable_params"] == recipe["params"] and recipe["frozen_dtypes"] == []
     assert before["packed"] is False and recipe["packed"] is True and recipe["padding_frac"] == 0.0
     assert recipe["settings"]["activation_checkpointing"] and not recipe["settings"]["recompute_head"]
     assert summary["sweep"]["recipe_vs_before_0.5b"] is None  # named for the GPU cases; the smoke has none
