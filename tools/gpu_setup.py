@@ -1,7 +1,8 @@
 """What tools/gpu_check.py needs before it can measure anything on a lent GPU machine: the wheels of
 what asyncrl imports and the machine lacks, unpacked from .whl/ onto the path (see gpu_check.py's
 docstring), and its pytest parts, each run in a subprocess under a time limit and read back from
-its JUnit report. Standard library only: it runs before those wheels are on the path."""
+its JUnit report; and `guarded`, which runs each part so that one that fails is recorded and the
+next one runs. Standard library only: it runs before those wheels are on the path."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import zipfile
 from pathlib import Path
 
@@ -96,3 +98,22 @@ def run_pytest(out: Path, name: str, collect_only: bool, timeout_s: float) -> di
             for case in suite.iter("testcase") for bad in case if bad.tag in ("failure", "error", "skipped")]
     result["ok"] = rc in (0, 5)  # 5: nothing selected, e.g. DeepSpeed's cases without CUDA
     return result
+
+
+def guarded(summary: dict, key: str, fn, *args):
+    t0 = time.monotonic()
+    try:
+        result = fn(*args)
+    except BaseException as e:  # record and go on: one device run must report every part it can
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        summary[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000],
+                        "traceback": traceback.format_exc()[-3000:]}
+        return None
+    if isinstance(result, tuple):
+        result, extra = result
+    else:
+        extra = None
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    summary[key] = result
+    return extra
