@@ -124,9 +124,10 @@ class Push(_Section):
     encode_bytes_per_s: float = Field(2e9, gt=0)
     """`delta`: weight bytes per second the learner compares with its copy of the engines' weights
     to find the changed elements, before every delta's broadcast. 2e9: the gloo sender on 2 CPU cores,
-    Qwen2.5-0.5B's 988 MB of bf16 weights with 2-4% changed in about 0.5 s a push (its checksums
-    included; tools/bench_weight_sync.py --transfer delta). A large tensor is searched in one slice
-    per core, so a host with more cores is faster."""
+    Qwen2.5-0.5B's 988 MB of bf16 weights with 2-4% changed in about 0.5 s of a 0.75-0.85 s delta
+    push (checksums included; timed around the sender's calls in tools/bench_weight_sync.py --transfer
+    delta, docs/benchmarks.md). A large tensor is searched in one slice per core, so a host with more
+    cores is faster."""
 
 
 class LengthSpec(_Section):
