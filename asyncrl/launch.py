@@ -23,7 +23,8 @@ import os
 import signal
 import sys
 import threading
-import time
+
+from asyncrl.local_ray import end_local_ray, local_ray_exited, start_reaper
 
 
 def state_own_cluster_auth(address: str | None) -> None:
@@ -99,6 +100,7 @@ def _launch(config: str | None, overrides: list[str], print_config: bool) -> int
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: early.append(signum))
     connect_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.observe.worker_logs)
+    start_reaper()  # a cluster of our own ends with this driver, even one killed with SIGKILL
     try:
         orch = Orchestrator(cfg, run_lock=lock)
     except ConfigError as e:  # checks that need the data or imports: sources, reward functions
@@ -161,44 +163,8 @@ def _exit_if_ray_is_gone(orch, signum: int, finished: threading.Event) -> None:
             os._exit(128 + signum)
 
 
-# Without these the run can do nothing more (the dashboard's processes may exit on their own).
-ESSENTIAL_DAEMONS = ("gcs_server", "raylet")
-
-
 def under_ray_job() -> bool:
     """Whether this driver is a `ray job submit` entrypoint. `ray job stop` sends SIGTERM, then
     SIGKILL RAY_JOB_STOP_WAIT_TIME_S later (3 s by default): there is no time to let the groups
     in flight finish (a resume regenerates them), only the running step and the checkpoint."""
     return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ  # set by Ray's job supervisor
-
-
-def end_local_ray(wait_s: float = 0.5) -> None:
-    """Before this driver exits at once: SIGTERM to the raylet of the local cluster it started.
-    The daemons die with the driver anyway, but the raylet's agents, finding it killed, would
-    first report that to the GCS that died with it, and wait a minute for an answer; a raylet
-    that says it got SIGTERM (in its log, within wait_s) lets them exit at once."""
-    try:
-        from ray._private import worker
-
-        node = worker._global_node
-        if node is None or not node.head:
-            return
-        for info in node.all_processes.get("raylet", []):
-            info.process.send_signal(signal.SIGTERM)
-        time.sleep(wait_s)
-    except Exception:  # a Ray without this internal: its agents take their minute
-        pass
-
-
-def local_ray_exited() -> list[str]:
-    """The kinds of Ray daemon (gcs_server, raylet...) of the local cluster this driver started that
-    have exited; [] on a cluster joined by address, or when Ray's node object cannot tell."""
-    try:
-        from ray._private import worker  # Ray's own record of the processes ray.init started
-
-        node = worker._global_node
-        if node is None or not node.head:
-            return []
-        return sorted({kind for kind, _ in node.dead_processes()} & set(ESSENTIAL_DAEMONS))
-    except Exception:  # a Ray without this internal: no early exit, Ray's own timeout applies
-        return []
