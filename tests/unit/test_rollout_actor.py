@@ -289,3 +289,74 @@ def test_weights_that_failed_their_checksum_generate_nothing_until_the_whole_pus
     for s in out:
         k = s.versions.index(1) if 1 in s.versions else len(s.versions)
         assert s.versions == [0] * k + [1] * (len(s.versions) - k)
+
+
+class SlowStartEngine(FakeEngine):
+    """An engine whose start waits until told: what the actor does meanwhile can be seen."""
+
+    def __init__(self, started: asyncio.Event, fail: bool = False):
+        super().__init__(vocab_size=16, delay_s=0.002)
+        self.started, self.fail = started, fail
+
+    async def start(self):
+        await asyncio.wait_for(self.started.wait(), 5)
+        if self.fail:
+            raise RuntimeError("the engine could not start")
+        await super().start()
+
+
+class RecordingScorer:
+    """A scorer that gives every sample reward 1.0 and sends it on at once."""
+
+    def __init__(self, emit):
+        self.emit, self.closed = emit, False
+
+    def submit(self, sample):
+        sample.reward = 1.0
+        self.emit(sample)
+
+    async def deliver(self):
+        await asyncio.Event().wait()
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_scorer_is_built_while_the_engine_starts_and_scores_what_it_sends():
+    async def main():
+        out, built, started = [], [], asyncio.Event()
+
+        def scorer(emit):
+            built.append(RecordingScorer(emit))
+            started.set()  # the engine's start goes on only once the scorer exists
+            return built[-1]
+
+        actor = RolloutActor(0, lambda: SlowStartEngine(started), SamplingSpec(1.0, 1.0, 8), group_size=2,
+                             emit=out.append, scorer=scorer)
+        await actor.start()
+        await actor.submit([PromptItem("p", [1, 2], {})])
+        while len(out) < 2:
+            await asyncio.sleep(0.01)
+        return out, built
+
+    out, built = run(main())
+    assert len(built) == 1 and [s.reward for s in out] == [1.0, 1.0]
+
+
+def test_an_engine_that_cannot_start_closes_the_scorer_built_meanwhile():
+    async def main():
+        built, started = [], asyncio.Event()
+
+        def scorer(emit):
+            built.append(RecordingScorer(emit))
+            started.set()
+            return built[-1]
+
+        actor = RolloutActor(0, lambda: SlowStartEngine(started, fail=True), SamplingSpec(1.0, 1.0, 8),
+                             group_size=2, emit=[].append, scorer=scorer)
+        with pytest.raises(RuntimeError, match="could not start"):
+            await actor.start()
+        return built
+
+    [scorer] = run(main())
+    assert scorer.closed
