@@ -77,15 +77,24 @@ def wait_for_job_agent(head: subprocess.Popen, log: Path, env, timeout_s: float 
                 f"`ray start` printed:\n{log.read_text()[-2000:]}")
 
 
-def submit_launch_run(log: Path, *overrides):
-    """`ray job submit` of launch/run.py to a `ray start --head` cluster; the CLI's result."""
-    # Ray >= 2.5x turns on token auth for `ray start`; the job client must be told to use it.
-    # the job's `python` must be this environment's, as it is for a user with the venv active
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    with ray_head(env, log) as head:
-        wait_for_job_agent(head, log, env)
-        return ray_cli("job", "submit", "--address", JOBS, "--working-dir", ".", "--",
-                       "python", "launch/run.py", *overrides, env=env)
+# Ray >= 2.5x turns on token auth for `ray start`; the job client must be told to use it.
+# the job's `python` must be this environment's, as it is for a user with the venv active
+ENV = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One `ray start --head` for this module's jobs, as a user submits job after job to one
+    cluster (a head's start, agent and drained stop cost about 40 s here)."""
+    log = tmp_path_factory.mktemp("head") / "ray-head.log"
+    with ray_head(ENV, log) as head:
+        wait_for_job_agent(head, log, ENV)
+        yield
+
+
+def submit(*args, **kw):
+    """`ray job submit` of `args` to the module's head (the `cluster` fixture); the CLI's result."""
+    return ray_cli("job", "submit", "--address", JOBS, *args, env=ENV, **kw)
 
 
 def tool(command, *args):
@@ -95,9 +104,10 @@ def tool(command, *args):
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+@pytest.mark.usefixtures("cluster")
 def test_launch_run_as_a_ray_job_trains_saves_and_the_policy_generates_in_vllm(tmp_path, tiny_model_path):
-    job = submit_launch_run(tmp_path / "ray-head.log", "total_steps=3", "buffer.token_budget=64", "name=e2e",
-                            f"observe.output_dir={tmp_path}", "observe.console=lines", "sync.probe_every=1")
+    job = submit("--working-dir", ".", "--", "python", "launch/run.py", "total_steps=3", "buffer.token_budget=64",
+                 "name=e2e", f"observe.output_dir={tmp_path}", "observe.console=lines", "sync.probe_every=1")
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stdout + job.stderr
     run_dir = tmp_path / "e2e"
@@ -137,31 +147,28 @@ def test_launch_run_as_a_ray_job_trains_saves_and_the_policy_generates_in_vllm(t
     assert f"{bad}:2: no 'answer' field" in ev_err
 
 
+@pytest.mark.usefixtures("cluster")
 def test_ray_job_stop_writes_a_checkpoint_and_a_resubmitted_job_resumes_from_it(tmp_path, tiny_model_path):
     """`ray job stop` sends SIGTERM and, 3 s later, SIGKILL: the run stops after its running step
     with a checkpoint within that, and the same job submitted again with resume=auto continues."""
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     run_dir = tmp_path / "stopped"
     args = ["python", "launch/run.py", "buffer.token_budget=64", "name=stopped", f"observe.output_dir={tmp_path}",
             "observe.console=lines", "observe.tensorboard=false", "checkpoint.every_steps=0", "save_final=false"]
-    with ray_head(env, tmp_path / "ray-head.log") as head:
-        wait_for_job_agent(head, tmp_path / "ray-head.log", env)
-        first = ray_cli("job", "submit", "--address", JOBS, "--no-wait", "--submission-id", "asyncrl-stopped",
-                        "--working-dir", ".", "--", *args, "total_steps=1000", env=env)
-        assert first.returncode == 0, first.stderr[-2000:]
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists()
-                                                   and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 3):
-            time.sleep(0.2)
-        stop = ray_cli("job", "stop", "--address", JOBS, "asyncrl-stopped", env=env)
-        assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
-        events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-        end = events[-1]
-        assert (end["event"], end["status"], end["reason"]) == ("end", "interrupted", "SIGTERM"), events[-3:]
-        stopped_at = end["step"]
-        assert stopped_at >= 3 and (run_dir / "checkpoints" / f"step_{stopped_at}" / "COMPLETE").exists()
-        again = ray_cli("job", "submit", "--address", JOBS, "--working-dir", ".", "--", *args,
-                        f"total_steps={stopped_at + 3}", "resume=auto", env=env)
+    first = submit("--no-wait", "--submission-id", "asyncrl-stopped", "--working-dir", ".", "--", *args,
+                   "total_steps=1000")
+    assert first.returncode == 0, first.stderr[-2000:]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists()
+                                               and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    stop = ray_cli("job", "stop", "--address", JOBS, "asyncrl-stopped", env=ENV)
+    assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    end = events[-1]
+    assert (end["event"], end["status"], end["reason"]) == ("end", "interrupted", "SIGTERM"), events[-3:]
+    stopped_at = end["step"]
+    assert stopped_at >= 3 and (run_dir / "checkpoints" / f"step_{stopped_at}" / "COMPLETE").exists()
+    again = submit("--working-dir", ".", "--", *args, f"total_steps={stopped_at + 3}", "resume=auto")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"at step {stopped_at}" in again.stdout
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
