@@ -31,7 +31,7 @@ import time
 ESSENTIAL_DAEMONS = ("gcs_server", "raylet")
 REAP_GRACE_S = 2.0  # for what a SIGTERM'd raylet lets exit on its own
 SNAPSHOT_S = 1.0
-_reaper_pipe: list[int] = []  # the write end, held for the life of the driver
+_reaper: list = []  # the pipe's write end and the reaper's Popen, held for the life of the driver
 
 
 def _own_node():
@@ -81,7 +81,7 @@ def start_reaper() -> int | None:
     proc = subprocess.Popen([sys.executable, "-m", "asyncrl.local_ray", *map(str, pids)], stdin=read,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     os.close(read)
-    _reaper_pipe.append(write)
+    _reaper.extend([write, proc])
     return proc.pid
 
 
