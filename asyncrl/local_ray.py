@@ -47,6 +47,7 @@ def _own_node():
 
 
 def raylet_pids() -> list[int]:
+    """The pids of the raylets of the cluster this driver started; [] for any other."""
     node = _own_node()
     return [info.process.pid for info in node.all_processes.get("raylet", [])] if node is not None else []
 
@@ -103,8 +104,8 @@ def _same(processes: dict[int, bytes]) -> list[int]:
     return [pid for pid, started in processes.items() if _stat(pid)[1] == started]
 
 
-def children(parents: dict[int, bytes] | list[int]) -> dict[int, bytes]:
-    """{pid: start time} of the live processes whose parent is one of `parents`."""
+def children(parents: dict[int, bytes]) -> dict[int, bytes]:
+    """{pid: start time} of the live processes whose parent is one of `parents` (pids as keys)."""
     found = {}
     for entry in os.listdir("/proc"):
         if entry.isdecimal() and (st := _stat(int(entry)))[0] in parents:

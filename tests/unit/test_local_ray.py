@@ -1,5 +1,6 @@
 """The reaper of a driver's own Ray cluster (asyncrl/local_ray.py), on stand-in processes: a
-"raylet" whose children ignore SIGTERM, as the raylet's agents do while they wait on a dead GCS.
+"raylet" whose children ignore SIGTERM, as the raylet's agents do while they wait on a dead GCS
+(a reaper that only sent them SIGTERM would leave them running).
 tests/e2e/test_no_process_outlives.py checks it on a real run's cluster."""
 
 import os
@@ -39,7 +40,7 @@ def test_a_killed_raylets_children_that_ignore_sigterm_are_killed_and_nothing_el
         raylet.kill()
         raylet.wait()
         killed = local_ray.reap(noted, {raylet.pid: b"gone"}, grace_s=0.5)
-        assert sorted(killed) == sorted(kids)  # SIGTERM'd first (ignored), then SIGKILL'd after the grace
+        assert sorted(killed) == sorted(kids)  # still there after the grace: SIGKILL, which no process can ignore
         time.sleep(0.3)
         assert all(gone(pid) for pid in kids) and not gone(bystander.pid)
     finally:
