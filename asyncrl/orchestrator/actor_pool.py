@@ -50,12 +50,16 @@ class ActorPool:
     def ids(self) -> list[int]:
         return sorted(self.actors)
 
-    def start(self, num_actors: int) -> None:
-        """Start `num_actors` actors and wait until their engines are up."""
+    def spawn(self, num_actors: int) -> None:
+        """Start `num_actors` actors, their engines loading in their own processes; returns at once
+        (`wait_started` waits for them)."""
         check_placeable(actor_resources(self.cfg.rollout), "a rollout actor",
                         "rollout.num_cpus_per_actor, rollout.num_gpus_per_actor or rollout.resources")
         for i in range(num_actors):
             self._spawn(i)
+
+    def wait_started(self) -> None:
+        """Wait until every spawned actor's engine is up; they become members."""
         try:
             ray.get([ref for _, ref in self.starting.values()])
         except ray.exceptions.RayError as e:  # e.g. an engine that sees a GPU it did not ask for

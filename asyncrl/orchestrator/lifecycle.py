@@ -3,8 +3,8 @@ when a learner rank dies and at its end (orchestrator.py keeps the run loop and 
 
 - `open_metrics`: the run directory's resolved config and metric files (rows after a resumed
   checkpoint dropped: they are written again);
-- `start_run`: the driver, the sample socket and the processes, started and given the learner's
-  weights; what started is shut down again when a later part fails;
+- `start_run`: the sample socket, the processes and the driver (built while the engines load),
+  started and given the learner's weights; what started is shut down again when a later part fails;
 - `start_processes`: the learner ranks and the rollout actors started cold (the engines start
   while the ranks load the model), or `take_over` those of the run before on this cluster (warm.py);
 - `form_weight_sync_group`: the first weight-sync group, with the start's timeout;
@@ -85,20 +85,20 @@ def start_run(cfg: Config, run_dir: Path, resume: StartPoint | None, warm: Warm 
     started before it, so a failed start leaves no process behind."""
     t0, base_model = time.monotonic(), components.resolve_model_path(cfg, log=say)
     model_path = resume.model_path(base_model) if resume else base_model
-    started: list[Callable[[], Any]] = []
+    started: list[Callable[[], Any] | None] = []
     try:
         teacher = TeacherEngines(cfg, say) if cfg.algo.distill.enabled else None  # they start meanwhile
-        try:
-            driver = build_driver(cfg, model_path, metrics, say, teacher=teacher)
-        except BaseException:
-            shut_down(say, teacher and teacher.close)
-            raise
-        started.append(driver.close)  # the teacher's engines too
+        started.append(teacher and teacher.close)  # until the driver holds it
         samples = FrameReceiver(decode_samples, host=components.node_ip())
         started.append(samples.close)
         begin = start_processes if warm is None else functools.partial(take_over, warm)
         procs = begin(cfg, model_path, base_model, samples.endpoint, None if resume else components.locator(cfg), say)
         started += [procs.pool.shutdown, procs.learner.shutdown]
+        # The driver (data, tokenizer, reward workers: ~3 s of the demo's start on 2 cores) is built
+        # while the engines load, which is the longest part of a start.
+        driver = build_driver(cfg, model_path, metrics, say, teacher=teacher)
+        started[0] = driver.close  # the teacher's engines too
+        procs.pool.wait_started()
         # the storage contract (checkpoint.py), before the learner reads or writes the run directory
         checkpoint.check_shared(run_dir, procs.learner.answer_storage_probe)
         version = procs.learner.load_checkpoint(str(resume.learner_dir)).result() if resume else 0
@@ -119,7 +119,8 @@ def start_run(cfg: Config, run_dir: Path, resume: StartPoint | None, warm: Warm 
 def start_processes(cfg: Config, model_path: str, base_model: str, endpoint: str, locate: Locate | None,
                     say: Say) -> Processes:
     """Learner ranks that load `model_path` (each binds on its own node, and builds the built-in
-    model there if it has to: `locate`), and actors on `base_model` streaming to `endpoint`."""
+    model there if it has to: `locate`), and actors on `base_model` streaming to `endpoint`,
+    spawned: `pool.wait_started()` waits for their engines."""
     say(f"starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend}) and "
         f"{cfg.rollout.num_actors} rollout actor(s) ({cfg.rollout.engine})")
     learner = LearnerGroup(cfg, model_path, locate=locate)
@@ -127,7 +128,11 @@ def start_processes(cfg: Config, model_path: str, base_model: str, endpoint: str
     weight_sync = WeightSync(cfg.sync, learner, pool, fake_engines=cfg.rollout.engine == "fake",
                              tensor_parallel_size=cfg.rollout.tensor_parallel_size,
                              probe_tolerance=cfg.parity_tolerance)
-    pool.start(cfg.rollout.num_actors)  # the engines start while the ranks load the model
+    try:
+        pool.spawn(cfg.rollout.num_actors)  # the engines start while the ranks load the model
+    except BaseException:
+        learner.shutdown()
+        raise
     return Processes(learner, pool, weight_sync)
 
 

@@ -22,20 +22,35 @@ def test_shut_down_runs_every_closer_in_order_and_says_which_failed():
     assert len(said) == 1 and "broken" in said[0] and "rank 1 gone" in said[0]
 
 
-def test_a_start_that_fails_shuts_down_what_it_started_in_reverse(monkeypatch, tmp_path):
-    closed = []
-
+def fake_start(monkeypatch, events, build_driver=None):
+    """start_run's parts as fakes that record, in `events`, what was done to them and when."""
     def part(name):
-        return SimpleNamespace(close=lambda: closed.append(name), shutdown=lambda: closed.append(name),
+        def close():
+            events.append(f"close {name}")
+
+        return SimpleNamespace(close=close, shutdown=close,
+                               wait_started=lambda: events.append("wait for the engines"),
                                endpoint="tcp://127.0.0.1:1", answer_storage_probe=None)
 
-    procs = lifecycle.Processes(learner=part("learner"), pool=part("pool"), weight_sync=None)
+    def start_processes(*a):
+        events.append("spawn the processes")
+        return lifecycle.Processes(learner=part("learner"), pool=part("pool"), weight_sync=None)
+
+    def driver(*a, teacher):  # no teacher: no algo.distill
+        events.append("build the driver")
+        return part("driver")
+
     monkeypatch.setattr(lifecycle.components, "resolve_model_path", lambda cfg, log: "base")
     monkeypatch.setattr(lifecycle.components, "node_ip", lambda: "127.0.0.1")
     monkeypatch.setattr(lifecycle.components, "tiny_spec", lambda cfg: None)
-    monkeypatch.setattr(lifecycle, "build_driver", lambda *a, teacher: part("driver"))  # no teacher: no algo.distill
+    monkeypatch.setattr(lifecycle, "build_driver", build_driver or driver)
     monkeypatch.setattr(lifecycle, "FrameReceiver", lambda *a, **k: part("samples"))
-    monkeypatch.setattr(lifecycle, "start_processes", lambda *a: procs)
+    monkeypatch.setattr(lifecycle, "start_processes", start_processes)
+
+
+def test_a_start_that_fails_shuts_down_what_it_started_in_reverse(monkeypatch, tmp_path):
+    events = []
+    fake_start(monkeypatch, events)
 
     def no_shared_storage(run_dir, probe):
         raise RuntimeError("the run directory is not shared")
@@ -44,4 +59,18 @@ def test_a_start_that_fails_shuts_down_what_it_started_in_reverse(monkeypatch, t
     cfg = load_config(None)
     with pytest.raises(RuntimeError, match="not shared"):
         lifecycle.start_run(cfg, tmp_path, None, None, metrics=None, say=lambda m: None)
-    assert closed == ["learner", "pool", "samples", "driver"]
+    # the driver is built while the engines load: after their processes are spawned, before the wait
+    assert events == ["spawn the processes", "build the driver", "wait for the engines",
+                      "close learner", "close pool", "close samples", "close driver"]
+
+
+def test_a_driver_that_fails_to_build_stops_the_processes_spawned_before_it(monkeypatch, tmp_path):
+    events = []
+
+    def bad_data(*a, teacher):
+        raise ValueError("data.path: no such file")
+
+    fake_start(monkeypatch, events, build_driver=bad_data)
+    with pytest.raises(ValueError, match="no such file"):
+        lifecycle.start_run(load_config(None), tmp_path, None, None, metrics=None, say=lambda m: None)
+    assert events == ["spawn the processes", "close learner", "close pool", "close samples"]
