@@ -22,6 +22,7 @@ experts each position was routed to (rollout/routes.py) and each completion carr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import os
@@ -43,6 +44,14 @@ CPU_STEP_TOKENS = 2048
 # process tree anyway. Killing after 1 s ends in the same state, 4 s sooner. On GPUs vLLM's own
 # grace stays: there a clean exit releases device memory.
 CPU_SHUTDOWN_GRACE_S = 1.0
+
+# An eager engine still runs a few small ops of vLLM's through torch.compile (on CPU, the rank of
+# each sampled token among the logprobs, at the first request that asks for logprobs): inductor
+# traces them and builds C++ in the engine's process, ~2 s of every CPU engine's first step on 2
+# cores even when its cache holds the result (dapo.yaml's first 3 steps: 3.1 s -> 1.2 s without).
+# Eager, it is a comparison and a sum. Set for the engine's own process only; a value the user
+# gave stands.
+EAGER_CPU_ENV = {"TORCH_COMPILE_DISABLE": "1"}
 
 LORA_NAME, LORA_ID = "asyncrl-policy", 1  # the one adapter an engine serves; pushes replace it in place
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the `max_lora_rank` values vLLM accepts
@@ -92,6 +101,18 @@ def one_engine_process_on_cpu() -> None:
 
     if current_platform.is_cpu():
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """`values` in os.environ where not already set, for the duration of the block."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def span_versions(spans, num_tokens: int) -> list[int | None] | None:
@@ -162,6 +183,7 @@ class VLLMEngine:
         if (Path(self.model_path) / "adapter_config.json").is_file():  # serve its base with it
             self._serve_adapter(self.model_path)
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from asyncrl.sync import vllm_receiver
@@ -170,7 +192,9 @@ class VLLMEngine:
         if self.record_routing:  # the capture's methods are the worker extension's (gloo sets it too)
             kwargs["worker_extension_cls"] = vllm_receiver.WORKER_EXTENSION
         os.environ[owner.ENV] = owner.owner_token()  # the engine's processes end with this one (owner.py)
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=self.stat_loggers)
+        with _environ(EAGER_CPU_ENV if kwargs["enforce_eager"] and current_platform.is_cpu() else {}):
+            # the engine core's process is started in here, with this environment
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=self.stat_loggers)
         if self.record_routing:
             self.routing_shape = tuple((await self.llm.collective_rpc("asyncrl_routing_start"))[0])
 

@@ -10,7 +10,9 @@ The engine can serve adapters (`lora_rank`) and serves none until one is pushed.
 
 import asyncio
 import copy
+import os
 import string
+from pathlib import Path
 
 import pytest
 import torch
@@ -392,3 +394,24 @@ def test_an_episode_across_a_push_reproduces_the_engine_logprobs_of_each_turn_in
         trainer_lp = hf_logprobs(model, ids)[n - 1:]
         model_tokens = torch.tensor(s.loss_mask, dtype=torch.bool)
         assert (engine_lp - trainer_lp)[model_tokens].abs().max() < parity_tolerance("float32", "float32")
+
+
+def engine_core_environ() -> dict[str, str]:
+    """The environment of this process's vLLM engine core (its child titled VLLM::EngineCore)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+            ours = entry.name.isdecimal() and int(stat[1]) == os.getpid()
+            if ours and b"EngineCore" in (entry / "cmdline").read_bytes():
+                pairs = (entry / "environ").read_bytes().split(b"\0")
+                return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+        except OSError:  # a process that ended while listed
+            continue
+    raise AssertionError("no VLLM::EngineCore child of this process")
+
+
+def test_the_eager_cpu_engine_core_runs_without_torch_compile_and_leaves_this_process_as_it_was(shared):
+    """vllm_engine.EAGER_CPU_ENV reaches the engine core's process only (its logprobs, compared
+    with transformers' in the tests above, are computed without torch.compile)."""
+    assert engine_core_environ()["TORCH_COMPILE_DISABLE"] == "1"
+    assert "TORCH_COMPILE_DISABLE" not in os.environ  # set around the engine core's start only
