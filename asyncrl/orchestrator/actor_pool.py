@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 PROCESS_DIED = "actor process died"
 PING_EVERY_S = 2.0  # how often a live actor is asked again once it answered
+START_POLL_S = 0.5  # wait_started: how long one wait for the engines lasts
 
 
 class ActorPool:
@@ -60,8 +61,13 @@ class ActorPool:
 
     def wait_started(self) -> None:
         """Wait until every spawned actor's engine is up; they become members."""
+        refs = [ref for _, ref in self.starting.values()]
         try:
-            ray.get([ref for _, ref in self.starting.values()])
+            # In steps: a signal's Python handler (a second Ctrl-C exits at once) runs only between
+            # them; a ray.get without a timeout held it until the engines were up (seen: 7 s).
+            while refs and ray.wait(refs, num_returns=len(refs), timeout=START_POLL_S)[1]:
+                pass
+            ray.get(refs)
         except ray.exceptions.RayError as e:  # e.g. an engine that sees a GPU it did not ask for
             raise RunFailed(f"a rollout actor could not start: {components.start_failure(e)}") from None
         self.admit_started(block=True)
