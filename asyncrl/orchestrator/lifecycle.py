@@ -94,7 +94,7 @@ def start_run(cfg: Config, run_dir: Path, resume: StartPoint | None, warm: Warm 
         begin = start_processes if warm is None else functools.partial(take_over, warm)
         procs = begin(cfg, model_path, base_model, samples.endpoint, None if resume else components.locator(cfg), say)
         started += [procs.pool.shutdown, procs.learner.shutdown]
-        # The driver (data, tokenizer, reward workers: ~3 s of the demo's start on 2 cores) is built
+        # The driver (data, tokenizer, reward workers: ~3 s of dapo.yaml's start on 2 cores) is built
         # while the engines load, which is the longest part of a start.
         driver = build_driver(cfg, model_path, metrics, say, teacher=teacher)
         started[0] = driver.close  # the teacher's engines too

@@ -399,10 +399,11 @@ def test_an_episode_across_a_push_reproduces_the_engine_logprobs_of_each_turn_in
 def engine_core_environ() -> dict[str, str]:
     """The environment of this process's vLLM engine core (its child titled VLLM::EngineCore)."""
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdecimal():
+            continue
         try:
             stat = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
-            ours = entry.name.isdecimal() and int(stat[1]) == os.getpid()
-            if ours and b"EngineCore" in (entry / "cmdline").read_bytes():
+            if int(stat[1]) == os.getpid() and b"EngineCore" in (entry / "cmdline").read_bytes():
                 pairs = (entry / "environ").read_bytes().split(b"\0")
                 return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
         except OSError:  # a process that ended while listed
