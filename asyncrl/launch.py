@@ -8,12 +8,13 @@ starts, the config, the model path, the lengths, the packages it needs and every
 checked (asyncrl/preflight.py); `--print-config` prints the resolved config and exits.
 
 SIGTERM or SIGINT (Ctrl-C, `ray job stop`) stops the run cleanly: no new prompts, the running step
-finishes, a checkpoint is written, everything shuts down; `resume=auto` continues it. A second
+finishes, a checkpoint is written, everything shuts down; `resume=auto` continues it. While the run
+is still starting (engines loading) it stops the start instead, with nothing to save. A second
 signal exits at once. Exit codes: 0 finished, 1 failed (a learner lost once more than
 fault.max_restarts allows: resume from the newest checkpoint; no optimizer step for
 observe.stall_timeout_s; a reward function failing on more than reward.max_error_frac of the
 samples; a weight push that failed twice), 2 bad config or data, 128 + signal number after a
-clean stop (130 for a Ctrl-C during start-up).
+clean stop, start-up included (130 for a Ctrl-C while the config and data are checked).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _launch(config: str | None, overrides: list[str], print_config: bool) -> int
     from asyncrl.compat import hide_broken_torch_extras
     from asyncrl.orchestrator.orchestrator import Orchestrator
     from asyncrl.orchestrator.run_lock import claim_run_dir
-    from asyncrl.types import RunFailed
+    from asyncrl.types import RunFailed, StartInterrupted
 
     try:  # one live run per directory, and none started over a finished one without resume=
         lock = claim_run_dir(cfg.run_dir.resolve(), cfg.resume)
@@ -120,6 +121,8 @@ def _launch(config: str | None, overrides: list[str], print_config: bool) -> int
     except RunFailed as e:  # a lost learner, a stall, a reward function that keeps failing
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except StartInterrupted as e:  # the exit code below says which signal
+        print(f"{e}: stopped before the first step, nothing to save", file=sys.stderr, flush=True)
     finally:
         orch.shutdown()
         finished.set()
@@ -137,8 +140,8 @@ def install_stop_handlers(orch, finished: threading.Event) -> list[int]:
             os._exit(128 + signum)
         got.append(signum)
         name = signal.Signals(signum).name
-        print(f"\n{name}: stopping after the running step and writing a checkpoint "
-              "(send it again to exit at once)", file=sys.stderr, flush=True)
+        doing = "stopping the start" if orch.starting else "stopping after the running step and writing a checkpoint"
+        print(f"\n{name}: {doing} (send it again to exit at once)", file=sys.stderr, flush=True)
         orch.request_stop(name, drain_s=0.0 if under_ray_job() else 20.0)
         threading.Thread(target=_exit_if_ray_is_gone, args=(orch, signum, finished), daemon=True).start()
 

@@ -349,5 +349,19 @@ class RunFailed(RuntimeError):
     and exits 1 (a learner lost, a run that makes no progress, a reward function that keeps raising)."""
 
 
+Stopping = Callable[[], str | None]
+"""The stop asked for so far (its reason: a signal's name), None while none is: what a run's start
+checks between its waits (orchestrator/lifecycle.py)."""
+
+
+class StartInterrupted(Exception):
+    """A stop (SIGTERM, SIGINT) asked for while the run was starting: the start ends at its next
+    wait, what started is shut down, and since no step ran there is nothing to checkpoint."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"{reason} during start-up")
+        self.reason = reason
+
+
 class ActorCallFailed(RuntimeError):
     """A call to a rollout actor failed: its process died or its engine failed the requests."""

@@ -29,13 +29,12 @@ from asyncrl.observe.worker_logs import log_env
 from asyncrl.orchestrator import components
 from asyncrl.orchestrator.placement import actor_resources, check_placeable
 from asyncrl.rollout.engine import EngineFailed, SamplingSpec
-from asyncrl.types import ActorCallFailed, PromptItem, RunFailed, Sample
+from asyncrl.types import ActorCallFailed, PromptItem, RunFailed, Sample, Stopping
 
 log = logging.getLogger(__name__)
 
 PROCESS_DIED = "actor process died"
 PING_EVERY_S = 2.0  # how often a live actor is asked again once it answered
-START_POLL_S = 0.5  # wait_started: how long one wait for the engines lasts
 
 
 class ActorPool:
@@ -59,14 +58,12 @@ class ActorPool:
         for i in range(num_actors):
             self._spawn(i)
 
-    def wait_started(self) -> None:
-        """Wait until every spawned actor's engine is up; they become members."""
+    def wait_started(self, stopping: Stopping | None = None) -> None:
+        """Wait until every spawned actor's engine is up; they become members. A stop asked for
+        meanwhile (`stopping`) ends the wait: StartInterrupted."""
         refs = [ref for _, ref in self.starting.values()]
         try:
-            # In steps: a signal's Python handler (a second Ctrl-C exits at once) runs only between
-            # them; a ray.get without a timeout held it until the engines were up (seen: 7 s).
-            while refs and ray.wait(refs, num_returns=len(refs), timeout=START_POLL_S)[1]:
-                pass
+            components.wait_to_start(refs, stopping)
             ray.get(refs)
         except ray.exceptions.RayError as e:  # e.g. an engine that sees a GPU it did not ask for
             raise RunFailed(f"a rollout actor could not start: {components.start_failure(e)}") from None
@@ -212,20 +209,21 @@ class ActorPool:
         return tuple(out)
 
     def shutdown(self) -> None:
-        """Every actor shuts its engine down at once (each takes seconds), within 30 s in all; then
-        their processes end, so their CPUs are free for another run on the same cluster."""
-        members = [(i, h, "") for i, h in self.actors.items()]
-        # a replacement still starting runs its shutdown only once its engine is up (vLLM's
-        # start-up holds the actor's event loop): past the 30 s it is killed like the others
-        starting = [(i, h, ", still starting") for i, (h, _) in self.starting.items()]
-        calls = [(i, h, state, h.shutdown.remote()) for i, h, state in members + starting]
+        """Every actor whose engine is up shuts it down at once (each takes seconds), within 30 s in
+        all; then their processes end, so their CPUs are free for another run on the same cluster.
+        An actor whose engine is still loading is killed at once: its shutdown would run only once
+        the engine is up (vLLM's start-up holds the actor's event loop; minutes for a large model),
+        and the engine's processes end with the actor's (rollout/owner.py)."""
+        loading = [i for i, (_, ref) in self.starting.items() if not ray.wait([ref], timeout=0)[0]]
+        handles = {**self.actors, **{i: h for i, (h, _) in self.starting.items()}}
+        calls = [(i, handles[i].shutdown.remote()) for i in handles if i not in loading]
         deadline = time.monotonic() + 30
-        for i, _, state, ref in calls:
+        for i, ref in calls:
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except Exception as e:  # shutting down anyway; say what failed
-                log.warning("rollout actor %d%s: shutdown failed: %r; killed", i, state, e)
-        for _, h, _, _ in calls:
+                log.warning("rollout actor %d: shutdown failed: %r; killed", i, e)
+        for h in handles.values():
             ray.kill(h, no_restart=True)
 
 

@@ -22,7 +22,9 @@ from asyncrl.rollout.actor import RolloutActor
 from asyncrl.rollout.engine import SamplingSpec
 from asyncrl.rollout.episode_runners import episodes_in_actor
 from asyncrl.rollout.local_rewards import LocalRewards
-from asyncrl.types import Locate
+from asyncrl.types import Locate, StartInterrupted, Stopping
+
+START_POLL_S = 0.5  # how long one of a start's waits lasts
 
 
 def resolve_model_path(cfg: Config, log: Callable[[str], None] = print) -> str:
@@ -84,6 +86,22 @@ def start_failure(error: BaseException) -> str:
         return f"{type(cause).__name__}: {cause}"
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else repr(error)
+
+
+def wait_to_start(refs: list[Any], stopping: Stopping | None) -> None:
+    """Until every ref is ready (a failed one is too: the caller's ray.get raises its error), in
+    waits of START_POLL_S: a signal's Python handler runs only between them (one wait without a
+    timeout held a second Ctrl-C until the engines were up: 7 s), and a stop asked for meanwhile
+    ends the start with StartInterrupted rather than waiting for it to finish."""
+    while refs:
+        check_stop(stopping)
+        refs = ray.wait(refs, num_returns=len(refs), timeout=START_POLL_S)[1]
+
+
+def check_stop(stopping: Stopping | None) -> None:
+    """StartInterrupted when a stop was asked for: a start checks between its parts."""
+    if stopping is not None and (reason := stopping()) is not None:
+        raise StartInterrupted(reason)
 
 
 def node_ip() -> str:

@@ -27,12 +27,12 @@ from asyncrl.config import AlgoConfig, Config
 from asyncrl.learner.rank import LearnerRank
 from asyncrl.observe.worker_logs import ENV as LOG_ENV
 from asyncrl.observe.worker_logs import log_env
-from asyncrl.orchestrator.components import process_env, start_failure
+from asyncrl.orchestrator.components import process_env, start_failure, wait_to_start
 from asyncrl.orchestrator.placement import check_placeable, rank_resources
 from asyncrl.sync.wire import free_port
 from asyncrl.transport.codec import encode_batch
 from asyncrl.transport.zmq_stream import FrameSender
-from asyncrl.types import Locate, RunFailed
+from asyncrl.types import Locate, RunFailed, Stopping
 
 
 def _run_args(cfg: Config, locate: Locate | None) -> dict[str, Any]:
@@ -152,6 +152,17 @@ class LearnerGroup:
         return self._all("param_fingerprint")
 
     # -- files ----------------------------------------------------------------------------------
+
+    def wait_started(self, stopping: Stopping | None = None) -> None:
+        """Wait until every rank has loaded its model (a rank's first call answers once its
+        constructor has); a rank that could not start is a one-line RunFailed, and a stop asked
+        for meanwhile (`stopping`) ends the wait: StartInterrupted."""
+        refs = [rank.batch_endpoint.remote() for rank in self.ranks]
+        try:
+            wait_to_start(refs, stopping)
+            ray.get(refs)
+        except ray.exceptions.RayError as e:
+            raise RunFailed(f"a learner rank could not start: {start_failure(e)}") from None
 
     def answer_storage_probe(self, probe: str, answer: str, token: str) -> list[str]:
         """Every rank copies `token` from the file `probe` to `<answer>.<rank>` if it sees it; their

@@ -4,7 +4,8 @@ when a learner rank dies and at its end (orchestrator.py keeps the run loop and 
 - `open_metrics`: the run directory's resolved config and metric files (rows after a resumed
   checkpoint dropped: they are written again);
 - `start_run`: the sample socket, the processes and the driver (built while the engines load),
-  started and given the learner's weights; what started is shut down again when a later part fails;
+  started and given the learner's weights; what started is shut down again when a later part fails
+  or a stop is asked for before the start is done;
 - `start_processes`: the learner ranks and the rollout actors started cold (the engines start
   while the ranks load the model), or `take_over` those of the run before on this cluster (warm.py);
 - `form_weight_sync_group`: the first weight-sync group, with the start's timeout;
@@ -41,7 +42,7 @@ from asyncrl.orchestrator.warm import Warm
 from asyncrl.orchestrator.weight_sync import PushFailed, WeightSync
 from asyncrl.transport.codec import decode_samples
 from asyncrl.transport.zmq_stream import FrameReceiver
-from asyncrl.types import Locate, RunFailed
+from asyncrl.types import Locate, RunFailed, Stopping
 
 
 @dataclass(frozen=True)
@@ -77,16 +78,19 @@ def open_metrics(cfg: Config, run_dir: Path, resume: StartPoint | None) -> Metri
 
 
 def start_run(cfg: Config, run_dir: Path, resume: StartPoint | None, warm: Warm | None, metrics: MetricsWriter,
-              say: Say) -> Started:
+              say: Say, stopping: Stopping | None = None) -> Started:
     """The driver, the sample socket (each run its own) and the processes, started or taken over
     from `warm`, the learner loaded from `resume` and the actors given its weights. Actors always
     start from the base model and get the current weights pushed (a resumed run's checkpoint may
     be pruned before a replacement actor starts). A part that fails to start shuts down the ones
-    started before it, so a failed start leaves no process behind."""
+    started before it, so a failed start leaves no process behind; so does a stop asked for while
+    it starts (`stopping`), checked between the parts and while it waits for the engines and the
+    ranks (StartInterrupted: an engine can take minutes to load, and nothing is trained yet)."""
     t0, base_model = time.monotonic(), components.resolve_model_path(cfg, log=say)
     model_path = resume.model_path(base_model) if resume else base_model
     started: list[Callable[[], Any] | None] = []
     try:
+        components.check_stop(stopping)
         teacher = TeacherEngines(cfg, say) if cfg.algo.distill.enabled else None  # they start meanwhile
         started.append(teacher and teacher.close)  # until the driver holds it
         samples = FrameReceiver(decode_samples, host=components.node_ip())
@@ -98,10 +102,12 @@ def start_run(cfg: Config, run_dir: Path, resume: StartPoint | None, warm: Warm 
         # while the engines load, which is the longest part of a start.
         driver = build_driver(cfg, model_path, metrics, say, teacher=teacher)
         started[0] = driver.close  # the teacher's engines too
-        procs.pool.wait_started()
+        procs.pool.wait_started(stopping)
+        procs.learner.wait_started(stopping)
         # the storage contract (checkpoint.py), before the learner reads or writes the run directory
         checkpoint.check_shared(run_dir, procs.learner.answer_storage_probe)
         version = procs.learner.load_checkpoint(str(resume.learner_dir)).result() if resume else 0
+        components.check_stop(stopping)
         if warm is None:
             form_weight_sync_group(cfg, procs.weight_sync)
         # the actors hold the base model, or the last run's; a LoRA policy's engines get their adapter

@@ -14,10 +14,10 @@ the step's row. The loops it interleaves and each component's edges: docs/design
 The orchestrator owns the policy version; it advances with every optimizer step (the learner's
 StepResult must agree). An actor's version advances when it has applied a push.
 
-Start, take-over, a dead learner's replacement (up to `fault.max_restarts`) and shutdown:
-lifecycle.py; actors joining and lost: membership.py; at step boundaries, checkpoints
-(checkpointer.py) and the run directory's requests and the stall watch (requests.py).
-`request_stop` (SIGTERM / SIGINT) stops admission, lets the step finish, checkpoints and ends.
+Start, take-over, a dead learner's replacement (up to `fault.max_restarts`) and shutdown: lifecycle.py;
+actors joining and lost: membership.py; at step boundaries, checkpoints (checkpointer.py) and the run
+directory's requests and the stall watch (requests.py). `request_stop` (SIGTERM / SIGINT) stops admission,
+lets the step finish, checkpoints and ends; while the run starts, it ends the start (nothing to save).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from asyncrl.orchestrator.run_lock import RunLock, claim_run_dir
 from asyncrl.orchestrator.warm import Warm, process_key
 from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.transport.zmq_stream import FrameReceiver
-from asyncrl.types import ReferenceReset, Sample, StepResult
+from asyncrl.types import ReferenceReset, Sample, StartInterrupted, StepResult
 
 
 class Orchestrator:
@@ -77,8 +77,7 @@ class Orchestrator:
         self.members: ActorMembership | None = None  # the actors as they join and are lost
         self._stop_deadline = self._last_health_t = 0.0
         self._train_ref: GroupCall | None = None
-        self.driver = self.samples = self.learner = self.pool = self.weight_sync = None
-        self.metrics = self.requests = None
+        self.driver = self.samples = self.learner = self.pool = self.weight_sync = self.metrics = self.requests = None
         self.collector, self.clock = ScheduledCollector(), RunClock()
         self.run_lock = run_lock  # launch takes it before Ray starts; else `start` does
         self.checkpoints = Checkpointer(self.cfg, self.run_dir, log_fn,
@@ -89,11 +88,10 @@ class Orchestrator:
         """Start the run's processes, or take over `warm`'s, the processes of the run before it on
         the same cluster (warm.py; they must fit this config); lifecycle.py does the work."""
         cfg = self.cfg
-        if self.run_lock is None:
-            self.run_lock = claim_run_dir(self.run_dir, cfg.resume)
+        self.run_lock = self.run_lock or claim_run_dir(self.run_dir, cfg.resume)
         resume = self.checkpoints.find_resume()
         self.metrics = lifecycle.open_metrics(cfg, self.run_dir, resume)
-        run = lifecycle.start_run(cfg, self.run_dir, resume, warm, self.metrics, self.say)
+        run = lifecycle.start_run(cfg, self.run_dir, resume, warm, self.metrics, self.say, lambda: self.stop_reason)
         self.driver, self.samples, self.version = run.driver, run.samples, run.version
         self.learner, self.pool, self.weight_sync = run.procs.learner, run.procs.pool, run.procs.weight_sync
         self.members = ActorMembership(self.pool, self.weight_sync, self.driver.requeue_actor, self.metrics, self.say)
@@ -126,7 +124,7 @@ class Orchestrator:
         try:
             return self._run(warm)
         except BaseException as e:  # a stall, reward errors, a lost learner, a bug: events.jsonl says so
-            self._end("failed", str(e) or repr(e))
+            self._end("interrupted" if isinstance(e, StartInterrupted) else "failed", str(e) or repr(e))
             raise
 
     def _run(self, warm: Warm | None) -> dict[str, Any]:
@@ -180,6 +178,10 @@ class Orchestrator:
     def stopping(self) -> bool:
         return self.stop_reason is not None
 
+    @property
+    def starting(self) -> bool:  # until `start` has the run's parts: a stop asked for now ends the start
+        return self.driver is None
+
     def step_state(self) -> StepState:
         if self._train_ref is None:
             return StepState.IDLE
@@ -224,8 +226,7 @@ class Orchestrator:
     def _finish_step(self, result: StepResult) -> dict[str, Any]:
         self._train_ref = None
         self.clock.step_done()
-        self.step += 1
-        self.version += 1
+        self.step, self.version = self.step + 1, self.version + 1
         if result.version != self.version:
             raise RuntimeError(f"learner reports version {result.version} after step {self.step}, "
                                f"expected {self.version}")
@@ -274,9 +275,8 @@ class Orchestrator:
                 and (not self.driver.in_flight() or time.monotonic() > self._stop_deadline))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "version": self.version, "history": self.history,
-                **self.weight_sync.state_dict(), "actors_lost": self.members.lost,
-                "elapsed_s": self.clock.elapsed_s(), **self.driver.state_dict()}
+        return {"step": self.step, "version": self.version, "history": self.history, "actors_lost": self.members.lost,
+                **self.weight_sync.state_dict(), "elapsed_s": self.clock.elapsed_s(), **self.driver.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the learner loaded its part (the versions must agree)."""

@@ -63,15 +63,33 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> RunLock:
 
 
 def previous_run(run_dir: Path) -> str | None:
-    """What an earlier run left in `run_dir` (None: nothing a new run would overwrite or mix with)."""
+    """What an earlier run left in `run_dir` (None: nothing a new run would overwrite or mix with).
+    A run that never got past its start (stopped or failed while its engines loaded) left only the
+    `end` event saying so: the same command starts again there, as it would had Ray not started."""
     rows = _lines(run_dir / "metrics.jsonl")
     ckpts = checkpoint.list_complete(checkpoint.checkpoints_dir(run_dir))
-    if not (rows or ckpts or _lines(run_dir / "events.jsonl")):
+    if not (rows or ckpts or _started(run_dir / "events.jsonl")):
         return None
     parts = [f"{rows} metric rows"] + ([f"newest checkpoint {ckpts[-1].name}"] if ckpts else [])
     if (run_dir / "summary.json").is_file():
         parts.append("finished")
     return ", ".join(parts)
+
+
+def _started(events: Path) -> bool:
+    """Whether a run began here: a `start` or `resume` event (written once the run's parts are up)."""
+    try:
+        with open(events, encoding="utf-8") as f:
+            return any(_event(line) in ("start", "resume") for line in f if line.strip())
+    except FileNotFoundError:
+        return False
+
+
+def _event(line: str) -> str | None:
+    try:
+        return json.loads(line).get("event")
+    except (ValueError, AttributeError):  # a line cut short by a killed run: not a start
+        return None
 
 
 def _lines(path: Path) -> int:

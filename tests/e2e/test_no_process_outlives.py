@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+STOPPED_START_S = 6.0  # SIGTERM while the engine loads: 3.0-3.4 s here; 7.1-7.6 s when it waited for the whole start
 GRACE_S = 30.0  # Ray's own daemons notice a dead driver within seconds; an engine's owner watch in 1 s
 # The raylet's two agents would wait 60 s (a timeout Ray hard-codes) to report a raylet killed
 # without a SIGTERM to the GCS that died with it: a driver that exits at once on a second signal
@@ -123,6 +124,7 @@ def test_no_process_of_a_run_outlives_it(point, tmp_path, tiny_model_path):
                 time.sleep(0.05)
             assert driver.poll() is None, f"the run ended before the point {point}"
             os.killpg(driver.pid, sig) if group else driver.send_signal(sig)
+            first = time.monotonic()
             if point.startswith("two_"):
                 time.sleep(0.5)
                 driver.send_signal(sig)
@@ -130,6 +132,8 @@ def test_no_process_of_a_run_outlives_it(point, tmp_path, tiny_model_path):
         out, _ = driver.communicate(timeout=300)
         if point.startswith("two_"):  # at once, even while the driver waits for the engines (seen: 7 s)
             assert time.monotonic() - second < 5, out[-3000:]
+        if point == "sigterm_while_the_engine_loads":  # the start ends there, without waiting for it to finish
+            assert time.monotonic() - first < STOPPED_START_S, out[-3000:]
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -139,6 +143,10 @@ def test_no_process_of_a_run_outlives_it(point, tmp_path, tiny_model_path):
         assert driver.returncode == 1 and "sync." in out and "Traceback" not in out, out[-3000:]
     elif sig == signal.SIGKILL:
         assert driver.returncode == -signal.SIGKILL
+    elif point == "sigterm_while_the_engine_loads":  # nothing trained, nothing saved, the directory left to a rerun
+        assert driver.returncode == 128 + sig, out[-3000:]
+        assert "SIGTERM during start-up: stopped before the first step, nothing to save" in out, out[-3000:]
+        assert not (tmp_path / "r/checkpoints").exists() or not any((tmp_path / "r/checkpoints").iterdir())
     else:  # a clean stop, even this early
         assert driver.returncode in (128 + sig, 130), out[-3000:]
     assert watch.has("gcs_server"), "the run never started its cluster: nothing was checked"

@@ -8,6 +8,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.orchestrator import lifecycle
+from asyncrl.types import StartInterrupted
 
 
 def test_shut_down_runs_every_closer_in_order_and_says_which_failed():
@@ -23,13 +24,17 @@ def test_shut_down_runs_every_closer_in_order_and_says_which_failed():
 
 
 def fake_start(monkeypatch, events, build_driver=None):
-    """start_run's parts as fakes that record, in `events`, what was done to them and when."""
+    """start_run's parts as fakes that record, in `events`, what was done to them and when (a part's
+    wait checks `stopping` once, as the real wait does between its polls)."""
     def part(name):
         def close():
             events.append(f"close {name}")
 
-        return SimpleNamespace(close=close, shutdown=close,
-                               wait_started=lambda: events.append("wait for the engines"),
+        def wait_started(stopping=None):
+            events.append(f"wait for the {name}")
+            lifecycle.components.check_stop(stopping)
+
+        return SimpleNamespace(close=close, shutdown=close, wait_started=wait_started,
                                endpoint="tcp://127.0.0.1:1", answer_storage_probe=None)
 
     def start_processes(*a):
@@ -60,7 +65,7 @@ def test_a_start_that_fails_shuts_down_what_it_started_in_reverse(monkeypatch, t
     with pytest.raises(RuntimeError, match="not shared"):
         lifecycle.start_run(cfg, tmp_path, None, None, metrics=None, say=lambda m: None)
     # the driver is built while the engines load: after their processes are spawned, before the wait
-    assert events == ["spawn the processes", "build the driver", "wait for the engines",
+    assert events == ["spawn the processes", "build the driver", "wait for the pool", "wait for the learner",
                       "close learner", "close pool", "close samples", "close driver"]
 
 
@@ -74,3 +79,29 @@ def test_a_driver_that_fails_to_build_stops_the_processes_spawned_before_it(monk
     with pytest.raises(ValueError, match="no such file"):
         lifecycle.start_run(load_config(None), tmp_path, None, None, metrics=None, say=lambda m: None)
     assert events == ["spawn the processes", "close learner", "close pool", "close samples"]
+
+
+def test_a_stop_asked_for_while_the_engines_load_ends_the_start_and_shuts_down_what_started(monkeypatch, tmp_path):
+    events, asked = [], []
+    fake_start(monkeypatch, events)
+
+    def stopping():  # SIGTERM arrives once the driver is built, while the engines load
+        return "SIGTERM" if "build the driver" in events else None
+
+    monkeypatch.setattr(lifecycle.checkpoint, "check_shared", lambda *a: asked.append("storage"))
+    with pytest.raises(StartInterrupted) as e:
+        lifecycle.start_run(load_config(None), tmp_path, None, None, metrics=None, say=lambda m: None,
+                            stopping=stopping)
+    assert e.value.reason == "SIGTERM" and str(e.value) == "SIGTERM during start-up"
+    # neither the learner's wait nor anything after it ran; what started is shut down in reverse
+    assert events == ["spawn the processes", "build the driver", "wait for the pool",
+                      "close learner", "close pool", "close samples", "close driver"] and not asked
+
+
+def test_a_stop_asked_for_before_the_start_starts_nothing(monkeypatch, tmp_path):
+    events = []
+    fake_start(monkeypatch, events)
+    with pytest.raises(StartInterrupted, match="SIGINT during start-up"):
+        lifecycle.start_run(load_config(None), tmp_path, None, None, metrics=None, say=lambda m: None,
+                            stopping=lambda: "SIGINT")
+    assert events == []

@@ -49,3 +49,19 @@ def test_a_directory_with_an_earlier_runs_files_needs_resume(tmp_path):
                             f"{run} to start over")
     claim_run_dir(run, "auto").release()
     claim_run_dir(run, str(run / "checkpoints/step_50")).release()
+
+
+def test_a_run_that_ended_before_it_started_leaves_the_directory_to_the_same_command(tmp_path):
+    """A start stopped (or failed) while its engines loaded wrote only its `end` event: the same
+    command starts again without resume=; once a run began (`start`), the directory is its."""
+    run = tmp_path / "r"
+    run.mkdir()
+    end = json.dumps({"step": 0, "event": "end", "status": "interrupted", "reason": "SIGTERM during start-up"})
+    (run / "events.jsonl").write_text(end + "\n" + '{"step": 0, "ev')  # and a line cut short by a kill
+    (run / "metrics.jsonl").write_text("")
+    assert previous_run(run) is None
+    claim_run_dir(run, None).release()
+    (run / "events.jsonl").write_text(end + "\n" + json.dumps({"step": 0, "event": "start"}) + "\n")
+    assert previous_run(run) == "0 metric rows"
+    with pytest.raises(ConfigError, match="already holds a run"):
+        claim_run_dir(run, None)

@@ -46,8 +46,10 @@ def run_warm(plan: StudyPlan, todo: list[tuple[ArmRun, Action]], logs_dir: Path,
     def on_signal(signum, frame):
         if not signals.received(signum):
             os._exit(128 + signum)
-        log(f"\n{signal.Signals(signum).name}: stopping the running run after its step (it writes a checkpoint; "
-            "run the same command again to resume); again to stop at once")
+        starting = current[0] is not None and current[0].starting
+        doing = ("stopping the run's start" if starting
+                 else "stopping the running run after its step (it writes a checkpoint)")
+        log(f"\n{signal.Signals(signum).name}: {doing}; run the same command again to resume; again to stop at once")
         if current[0] is not None:
             current[0].request_stop(signal.Signals(signum).name)
 
@@ -109,7 +111,7 @@ def _one_run(base: Path, overrides: list[str], warm: Warm | None, current: list[
     from asyncrl.orchestrator.orchestrator import Orchestrator
     from asyncrl.orchestrator.run_lock import claim_run_dir
     from asyncrl.preflight import preflight
-    from asyncrl.types import RunFailed
+    from asyncrl.types import RunFailed, StartInterrupted
 
     def say(text: str) -> None:
         print(text, file=out, flush=True)
@@ -133,6 +135,9 @@ def _one_run(base: Path, overrides: list[str], warm: Warm | None, current: list[
     except RunFailed as e:
         say(f"error: {e}")
         code = 1
+    except StartInterrupted as e:  # a signal while it started: no step to save
+        say(f"{e}: stopped before the first step, nothing to save")
+        code = 128 + signal.Signals[e.reason]
     except Exception:  # a bug or a lost process: its traceback in the run's log, the study goes on
         say(traceback.format_exc())
         code = 1
