@@ -24,7 +24,7 @@ from asyncrl.rollout.episode_runners import episodes_in_actor
 from asyncrl.rollout.local_rewards import LocalRewards
 from asyncrl.types import Locate, StartInterrupted, Stopping
 
-START_POLL_S = 0.5  # how long one of a start's waits lasts
+START_POLL_S = 0.5  # how often a start that waits checks whether a stop was asked for
 
 
 def resolve_model_path(cfg: Config, log: Callable[[str], None] = print) -> str:
@@ -89,10 +89,9 @@ def start_failure(error: BaseException) -> str:
 
 
 def wait_to_start(refs: list[Any], stopping: Stopping | None) -> None:
-    """Until every ref is ready (a failed one is too: the caller's ray.get raises its error), in
-    waits of START_POLL_S: a signal's Python handler runs only between them (one wait without a
-    timeout held a second Ctrl-C until the engines were up: 7 s), and a stop asked for meanwhile
-    ends the start with StartInterrupted rather than waiting for it to finish."""
+    """Until every ref is ready (a failed one is too: the caller's ray.get raises its error); a stop
+    asked for meanwhile ends the start with StartInterrupted rather than waiting for it to finish
+    (checked every START_POLL_S)."""
     while refs:
         check_stop(stopping)
         refs = ray.wait(refs, num_returns=len(refs), timeout=START_POLL_S)[1]
