@@ -140,9 +140,9 @@ class Orchestrator:
                     self._restart_learner(e)
         finally:
             display.close()
-        # the last step too, so resume=auto on a finished run finds it finished
-        if self.stop_reason is not None or (self.cfg.checkpoint.every_steps and
-                                            self.step % self.cfg.checkpoint.every_steps):
+        # the last step too, so resume=auto on a finished run finds it finished (stopped at step 0: nothing to save)
+        if self.step and (self.stop_reason is not None or (self.cfg.checkpoint.every_steps and
+                                                           self.step % self.cfg.checkpoint.every_steps)):
             self.checkpoints.save(self.step, self.state_dict(), self.learner)
         self.checkpoints.poll(block=True)
         if self.stop_reason is not None:

@@ -114,10 +114,12 @@ def test_a_data_path_found_nowhere_names_both_absolute_paths_tried(tmp_path):
 
 def started_run(tmp_path, name):
     """A fake-engine run in its own process group (as a terminal or a batch job starts it), read
-    until its components are ready."""
+    until its components are ready. Its groups are all kept: the fake engine's random text earns
+    no reward, so with the default no group would have a learning signal and no step would run."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen([sys.executable, str(ROOT / "launch/run.py"), "rollout.engine=fake", f"name={name}",
-                             "observe.console=lines", "eval.every_steps=0", "total_steps=100000"],
+                             "observe.console=lines", "eval.every_steps=0", "total_steps=100000",
+                             "algo.drop_zero_variance_groups=false"],
                             cwd=tmp_path, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen = []
@@ -134,7 +136,9 @@ def test_signalling_the_whole_process_group_stops_quietly(tmp_path, sig, code):
     group (`timeout`, a batch scheduler) reaches Ray's own daemons: no worker's traceback either way,
     and no 60 s wait for a Ray that is gone."""
     proc, seen = started_run(tmp_path, "sig")
-    time.sleep(3)  # a few steps in
+    rows, deadline = tmp_path / "runs/sig/metrics.jsonl", time.monotonic() + 60
+    while time.monotonic() < deadline and (not rows.exists() or len(rows.read_text().splitlines()) < 2):
+        time.sleep(0.1)  # a few steps in (a stop before the first step has no checkpoint to write)
     t0 = time.monotonic()
     os.killpg(proc.pid, sig)
     out, _ = proc.communicate(timeout=60)

@@ -292,3 +292,77 @@ def test_a_teacher_engine_that_dies_is_replaced_and_no_sample_is_lost(ray_cluste
     t = orch.driver.ledger.token_accounting()
     assert t["in"] == t["out"] + t["dropped_stale"] + t["buffered"]
     assert orch.history[-1]["distill/scored_total"] + pending >= sum(h["reward/num_samples"] for h in orch.history)
+
+
+class StopAtFirstLook(Orchestrator):
+    """The real loop, asked to stop (as a SIGTERM does) the first time it looks for samples."""
+
+    def _receive(self):
+        self.request_stop("SIGTERM")
+        return super()._receive()
+
+
+def _free_cpus_within(seconds: float) -> float:
+    """The cluster's free CPUs once every process of a run has handed its own back (Ray frees a
+    killed actor's a moment later)."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + seconds
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ray.available_resources().get("CPU", 0)
+
+
+def test_a_stop_while_the_actors_start_ends_the_start_and_one_before_the_first_step_saves_nothing(
+        ray_cluster, tmp_path, small_model, monkeypatch):
+    import json
+
+    import ray
+
+    from asyncrl.orchestrator.actor_pool import ActorPool
+    from asyncrl.orchestrator.run_lock import previous_run
+    from asyncrl.types import StartInterrupted
+
+    def config(name):
+        return load_config(None, [
+            f"model.path={small_model}", "rollout.engine=fake", "total_steps=4", "checkpoint.every_steps=2",
+            "observe.console=off", "observe.tensorboard=false", f"observe.output_dir={tmp_path}",
+            "save_final=false", f"name={name}"])
+
+    def events(orch):
+        return [json.loads(x) for x in (orch.run_dir / "events.jsonl").read_text().splitlines()]
+
+    cpus = ray.cluster_resources()["CPU"]
+    spawn = ActorPool.spawn
+    starting = Orchestrator(config("starting"))
+
+    def spawn_then_stop(pool, num_actors):  # the signal comes while the actors' engines start
+        spawn(pool, num_actors)
+        starting.request_stop("SIGTERM")
+
+    monkeypatch.setattr(ActorPool, "spawn", spawn_then_stop)
+    try:
+        with pytest.raises(StartInterrupted, match="^SIGTERM during start-up$"):
+            starting.run()
+    finally:
+        starting.shutdown()
+    monkeypatch.undo()
+    # every process it spawned is gone (their CPUs are back), its end said so, and nothing holds
+    # the directory against the same command
+    assert _free_cpus_within(10) == cpus
+    assert [(e["event"], e["status"], e["reason"]) for e in events(starting)] == [
+        ("end", "interrupted", "SIGTERM during start-up")]
+    assert previous_run(starting.run_dir) is None
+
+    stopped = StopAtFirstLook(config("first"))
+    try:
+        summary = stopped.run()
+    finally:
+        stopped.shutdown()
+    assert summary == {"steps": 0, "stopped": "SIGTERM"} and stopped.history == []
+    # nothing was trained, so nothing was saved: resume=auto starts it over, as it was
+    assert not (stopped.run_dir / "checkpoints").exists() or not any((stopped.run_dir / "checkpoints").iterdir())
+    assert [e["event"] for e in events(stopped)] == ["start", "end"] and events(stopped)[-1]["status"] == "interrupted"
+    assert _free_cpus_within(10) == cpus
