@@ -106,8 +106,7 @@ def check_lengths(cfg: Config, context: int | None) -> None:
 
 
 PACKAGES = {"vllm": 'pip install -e ".[cpu]" (or ".[gpu]")', "wandb": 'pip install -e ".[wandb]"',
-            "deepspeed": 'pip install deepspeed (in the cpu and gpu extras; on CPU it compiles a small op with '
-                         'g++ and ninja the first time)'}
+            "deepspeed": "pip install deepspeed (in the cpu and gpu extras)"}
 
 
 def check_packages(cfg: Config) -> None:

@@ -27,6 +27,10 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
   the record. A backward gathers a module once per output of it that gets a gradient, so a
   padding micro-batch's loss reaches the same outputs as a real one's (`padding_loss` in
   policy_step.py); otherwise its rank alone checks while the others reduce: a hang.
+- On CPU, DeepSpeed's communication backend would JIT-compile a shared-memory all-reduce op at
+  its first start (g++ and ninja; 25 s on 2 cores, once per machine). Only its inference
+  all-reduce uses that op, never training's collectives, so it is not built
+  (`skip_inference_shm_op`).
 - Full tensors (pushes, checkpoints, tests) come from the partitions one parameter at a time
   (`GatheredParameters`, `safe_get_full_*`).
 - Optimizer state is checkpointed by parameter name, as FSDP2's is: each moment is gathered
@@ -39,6 +43,7 @@ ranks) or 3 (parameters too). The only module that imports deepspeed.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any, ContextManager
@@ -53,9 +58,17 @@ try:
     from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,
                                  safe_set_full_fp32_param, safe_set_full_optimizer_state)
 except ImportError as e:  # preflight says this first; here for a learner built in code
-    raise ImportError("learner.backend=deepspeed needs DeepSpeed: pip install deepspeed (on CPU its first start "
-                      "JIT-compiles a small op with g++ and ninja)") from e
+    raise ImportError("learner.backend=deepspeed needs DeepSpeed: pip install deepspeed") from e
 
+
+def skip_inference_shm_op() -> None:
+    """Before DeepSpeed's communication backend starts: it would build its shared-memory
+    all-reduce op (the module docstring), which `inference_all_reduce` alone uses and which
+    without the op falls back to the process group's all-reduce."""
+    # the module itself: the attribute `deepspeed.comm.torch` is torch (deepspeed.comm re-exports it)
+    ds_comm = importlib.import_module("deepspeed.comm.torch")
+    if callable(getattr(ds_comm, "build_shm_op", None)):  # a DeepSpeed that lacks it builds nothing
+        ds_comm.build_shm_op = lambda: None
 
 
 def adamw_params(cfg) -> dict:
@@ -86,6 +99,7 @@ class DeepSpeedBackend:
             "bf16": {"enabled": self.bf16},
             "steps_per_print": 2**31 - 1,
         }
+        skip_inference_shm_op()
         self.module, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config,
             dist_init_required=False)

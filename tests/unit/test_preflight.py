@@ -72,7 +72,7 @@ def test_deepspeed_backend_without_deepspeed_gives_the_install_hint(monkeypatch)
     real = preflight.importlib.util.find_spec
     monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda m: None if m == "deepspeed" else real(m))
     with pytest.raises(ConfigError, match=r"learner.backend=deepspeed needs the 'deepspeed' package.*"
-                                          r"pip install deepspeed.*g\+\+"):
+                                          r"pip install deepspeed \(in the cpu and gpu extras\)"):
         preflight.preflight(load_config(None, ["learner.backend=deepspeed"]))
 
 
