@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -58,12 +59,12 @@ class ActorPool:
         for i in range(num_actors):
             self._spawn(i)
 
-    def wait_started(self, stopping: Stopping | None = None) -> None:
-        """Wait until every spawned actor's engine is up; they become members. A stop asked for
-        meanwhile (`stopping`) ends the wait: StartInterrupted."""
+    def wait_started(self, stopping: Stopping | None = None, say: Callable[[str], None] | None = None) -> None:
+        """Wait until every spawned actor's engine is up (`say`ing how many are, now and then); they
+        become members. A stop asked for meanwhile (`stopping`) ends the wait: StartInterrupted."""
         refs = [ref for _, ref in self.starting.values()]
         try:
-            components.wait_to_start(refs, stopping)
+            components.wait_to_start(refs, stopping, "rollout engines", say)
             ray.get(refs)
         except ray.exceptions.RayError as e:  # e.g. an engine that sees a GPU it did not ask for
             raise RunFailed(f"a rollout actor could not start: {components.start_failure(e)}") from None

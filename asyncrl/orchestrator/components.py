@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from asyncrl.rollout.local_rewards import LocalRewards
 from asyncrl.types import Locate, StartInterrupted, Stopping
 
 START_POLL_S = 0.5  # how often a start that waits checks whether a stop was asked for
+START_PROGRESS_S = 30.0  # how often it says how far the engines and ranks are
 
 
 def resolve_model_path(cfg: Config, log: Callable[[str], None] = print) -> str:
@@ -88,13 +90,20 @@ def start_failure(error: BaseException) -> str:
     return lines[-1] if lines else repr(error)
 
 
-def wait_to_start(refs: list[Any], stopping: Stopping | None) -> None:
+def wait_to_start(refs: list[Any], stopping: Stopping | None, what: str = "", say: Callable[[str], None] | None = None,
+                  every_s: float = START_PROGRESS_S) -> None:
     """Until every ref is ready (a failed one is too: the caller's ray.get raises its error); a stop
     asked for meanwhile ends the start with StartInterrupted rather than waiting for it to finish
-    (checked every START_POLL_S)."""
-    while refs:
+    (checked every START_POLL_S). Every `every_s` of waiting, `say` how many of `what` are up: a
+    large model's engines take minutes to load, and a start that says nothing looks hung."""
+    t0 = last = time.monotonic()
+    waiting = refs
+    while waiting:
         check_stop(stopping)
-        refs = ray.wait(refs, num_returns=len(refs), timeout=START_POLL_S)[1]
+        waiting = ray.wait(waiting, num_returns=len(waiting), timeout=START_POLL_S)[1]
+        if waiting and say is not None and time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            say(f"{len(refs) - len(waiting)} of {len(refs)} {what} up after {last - t0:.0f}s; waiting for the rest")
 
 
 def check_stop(stopping: Stopping | None) -> None:

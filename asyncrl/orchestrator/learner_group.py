@@ -15,6 +15,7 @@ alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -153,13 +154,13 @@ class LearnerGroup:
 
     # -- files ----------------------------------------------------------------------------------
 
-    def wait_started(self, stopping: Stopping | None = None) -> None:
+    def wait_started(self, stopping: Stopping | None = None, say: Callable[[str], None] | None = None) -> None:
         """Wait until every rank has loaded its model (a rank's first call answers once its
-        constructor has); a rank that could not start is a one-line RunFailed, and a stop asked
-        for meanwhile (`stopping`) ends the wait: StartInterrupted."""
+        constructor has; `say`ing how many have, now and then); a rank that could not start is a
+        one-line RunFailed, and a stop asked for meanwhile (`stopping`) ends the wait: StartInterrupted."""
         refs = [rank.batch_endpoint.remote() for rank in self.ranks]
         try:
-            wait_to_start(refs, stopping)
+            wait_to_start(refs, stopping, "learner ranks", say)
             ray.get(refs)
         except ray.exceptions.RayError as e:
             raise RunFailed(f"a learner rank could not start: {start_failure(e)}") from None

@@ -102,8 +102,8 @@ def start_run(cfg: Config, run_dir: Path, resume: StartPoint | None, warm: Warm 
         # while the engines load, which is the longest part of a start.
         driver = build_driver(cfg, model_path, metrics, say, teacher=teacher)
         started[0] = driver.close  # the teacher's engines too
-        procs.pool.wait_started(stopping)
-        procs.learner.wait_started(stopping)
+        procs.pool.wait_started(stopping, say)
+        procs.learner.wait_started(stopping, say)
         # the storage contract (checkpoint.py), before the learner reads or writes the run directory
         checkpoint.check_shared(run_dir, procs.learner.answer_storage_probe)
         version = procs.learner.load_checkpoint(str(resume.learner_dir)).result() if resume else 0

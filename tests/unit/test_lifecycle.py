@@ -30,7 +30,7 @@ def fake_start(monkeypatch, events, build_driver=None):
         def close():
             events.append(f"close {name}")
 
-        def wait_started(stopping=None):
+        def wait_started(stopping=None, say=None):
             events.append(f"wait for the {name}")
             lifecycle.components.check_stop(stopping)
 
