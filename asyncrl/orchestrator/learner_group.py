@@ -89,8 +89,20 @@ class LearnerGroup:
             ).remote(model_path, lc, cfg.algo, rank=r, world_size=lc.num_ranks, group_address=address,
                      **_run_args(cfg, locate))
             for r in range(lc.num_ranks)]
+        # a rank's first call answers once its constructor has (its model loaded)
+        self._loaded = [rank.batch_endpoint.remote() for rank in self.ranks]
         self._senders: list[FrameSender] | None = None  # created at the first step: ranks are still starting
         self._pass_over_opened = needs_rollout_batch_pass(cfg.algo)
+
+    def wait_started(self, stopping: Stopping | None = None, say: Callable[[str], None] | None = None) -> None:
+        """Wait until every rank has loaded its model (`say`ing how many have, now and then); a rank
+        that could not start is a one-line RunFailed, and a stop asked for meanwhile (`stopping`)
+        ends the wait: StartInterrupted."""
+        try:
+            wait_to_start(self._loaded, stopping, "learner ranks", say)
+            ray.get(self._loaded)
+        except ray.exceptions.RayError as e:
+            raise RunFailed(f"a learner rank could not start: {start_failure(e)}") from None
 
     def reset(self, cfg: Config, model_path: str, locate: Locate | None = None) -> GroupCall:
         """Every rank starts the run of `cfg` afresh in its process (LearnerRank.reset): the next run
@@ -154,17 +166,6 @@ class LearnerGroup:
 
     # -- files ----------------------------------------------------------------------------------
 
-    def wait_started(self, stopping: Stopping | None = None, say: Callable[[str], None] | None = None) -> None:
-        """Wait until every rank has loaded its model (a rank's first call answers once its
-        constructor has; `say`ing how many have, now and then); a rank that could not start is a
-        one-line RunFailed, and a stop asked for meanwhile (`stopping`) ends the wait: StartInterrupted."""
-        refs = [rank.batch_endpoint.remote() for rank in self.ranks]
-        try:
-            wait_to_start(refs, stopping, "learner ranks", say)
-            ray.get(refs)
-        except ray.exceptions.RayError as e:
-            raise RunFailed(f"a learner rank could not start: {start_failure(e)}") from None
-
     def answer_storage_probe(self, probe: str, answer: str, token: str) -> list[str]:
         """Every rank copies `token` from the file `probe` to `<answer>.<rank>` if it sees it; their
         node addresses, in rank order. The run's first wait on the ranks: one that could not start
@@ -194,8 +195,12 @@ class LearnerGroup:
         return actor_id in {r._actor_id.hex() for r in self.ranks}
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Every rank closes its sockets, then its process ends. Ranks still loading their model are
+        killed without being asked: a rank's shutdown would run only once its load is done (minutes
+        for a large model), and it has nothing open to close yet."""
         try:
-            self._all("shutdown").result(timeout_s)
+            if not ray.wait(self._loaded, num_returns=len(self._loaded), timeout=0)[1]:
+                self._all("shutdown").result(timeout_s)
         finally:
             self.kill()
 
