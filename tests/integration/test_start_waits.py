@@ -30,14 +30,14 @@ def test_a_start_says_how_far_it_is_and_ends_at_once_on_a_stop(ray_cluster):
     t0 = time.monotonic()
     wait_to_start([sleeper.sleep.remote(0.1), sleeper.sleep.remote(2.0)], None, "rollout engines", said.append,
                   every_s=0.4)
-    assert 2.0 <= time.monotonic() - t0 < 3.0
+    assert 2.0 <= time.monotonic() - t0 < 4.0  # one poll after the slower call, and Ray's latency on 2 cores
     assert 2 <= len(said) <= 5 and all(
         re.fullmatch(r"1 of 2 rollout engines up after \ds; waiting for the rest", line) for line in said), said
     # a stop asked for 0.7 s in ends a wait that had 20 s to go, within one poll
     stop_at = time.monotonic() + 0.7
     with pytest.raises(StartInterrupted, match="^SIGTERM during start-up$"):
         wait_to_start([sleeper.sleep.remote(20)], lambda: "SIGTERM" if time.monotonic() > stop_at else None)
-    assert time.monotonic() - stop_at < START_POLL_S + 0.5
+    assert time.monotonic() - stop_at < START_POLL_S + 1.0
     ray.kill(sleeper)
 
 
