@@ -7,10 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-pytest.importorskip("deepspeed")
-
 START = """
 import torch
 from asyncrl.config import LearnerConfig
