@@ -122,7 +122,7 @@ def _launch(config: str | None, overrides: list[str], print_config: bool) -> int
         print(f"error: {e}", file=sys.stderr)
         return 1
     except StartInterrupted as e:  # the exit code below says which signal
-        print(f"{e}: stopped before the first step, nothing to save", file=sys.stderr, flush=True)
+        print(e.line(), file=sys.stderr, flush=True)
     finally:
         orch.shutdown()
         finished.set()

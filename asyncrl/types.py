@@ -362,6 +362,10 @@ class StartInterrupted(Exception):
         super().__init__(f"{reason} during start-up")
         self.reason = reason
 
+    def line(self) -> str:
+        """What `asyncrl run` and a study's run log say of it."""
+        return f"{self}: stopped before the first step, nothing to save"
+
 
 class ActorCallFailed(RuntimeError):
     """A call to a rollout actor failed: its process died or its engine failed the requests."""

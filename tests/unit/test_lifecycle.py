@@ -93,6 +93,7 @@ def test_a_stop_asked_for_while_the_engines_load_ends_the_start_and_shuts_down_w
         lifecycle.start_run(load_config(None), tmp_path, None, None, metrics=None, say=lambda m: None,
                             stopping=stopping)
     assert e.value.reason == "SIGTERM" and str(e.value) == "SIGTERM during start-up"
+    assert e.value.line() == "SIGTERM during start-up: stopped before the first step, nothing to save"
     # neither the learner's wait nor anything after it ran; what started is shut down in reverse
     assert events == ["spawn the processes", "build the driver", "wait for the pool",
                       "close learner", "close pool", "close samples", "close driver"] and not asked

@@ -136,7 +136,7 @@ def _one_run(base: Path, overrides: list[str], warm: Warm | None, current: list[
         say(f"error: {e}")
         code = 1
     except StartInterrupted as e:  # a signal while it started: no step to save
-        say(f"{e}: stopped before the first step, nothing to save")
+        say(e.line())
         code = 128 + signal.Signals[e.reason]
     except Exception:  # a bug or a lost process: its traceback in the run's log, the study goes on
         say(traceback.format_exc())
