@@ -13,7 +13,7 @@ from asyncrl.types import StartInterrupted
 
 
 class StoppedWhileStarting:
-    """An Orchestrator whose start is interrupted by `reason` before it takes anything over."""
+    """An Orchestrator whose start a SIGTERM interrupts before it takes anything over."""
 
     made: list["StoppedWhileStarting"] = []
 
