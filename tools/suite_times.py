@@ -1,15 +1,16 @@
-"""Where the test suite's time goes: pytest's per-test durations summed by file, and how fast this
-machine runs one Python thread, so that suite times taken on two machines can be compared.
+"""Where the test suite's time goes: pytest's per-test durations summed by file, and two figures of
+this machine's speed to print beside them.
 
     python -m pytest tests --durations=0 --durations-min=1.0 | tee pytest.log
     python tools/suite_times.py pytest.log            # per-file totals, slowest first
     python tools/suite_times.py --calibrate           # this machine's single-thread figures
 
 The suite is mostly process starts (Python importing torch, vLLM and Ray in each engine, learner
-rank and driver), which run on one thread each: its time scales with single-thread speed, not
-with the number of cores. The same commit's pytest took 2,142 s in one session and 4,397 s in a
-later one, on machines of the same kind (2 cores): every file took about twice as long in the
-second, so a suite time means little without the machine's calibration beside it.
+rank and driver). Its time differs between machines of one kind: the same commit's pytest took
+2,142 s in one session and 4,397 s in a later one, every file about twice as long. The
+calibration (a pure-Python loop and a fresh `import torch`) is printed beside each CI run so that
+two suite times come with their machines' figures; it does not yet explain that gap
+(docs/testing.md).
 """
 
 from __future__ import annotations
