@@ -68,10 +68,11 @@ def answered_as_the_guide_says(sample):
 
 
 def starts_an_answer(text):
-    if len(text) <= len("<result>"):
-        return "<result>".startswith(text)
-    m = re.fullmatch(r"<result>(-?\d*|e|er|err|erro|error)(.*)", text, re.S)
-    return m is not None and "</result>".startswith(m.group(2))
+    """True for a prefix of "<result>error</result>" or of "<result>N</result>" for an integer N."""
+    if "<result>error</result>".startswith(text):
+        return True
+    m = re.fullmatch(r"<result>(-?\d*)(.*)", text, re.S)
+    return m is not None and (m.group(2) == "" or (m.group(1).lstrip("-") != "" and "</result>".startswith(m.group(2))))
 
 
 def test_an_answer_cut_by_the_budget_is_told_from_a_wrong_one():
@@ -85,3 +86,7 @@ def test_an_answer_cut_by_the_budget_is_told_from_a_wrong_one():
     assert not answered_as_the_guide_says({**cut, "response_tokens": 50})  # not at the budget: not a cut
     assert not answered_as_the_guide_says({**whole, "turns": [{"origin": "env", "text": "6"}]})
     assert not answered_as_the_guide_says({**cut, "turns": [*cut["turns"][:3], {"origin": "env", "text": "<res>2"}]})
+    for text in ["<res", "<result>", "<result>err", "<result>error</res", "<result>-1", "<result>20</"]:
+        assert starts_an_answer(text), text  # CI's run of 52d5f8f cut an error answer at "</res"
+    for text in ["<result>error6", "<result>-</re", "<result></re", "<result>20x", "<result>20</result>x"]:
+        assert not starts_an_answer(text), text
