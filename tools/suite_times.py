@@ -1,17 +1,17 @@
-"""Where the test suite's time goes: pytest's per-test durations summed by file, and two figures of
-this machine's speed to print beside them.
+"""Where the test suite's time goes: pytest's per-test durations summed by file, and this machine's
+figures to print beside them.
 
     python -m pytest tests --durations=0 --durations-min=1.0 | tee pytest.log
     python tools/suite_times.py pytest.log            # per-file totals, slowest first
-    python tools/suite_times.py --calibrate           # this machine's single-thread figures
+    python tools/suite_times.py --calibrate           # this machine's loops, cores and imports
 
 The suite is mostly process starts (Python importing torch, vLLM and Ray in each engine, learner
 rank and driver). Its time differs between machines of one kind: the same commit's pytest took
-2,142 s in one session and 4,397 s in a later one, every file about twice as long. The
-calibration (a pure-Python loop and a fresh `import torch`) is printed beside each CI run so that
-two suite times come with their machines' figures; it does not yet explain that gap
-(docs/testing.md).
-"""
+2,142 s in one session and 4,397 s in a later one, every file about twice as long, and slow runs
+came with a pure-Python loop of about 1 s as well as 3.9 s. So the calibration also times the
+imports the suite is made of (vLLM's: about 12 s on an idle 2-core machine, twice per engine
+start) and whether two processes really run at once. CI prints it beside each run
+(docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from asyncrl.compat import usable_cores
 
 # pytest's `--durations` lines: "12.34s call     tests/e2e/test_x.py::test_y[param]"
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S+?)::")
@@ -38,23 +40,42 @@ def per_file(lines) -> dict[str, float]:
     return dict(totals)
 
 
-def calibrate(loop: int = 20_000_000) -> dict[str, float]:
-    """Seconds for a pure-Python loop of `loop` additions, and for `import torch` in a fresh
-    interpreter: the two things a start-heavy suite is made of."""
+# Fresh-interpreter imports timed by --calibrate: torch (every learner rank, driver and Ray worker)
+# and vLLM's AsyncLLM, which every engine start imports twice (its actor, then the engine core it spawns).
+IMPORTS = {
+    "import_torch_s": "import torch",
+    "import_vllm_s": "from asyncrl.compat import hide_broken_torch_extras; hide_broken_torch_extras(); "
+                     "import vllm.v1.engine.async_llm",
+}
+# in a function, as the figures quoted in docs/testing.md were timed (a module-level loop is ~2x slower)
+LOOP = "def loop(n):\n    total = 0\n    for i in range(n):\n        total += i\nloop({n})"
+
+
+def calibrate(loop: int = 20_000_000, imports: dict[str, str] = IMPORTS) -> dict[str, float]:
+    """This machine's figures for a start-heavy suite: a pure-Python loop of `loop` additions, the
+    same loop in two processes at once (about the one loop's time when two cores are free, twice it
+    when one is), the usable cores, and each statement of `imports` in a fresh interpreter."""
     start = time.perf_counter()
-    total = 0
-    for i in range(loop):
-        total += i
-    loop_s = time.perf_counter() - start
+    exec(LOOP.format(n=loop), {})
+    got = {"python_loop_s": time.perf_counter() - start}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
-    return {"python_loop_s": round(loop_s, 2), "import_torch_s": round(time.perf_counter() - start, 2)}
+    both = [subprocess.Popen([sys.executable, "-c", LOOP.format(n=loop)], stdout=subprocess.DEVNULL) for _ in range(2)]
+    if any(p.wait() for p in both):
+        raise RuntimeError("a calibration loop failed")
+    got["two_loops_s"] = time.perf_counter() - start
+    for name, statement in imports.items():
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"calibration import failed: {statement}\n{done.stderr[-2000:]}")
+        got[name] = time.perf_counter() - start
+    return {**{k: round(v, 2) for k, v in got.items()}, "cpus": usable_cores()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("log", nargs="?", type=Path, help="a pytest log run with --durations=0 (default: stdin)")
-    p.add_argument("--calibrate", action="store_true", help="time this machine's single thread instead")
+    p.add_argument("--calibrate", action="store_true", help="time this machine instead (loops, cores, imports)")
     p.add_argument("--top", type=int, default=25, help="files to list (default 25)")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = p.parse_args(argv)

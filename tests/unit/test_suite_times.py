@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 from suite_times import per_file  # noqa: E402
@@ -50,9 +52,17 @@ def test_the_command_line_ranks_files_and_fails_on_a_log_without_durations(tmp_p
     assert empty.returncode == 1 and "--durations=0" in empty.stderr
 
 
-def test_calibration_times_the_loop_and_a_fresh_torch_import():
+def test_calibration_times_loops_imports_and_counts_cores():
     from suite_times import calibrate
 
-    got = calibrate(loop=1000)
-    assert set(got) == {"python_loop_s", "import_torch_s"}
-    assert 0 <= got["python_loop_s"] < 1 and got["import_torch_s"] > 0
+    got = calibrate(loop=1000, imports={"import_json_s": "import json"})
+    assert set(got) == {"python_loop_s", "two_loops_s", "import_json_s", "cpus"}
+    assert 0 <= got["python_loop_s"] < 1 and got["two_loops_s"] > 0 and got["import_json_s"] > 0
+    assert got["cpus"] >= 1
+
+
+def test_a_failing_import_fails_the_calibration():
+    from suite_times import calibrate
+
+    with pytest.raises(RuntimeError, match="no_such_module_here"):
+        calibrate(loop=10, imports={"import_missing_s": "import no_such_module_here"})
