@@ -60,7 +60,7 @@ def calibrate(loop: int = 20_000_000, imports: dict[str, str] = IMPORTS) -> dict
     got = {"python_loop_s": time.perf_counter() - start}
     start = time.perf_counter()
     both = [subprocess.Popen([sys.executable, "-c", LOOP.format(n=loop)], stdout=subprocess.DEVNULL) for _ in range(2)]
-    if any(p.wait() for p in both):
+    if any([p.wait() for p in both]):  # a list: both are waited for, even when the first failed
         raise RuntimeError("a calibration loop failed")
     got["two_loops_s"] = time.perf_counter() - start
     for name, statement in imports.items():
