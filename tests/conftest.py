@@ -51,3 +51,37 @@ def pytest_collection_modifyitems(config, items):
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(all, idle) CPU time of the whole machine since boot, in clock ticks; None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks), ticks[3] + ticks[4]  # idle and iowait: no core had work
+
+
+_IDLE: list[tuple[str, float, float]] = []  # (test, idle core-seconds, core-seconds the machine had)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """How much of the machine each test (setup, call, teardown) left idle: the suite is mostly
+    CPU-bound process starts, so a test that leaves the cores idle waits (a timeout, a sleep) and is
+    where time can be cut without cutting work (tools/suite_times.py sums it by file)."""
+    before = _cpu_jiffies()
+    yield
+    after = _cpu_jiffies()
+    if before and after:
+        tick = os.sysconf("SC_CLK_TCK")
+        _IDLE.append((item.nodeid, (after[1] - before[1]) / tick, (after[0] - before[0]) / tick))
+
+
+def pytest_terminal_summary(terminalreporter):
+    waits = sorted((t for t in _IDLE if t[2] >= 2.0), key=lambda t: -t[1])
+    if waits:
+        terminalreporter.section("machine idle per test (core-seconds; 2.0 or more available)")
+        for nodeid, idle, had in waits:
+            terminalreporter.write_line(f"idle {idle:.1f} of {had:.1f} core-s  {nodeid}")

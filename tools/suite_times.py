@@ -2,7 +2,8 @@
 figures to print beside them.
 
     python -m pytest tests --durations=0 --durations-min=1.0 | tee pytest.log
-    python tools/suite_times.py pytest.log            # per-file totals, slowest first
+    python tools/suite_times.py pytest.log            # per-file totals, slowest first, and the
+                                                      # share of the cores they left idle
     python tools/suite_times.py --calibrate           # this machine's loops, cores and imports
 
 The suite is mostly process starts (Python importing torch, vLLM and Ray in each engine, learner
@@ -28,6 +29,8 @@ from asyncrl.compat import usable_cores
 
 # pytest's `--durations` lines: "12.34s call     tests/e2e/test_x.py::test_y[param]"
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S+?)::")
+# tests/conftest.py's summary: "idle 12.3 of 60.4 core-s  tests/e2e/test_x.py::test_y[param]"
+IDLE = re.compile(r"^idle (\d+(?:\.\d+)?) of (\d+(?:\.\d+)?) core-s\s+(\S+?)::")
 
 
 def per_file(lines) -> dict[str, float]:
@@ -38,6 +41,17 @@ def per_file(lines) -> dict[str, float]:
         if m := DURATION.match(line.strip()):
             totals[m.group(3)] += float(m.group(1))
     return dict(totals)
+
+
+def idle_per_file(lines) -> dict[str, tuple[float, float]]:
+    """(idle core-seconds, core-seconds the machine had) per test file, from tests/conftest.py's
+    summary lines: where the suite waits instead of working."""
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for line in lines:
+        if m := IDLE.match(line.strip()):
+            totals[m.group(3)][0] += float(m.group(1))
+            totals[m.group(3)][1] += float(m.group(2))
+    return {f: (idle, had) for f, (idle, had) in totals.items()}
 
 
 # Fresh-interpreter imports timed by --calibrate: torch (every learner rank, driver and Ray worker)
@@ -83,17 +97,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(calibrate()))
         return 0
     text = args.log.read_text(errors="replace") if args.log else sys.stdin.read()
-    totals = per_file(text.splitlines())
+    totals, idle = per_file(text.splitlines()), idle_per_file(text.splitlines())
     if not totals:
         print("no pytest duration lines found: run pytest with --durations=0", file=sys.stderr)
         return 1
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])
     if args.json:
         print(json.dumps({"total_s": round(sum(totals.values()), 1),
-                          "files": {f: round(s, 1) for f, s in ranked}}))
+                          "files": {f: round(s, 1) for f, s in ranked},
+                          "idle_core_s": {f: round(idle[f][0], 1) for f, _ in ranked if f in idle}}))
         return 0
     for name, seconds in ranked[:args.top]:
-        print(f"{seconds:9.1f} s  {name}")
+        share = f"  {idle[name][0] / idle[name][1]:4.0%} idle" if idle.get(name, (0, 0))[1] else ""
+        print(f"{seconds:9.1f} s{share}  {name}")
     print(f"{sum(totals.values()):9.1f} s  in all ({len(totals)} files; tests under the durations' minimum "
           "not counted)")
     return 0

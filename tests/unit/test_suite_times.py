@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-from suite_times import per_file  # noqa: E402
+from suite_times import idle_per_file, per_file  # noqa: E402
 
 LOG = """\
 ============================= slowest durations ==============================
@@ -20,6 +20,10 @@ LOG = """\
 2.25s call     tests/integration/test_reward_in_loop.py::test_a_case[a::b]
 tests/e2e/test_recipe_runs.py::test_recipe_runs[grpo] PASSED             [  2%]
 (7492 durations < 0.5s hidden.)
+====== machine idle per test (core-seconds; 2.0 or more available) ======
+idle 230.5 of 554.3 core-s  tests/integration/test_fault_matrix.py::test_every_fault_is_survived_and_accounted
+idle 12.0 of 120.9 core-s  tests/integration/test_reward_in_loop.py::test_hanging_verifier_costs_rewards_not_steps
+idle 0.5 of 4.5 core-s  tests/integration/test_reward_in_loop.py::test_a_case[a::b]
 === 2580 passed, 13 deselected, 3 xfailed, 47 warnings in 4397.22s (1:13:17) ===
 """
 
@@ -29,6 +33,13 @@ def test_setup_call_and_teardown_add_up_per_file_and_other_lines_are_ignored():
         "tests/integration/test_fault_matrix.py": 277.13,
         "tests/integration/test_reward_in_loop.py": 60.44 + 2.25,
         "tests/e2e/test_recipe_runs.py": 117.68 + 1.50,
+    }
+
+
+def test_idle_core_seconds_add_up_per_file():
+    assert idle_per_file(LOG.splitlines()) == {
+        "tests/integration/test_fault_matrix.py": (230.5, 554.3),
+        "tests/integration/test_reward_in_loop.py": (12.0 + 0.5, 120.9 + 4.5),
     }
 
 
@@ -42,9 +53,11 @@ def test_the_command_line_ranks_files_and_fails_on_a_log_without_durations(tmp_p
     assert list(got["files"]) == ["tests/integration/test_fault_matrix.py", "tests/e2e/test_recipe_runs.py",
                                   "tests/integration/test_reward_in_loop.py"]
     assert got["total_s"] == round(277.13 + 60.44 + 2.25 + 117.68 + 1.50, 1)
+    assert got["idle_core_s"] == {"tests/integration/test_fault_matrix.py": 230.5,
+                                  "tests/integration/test_reward_in_loop.py": 12.5}
     table = subprocess.run([sys.executable, "tools/suite_times.py", str(log), "--top", "1"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60).stdout.splitlines()
-    assert table[0].split() == ["277.1", "s", "tests/integration/test_fault_matrix.py"]
+    assert table[0].split() == ["277.1", "s", "42%", "idle", "tests/integration/test_fault_matrix.py"]
     assert table[1].startswith("    459.0 s  in all (3 files")
     log.write_text("=== 3 passed in 1.0s ===\n")
     empty = subprocess.run([sys.executable, "tools/suite_times.py", str(log)], cwd=ROOT,
