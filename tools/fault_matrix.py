@@ -39,6 +39,21 @@ def _pid(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
 
 
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (a zombie, killed and not yet reaped, is not)."""
+    if not os.path.isdir("/proc"):  # no procfs (macOS): a zombie counts as live, and the wait runs longer
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _wait_rows(orch, n: int, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while len(orch.history) < n and time.monotonic() < deadline:
@@ -121,7 +136,11 @@ def sigstop_actor(orch, state):
     _wait_rows(orch, 3)
     victim = _pid(orch.pool.actors[max(orch.pool.ids)])
     os.kill(victim, signal.SIGSTOP)
-    time.sleep(40)  # past a push's wait for it: sync.timeout_s=5 below, then that plus 10 s for a collective
+    # Thawed once it is killed as lost, or after 40 s: past a push's wait for it (sync.timeout_s=5
+    # below, then that plus 10 s for a collective), so a loop that never noticed it fails the check.
+    deadline = time.monotonic() + 40
+    while _running(victim) and time.monotonic() < deadline:
+        time.sleep(0.2)
     try:
         os.kill(victim, signal.SIGCONT)
     except ProcessLookupError:
