@@ -68,9 +68,9 @@ _IDLE: list[tuple[str, float, float]] = []  # (test, idle core-seconds, core-sec
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """How much of the machine each test (setup, call, teardown) left idle: the suite is mostly
-    CPU-bound process starts, so a test that leaves the cores idle waits (a timeout, a sleep) and is
-    where time can be cut without cutting work (tools/suite_times.py sums it by file)."""
+    """How much of the whole machine's CPU sat idle during each test (setup, call, teardown). Idle
+    cores mean waiting (a timeout, a sleep) or one process at a time (a vLLM engine's serial start):
+    time that can be cut without cutting work. tools/suite_times.py sums it by file."""
     before = _cpu_jiffies()
     yield
     after = _cpu_jiffies()
