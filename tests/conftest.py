@@ -84,4 +84,9 @@ def pytest_terminal_summary(terminalreporter):
     if waits:
         terminalreporter.section("machine idle per test (core-seconds; 2.0 or more available)")
         for nodeid, idle, had in waits:
-            terminalreporter.write_line(f"idle {idle:.1f} of {had:.1f} core-s  {nodeid}")
+            terminalreporter.write_line(idle_line(nodeid, idle, had))
+
+
+def idle_line(nodeid: str, idle: float, had: float) -> str:
+    """One test's line of the summary, as tools/suite_times.py reads it."""
+    return f"idle {idle:.1f} of {had:.1f} core-s  {nodeid}"

@@ -43,6 +43,13 @@ def test_idle_core_seconds_add_up_per_file():
     }
 
 
+def test_the_suites_own_idle_lines_are_read_by_the_tool():
+    from conftest import idle_line  # tests/conftest.py, which writes them
+
+    lines = [idle_line("tests/e2e/test_x.py::test_y[a::b]", 12.34, 60.0), idle_line("tests/e2e/test_x.py::z", 1, 3)]
+    assert idle_per_file(lines) == {"tests/e2e/test_x.py": (12.3 + 1.0, 60.0 + 3.0)}
+
+
 def test_the_command_line_ranks_files_and_fails_on_a_log_without_durations(tmp_path):
     log = tmp_path / "pytest.log"
     log.write_text(LOG)
